@@ -1,0 +1,60 @@
+//! The core generator against its baseline, `SystemTime::now()` alone, in the same run.
+//!
+//! `cargo bench -p idgen-core` prints each; the ratio of "one ID" to "SystemTime::now()" is the
+//! number to watch: a request reads the clock once, so the generator should cost about as much.
+
+use std::hint::black_box;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use idgen_core::{Generator, GeneratorConfig, Lease, NotNow, Schedule, OPEN_HORIZON};
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_millis() as i64
+}
+
+fn generator() -> Generator {
+    let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+    let now = now_ms();
+    g.install_lease(Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 86_400_000, floor_unix_ms: now })
+        .unwrap();
+    g
+}
+
+/// Issues `want` IDs at the current clock reading, moving to the next millisecond (without
+/// waiting for the wall clock, to measure the generator and not the sequence cap) when one is used up.
+fn issue(g: &mut Generator, want: u32, out: &mut Vec<u64>) {
+    let mut now = now_ms();
+    while out.len() < want as usize {
+        match g.issue(now, want - out.len() as u32) {
+            Ok(run) => out.extend(run.ids()),
+            Err(NotNow::Wait { until_unix_ms, .. }) => now = until_unix_ms,
+            Err(NotNow::Refuse(refusal)) => panic!("{refusal}"),
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("generator");
+    group.bench_function("SystemTime::now() (baseline)", |b| b.iter(|| black_box(now_ms())));
+    let mut g = generator();
+    let mut out = Vec::with_capacity(1000);
+    group.bench_function("one ID", |b| {
+        b.iter(|| {
+            out.clear();
+            issue(&mut g, 1, &mut out);
+            black_box(out[0])
+        })
+    });
+    group.bench_function("batch of 1,000", |b| {
+        b.iter(|| {
+            out.clear();
+            issue(&mut g, 1000, &mut out);
+            black_box(out.len())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

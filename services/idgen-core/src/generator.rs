@@ -1,0 +1,486 @@
+//! The generator state machine: sequence per millisecond, the clock rules and the lease fence.
+//!
+//! The state is four facts per lease and two for the clock: which machine number is held under
+//! which layout, its epoch, its expiry and the floor it may not go below; and the last timestamp
+//! issued with the next free sequence in it. `issue(now, want)` either hands out a run of IDs, asks
+//! the caller to wait until a later millisecond, or refuses with the reason.
+//!
+//! The rules, in the order they are checked:
+//! 1. no ID without a synchronized clock (when the operator requires one);
+//! 2. timestamps never go backwards: behind the last issued timestamp (or the lease floor) by at
+//!    most `max_wait_behind_ms`, wait; by more, refuse until the clock has caught up;
+//! 3. the timestamp must be representable and below the schedule's horizon;
+//! 4. the layout the timestamp selects must have a lease (and a region field, unless this is the
+//!    home region);
+//! 5. the fence: never issue a timestamp ≥ `lease_expiry − fence`;
+//! 6. when the millisecond's sequence is used up, wait for the next millisecond.
+
+use thiserror::Error;
+
+use crate::layout::{FieldError, Layout, MachineNumber, LOW_BITS};
+use crate::schedule::Schedule;
+use crate::time::{Timestamp, TimestampError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GeneratorConfig {
+    /// Never issue a timestamp ≥ `lease_expiry − fence_ms`.
+    pub fence_ms: i64,
+    /// A clock behind the last issued timestamp by at most this much is waited out.
+    pub max_wait_behind_ms: i64,
+}
+
+impl Default for GeneratorConfig {
+    fn default() -> Self {
+        GeneratorConfig { fence_ms: 5_000, max_wait_behind_ms: 5 }
+    }
+}
+
+/// A lease as granted by the lease table: what the generator may issue under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub layout: String,
+    pub machine: u32,
+    pub epoch: u64,
+    /// Unix ms, by this holder's clock.
+    pub expiry_unix_ms: i64,
+    /// The `:now` the claim was made with; nothing below it may be issued.
+    pub floor_unix_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HeldLease {
+    layout: Layout,
+    machine: MachineNumber,
+    epoch: u64,
+    expiry_unix_ms: i64,
+    floor_unix_ms: i64,
+    /// The region and machine bits, already shifted into place.
+    base: u64,
+    last_issued_unix_ms: Option<i64>,
+}
+
+/// Why the generator will not issue now. Each maps to one `/healthz` reason.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Refusal {
+    #[error("clock is not synchronized: {reason}")]
+    ClockUnsynchronized { reason: String },
+    #[error("clock is {behind_ms} ms behind the last issued timestamp; refusing until it catches up")]
+    ClockBehind { behind_ms: i64 },
+    #[error("timestamp out of range: {0}")]
+    OutOfRange(TimestampError),
+    #[error("timestamp is at or past the schedule horizon ({horizon_unix_ms} Unix ms)")]
+    PastHorizon { horizon_unix_ms: i64 },
+    #[error("no lease held for layout {layout}")]
+    NoLease { layout: String },
+    #[error("layout {layout} has no region field and this is not the home region")]
+    NotHomeRegion { layout: String },
+    #[error("inside the fence: lease on machine {machine} expires at {expiry_unix_ms} Unix ms, fence {fence_ms} ms")]
+    PastFence { machine: u32, expiry_unix_ms: i64, fence_ms: i64 },
+}
+
+impl Refusal {
+    /// A short, stable word for health reports, metrics and error codes.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::ClockUnsynchronized { .. } => "clock_unsynchronized",
+            Refusal::ClockBehind { .. } => "clock_behind",
+            Refusal::OutOfRange(_) | Refusal::PastHorizon { .. } | Refusal::NotHomeRegion { .. } => "schedule",
+            Refusal::NoLease { .. } => "lease",
+            Refusal::PastFence { .. } => "fence",
+        }
+    }
+}
+
+/// Why the caller has to come back later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitCause {
+    /// The millisecond's sequence is used up: the batch spills into the next millisecond.
+    SequenceExhausted,
+    /// The clock is a little behind the last issued timestamp or the lease floor.
+    ClockBehind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotNow {
+    Wait { until_unix_ms: i64, cause: WaitCause },
+    Refuse(Refusal),
+}
+
+/// A run of consecutive IDs in one millisecond: `first, first + 1, …, first + count − 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub first: u64,
+    pub count: u32,
+    pub unix_ms: i64,
+    pub machine: u32,
+}
+
+impl Run {
+    pub fn ids(&self) -> impl Iterator<Item = u64> + use<> {
+        let first = self.first;
+        (0..u64::from(self.count)).map(move |i| first + i)
+    }
+}
+
+/// What a graceful release writes back: the expiry that lets a successor start at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub layout: String,
+    pub machine: u32,
+    pub epoch: u64,
+    /// The last issued timestamp + 1 (or the floor if nothing was issued).
+    pub expiry_unix_ms: i64,
+}
+
+/// A read-only view of a held lease, for health reports and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub layout: String,
+    pub machine: u32,
+    pub epoch: u64,
+    pub expiry_unix_ms: i64,
+    pub floor_unix_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InstallError {
+    #[error("layout {0} is not in the schedule")]
+    UnknownLayout(String),
+    #[error(transparent)]
+    Field(#[from] FieldError),
+    #[error("lease expiry {expiry_unix_ms} is not after its floor {floor_unix_ms}")]
+    Inverted { floor_unix_ms: i64, expiry_unix_ms: i64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct Generator {
+    config: GeneratorConfig,
+    schedule: Schedule,
+    region: u32,
+    home_region: bool,
+    clock_unsynchronized: Option<String>,
+    leases: Vec<HeldLease>,
+    last_unix_ms: Option<i64>,
+    next_sequence: u32,
+}
+
+struct Plan {
+    lease: usize,
+    unix_ms: i64,
+    sequence: u32,
+    available: u32,
+}
+
+impl Generator {
+    /// A generator for one region. It issues nothing until a lease is installed.
+    pub fn new(config: GeneratorConfig, schedule: Schedule, region: u32, home_region: bool) -> Self {
+        Generator {
+            config,
+            schedule,
+            region,
+            home_region,
+            clock_unsynchronized: None,
+            leases: Vec::new(),
+            last_unix_ms: None,
+            next_sequence: 0,
+        }
+    }
+
+    pub fn config(&self) -> GeneratorConfig {
+        self.config
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    pub fn region(&self) -> u32 {
+        self.region
+    }
+
+    /// `None` when the clock is synchronized (or the check is off); otherwise the reason it is not.
+    pub fn set_clock_unsynchronized(&mut self, reason: Option<String>) {
+        self.clock_unsynchronized = reason;
+    }
+
+    /// Starts issuing under a freshly claimed lease. Replaces any lease held for the same layout.
+    pub fn install_lease(&mut self, lease: Lease) -> Result<(), InstallError> {
+        let layout = self
+            .schedule
+            .layout(&lease.layout)
+            .ok_or_else(|| InstallError::UnknownLayout(lease.layout.clone()))?
+            .clone();
+        if lease.expiry_unix_ms <= lease.floor_unix_ms {
+            return Err(InstallError::Inverted { floor_unix_ms: lease.floor_unix_ms, expiry_unix_ms: lease.expiry_unix_ms });
+        }
+        let machine = layout.machine_number(lease.machine)?;
+        let region = if layout.region_bits() == 0 { 0 } else { self.region };
+        let base = layout.encode(Timestamp::ZERO, layout.region_number(region)?, machine, layout.sequence(0)?)?;
+        self.leases.retain(|held| held.layout.name() != lease.layout);
+        self.leases.push(HeldLease {
+            layout,
+            machine,
+            epoch: lease.epoch,
+            expiry_unix_ms: lease.expiry_unix_ms,
+            floor_unix_ms: lease.floor_unix_ms,
+            base,
+            last_issued_unix_ms: None,
+        });
+        // A different machine number in the same millisecond could make a smaller ID: finish the
+        // current millisecond so IDs from this generator keep strictly increasing.
+        self.next_sequence = u32::MAX;
+        Ok(())
+    }
+
+    /// Records a successful renewal. Returns false (and changes nothing) unless the lease is the
+    /// one held, with the same epoch, and the expiry moves forward.
+    pub fn extend_lease(&mut self, layout: &str, machine: u32, epoch: u64, new_expiry_unix_ms: i64) -> bool {
+        match self.held_mut(layout) {
+            Some(held)
+                if held.machine.value() == machine && held.epoch == epoch && new_expiry_unix_ms > held.expiry_unix_ms =>
+            {
+                held.expiry_unix_ms = new_expiry_unix_ms;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The lease is lost (a renewal failed its condition): stop issuing under it at once.
+    pub fn drop_lease(&mut self, layout: &str) -> Option<LeaseView> {
+        let index = self.leases.iter().position(|held| held.layout.name() == layout)?;
+        Some(view(&self.leases.remove(index)))
+    }
+
+    /// Stops issuing under the layout's lease and says what to write back so a successor can
+    /// start at once: the last issued timestamp + 1.
+    pub fn begin_release(&mut self, layout: &str) -> Option<Release> {
+        let index = self.leases.iter().position(|held| held.layout.name() == layout)?;
+        let held = self.leases.remove(index);
+        Some(Release {
+            layout: layout.to_owned(),
+            machine: held.machine.value(),
+            epoch: held.epoch,
+            expiry_unix_ms: held.last_issued_unix_ms.map_or(held.floor_unix_ms, |last| last + 1),
+        })
+    }
+
+    pub fn lease(&self, layout: &str) -> Option<LeaseView> {
+        self.leases.iter().find(|held| held.layout.name() == layout).map(view)
+    }
+
+    pub fn leases(&self) -> Vec<LeaseView> {
+        self.leases.iter().map(view).collect()
+    }
+
+    pub fn last_issued_unix_ms(&self) -> Option<i64> {
+        self.last_unix_ms
+    }
+
+    /// Would `issue` hand out an ID at `now`? Changes nothing.
+    pub fn check(&self, now_unix_ms: i64) -> Result<(), NotNow> {
+        self.plan(now_unix_ms).map(|_| ())
+    }
+
+    /// Issues up to `want` IDs (at least 1) in the millisecond `now`, all under one lease.
+    pub fn issue(&mut self, now_unix_ms: i64, want: u32) -> Result<Run, NotNow> {
+        let plan = self.plan(now_unix_ms)?;
+        let count = want.clamp(1, plan.available);
+        let held = &mut self.leases[plan.lease];
+        let timestamp = (plan.unix_ms - crate::time::EPOCH_UNIX_MS) as u64;
+        let first = (timestamp << LOW_BITS) | held.base | u64::from(plan.sequence);
+        held.last_issued_unix_ms = Some(plan.unix_ms);
+        self.last_unix_ms = Some(plan.unix_ms);
+        self.next_sequence = plan.sequence + count;
+        Ok(Run { first, count, unix_ms: plan.unix_ms, machine: held.machine.value() })
+    }
+
+    fn plan(&self, now: i64) -> Result<Plan, NotNow> {
+        if let Some(reason) = &self.clock_unsynchronized {
+            return Err(NotNow::Refuse(Refusal::ClockUnsynchronized { reason: reason.clone() }));
+        }
+        if let Some(last) = self.last_unix_ms {
+            self.not_behind(now, last)?;
+        }
+        let timestamp = Timestamp::from_unix_ms(now).map_err(|e| NotNow::Refuse(Refusal::OutOfRange(e)))?;
+        if timestamp.millis() >= self.schedule.horizon() {
+            let horizon_unix_ms = self.schedule.horizon() as i64 + crate::time::EPOCH_UNIX_MS;
+            return Err(NotNow::Refuse(Refusal::PastHorizon { horizon_unix_ms }));
+        }
+        let layout = &self.schedule.entry_at(timestamp).layout;
+        if layout.region_bits() == 0 && !self.home_region {
+            return Err(NotNow::Refuse(Refusal::NotHomeRegion { layout: layout.name().to_owned() }));
+        }
+        let lease = self
+            .leases
+            .iter()
+            .position(|held| held.layout.name() == layout.name())
+            .ok_or_else(|| NotNow::Refuse(Refusal::NoLease { layout: layout.name().to_owned() }))?;
+        let held = &self.leases[lease];
+        self.not_behind(now, held.floor_unix_ms)?;
+        if now >= held.expiry_unix_ms - self.config.fence_ms {
+            return Err(NotNow::Refuse(Refusal::PastFence {
+                machine: held.machine.value(),
+                expiry_unix_ms: held.expiry_unix_ms,
+                fence_ms: self.config.fence_ms,
+            }));
+        }
+        let per_ms = layout.sequences_per_ms();
+        let sequence = if self.last_unix_ms == Some(now) { self.next_sequence } else { 0 };
+        if sequence >= per_ms {
+            return Err(NotNow::Wait { until_unix_ms: now + 1, cause: WaitCause::SequenceExhausted });
+        }
+        Ok(Plan { lease, unix_ms: now, sequence, available: per_ms - sequence })
+    }
+
+    /// `now` may not be below `floor`: wait a little, refuse a lot.
+    fn not_behind(&self, now: i64, floor: i64) -> Result<(), NotNow> {
+        if now >= floor {
+            return Ok(());
+        }
+        let behind_ms = floor - now;
+        if behind_ms <= self.config.max_wait_behind_ms {
+            Err(NotNow::Wait { until_unix_ms: floor, cause: WaitCause::ClockBehind })
+        } else {
+            Err(NotNow::Refuse(Refusal::ClockBehind { behind_ms }))
+        }
+    }
+
+    fn held_mut(&mut self, layout: &str) -> Option<&mut HeldLease> {
+        self.leases.iter_mut().find(|held| held.layout.name() == layout)
+    }
+}
+
+fn view(held: &HeldLease) -> LeaseView {
+    LeaseView {
+        layout: held.layout.name().to_owned(),
+        machine: held.machine.value(),
+        epoch: held.epoch,
+        expiry_unix_ms: held.expiry_unix_ms,
+        floor_unix_ms: held.floor_unix_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::OPEN_HORIZON;
+    use crate::time::EPOCH_UNIX_MS;
+
+    const NOW: i64 = 1_790_424_000_000; // 2026-09-26T12:00:00Z
+
+    fn generator() -> Generator {
+        let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+        g.install_lease(lease(37, 1, NOW, NOW + 300_000)).unwrap();
+        g
+    }
+
+    fn lease(machine: u32, epoch: u64, floor: i64, expiry: i64) -> Lease {
+        Lease { layout: "v1".into(), machine, epoch, expiry_unix_ms: expiry, floor_unix_ms: floor }
+    }
+
+    #[test]
+    fn issues_the_spec_vector() {
+        let mut g = generator();
+        let run = g.issue(NOW, 6).unwrap();
+        assert_eq!(run.first + 5, 97_301_141_913_751_557);
+        assert_eq!(run.count, 6);
+    }
+
+    #[test]
+    fn sequence_spills_into_the_next_millisecond() {
+        let mut g = generator();
+        assert_eq!(g.issue(NOW, 5000).unwrap().count, 4096);
+        assert_eq!(
+            g.issue(NOW, 1),
+            Err(NotNow::Wait { until_unix_ms: NOW + 1, cause: WaitCause::SequenceExhausted })
+        );
+        let run = g.issue(NOW + 1, 1).unwrap();
+        assert_eq!(run.first & 0xfff, 0);
+    }
+
+    #[test]
+    fn small_step_back_waits_big_step_back_refuses() {
+        let mut g = generator();
+        g.issue(NOW + 100, 1).unwrap();
+        assert_eq!(g.issue(NOW + 95, 1), Err(NotNow::Wait { until_unix_ms: NOW + 100, cause: WaitCause::ClockBehind }));
+        assert_eq!(g.issue(NOW + 94, 1), Err(NotNow::Refuse(Refusal::ClockBehind { behind_ms: 6 })));
+        assert!(g.issue(NOW + 100, 1).is_ok());
+    }
+
+    #[test]
+    fn fence_is_exclusive_of_expiry_minus_fence() {
+        let mut g = generator();
+        let fence_start = NOW + 300_000 - 5_000;
+        assert!(g.issue(fence_start - 1, 1).is_ok());
+        assert!(matches!(g.issue(fence_start, 1), Err(NotNow::Refuse(Refusal::PastFence { .. }))));
+        assert!(g.extend_lease("v1", 37, 1, NOW + 400_000));
+        assert!(g.issue(fence_start, 1).is_ok());
+        assert!(!g.extend_lease("v1", 37, 2, NOW + 500_000), "wrong epoch");
+        assert!(!g.extend_lease("v1", 37, 1, NOW + 10), "backwards");
+    }
+
+    #[test]
+    fn no_lease_no_ids_and_the_floor_holds() {
+        let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+        assert_eq!(g.issue(NOW, 1), Err(NotNow::Refuse(Refusal::NoLease { layout: "v1".into() })));
+        g.install_lease(lease(3, 4, NOW, NOW + 300_000)).unwrap();
+        assert!(matches!(g.issue(NOW - 6, 1), Err(NotNow::Refuse(Refusal::ClockBehind { .. }))));
+        assert!(matches!(g.issue(NOW - 1, 1), Err(NotNow::Wait { .. })));
+        assert!(g.issue(NOW, 1).is_ok());
+        assert!(g.drop_lease("v1").is_some());
+        assert!(matches!(g.issue(NOW + 1, 1), Err(NotNow::Refuse(Refusal::NoLease { .. }))));
+    }
+
+    #[test]
+    fn release_writes_back_last_issued_plus_one() {
+        let mut g = generator();
+        g.issue(NOW + 42, 1).unwrap();
+        let release = g.begin_release("v1").unwrap();
+        assert_eq!(release.expiry_unix_ms, NOW + 43);
+        assert!(g.issue(NOW + 50, 1).is_err(), "nothing is issued after release begins");
+    }
+
+    #[test]
+    fn a_new_machine_number_in_the_same_millisecond_waits_for_the_next() {
+        let mut g = generator();
+        let a = g.issue(NOW, 1).unwrap();
+        g.install_lease(lease(2, 1, NOW, NOW + 300_000)).unwrap();
+        assert!(matches!(g.issue(NOW, 1), Err(NotNow::Wait { cause: WaitCause::SequenceExhausted, .. })));
+        let b = g.issue(NOW + 1, 1).unwrap();
+        assert!(b.first > a.first);
+    }
+
+    #[test]
+    fn horizon_and_home_region_are_enforced() {
+        let horizon = 1_000;
+        let schedule = Schedule::default_with_horizon(horizon).unwrap();
+        let mut g = Generator::new(GeneratorConfig::default(), schedule.clone(), 0, true);
+        g.install_lease(lease(1, 1, EPOCH_UNIX_MS, EPOCH_UNIX_MS + 300_000)).unwrap();
+        assert!(g.issue(EPOCH_UNIX_MS + 999, 1).is_ok());
+        assert!(matches!(g.issue(EPOCH_UNIX_MS + 1000, 1), Err(NotNow::Refuse(Refusal::PastHorizon { .. }))));
+
+        let mut other = Generator::new(GeneratorConfig::default(), schedule, 3, false);
+        other.install_lease(lease(1, 1, EPOCH_UNIX_MS, EPOCH_UNIX_MS + 300_000)).unwrap();
+        assert!(matches!(other.issue(EPOCH_UNIX_MS + 10, 1), Err(NotNow::Refuse(Refusal::NotHomeRegion { .. }))));
+    }
+
+    #[test]
+    fn unsynchronized_clock_refuses() {
+        let mut g = generator();
+        g.set_clock_unsynchronized(Some("STA_UNSYNC".into()));
+        assert_eq!(g.issue(NOW, 1).unwrap_err(), NotNow::Refuse(Refusal::ClockUnsynchronized { reason: "STA_UNSYNC".into() }));
+        g.set_clock_unsynchronized(None);
+        assert!(g.issue(NOW, 1).is_ok());
+    }
+
+    #[test]
+    fn past_the_end_of_time_nothing_is_issued() {
+        let mut g = generator();
+        let end = Timestamp::MAX.unix_ms();
+        let v2 = Lease { layout: "v2".into(), ..lease(1, 2, end - 10, end + 300_000) };
+        g.install_lease(v2).unwrap();
+        assert!(g.issue(end, 1).is_ok());
+        assert!(matches!(g.issue(end + 1, 1), Err(NotNow::Refuse(Refusal::OutOfRange(_)))));
+    }
+}

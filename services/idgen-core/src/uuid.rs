@@ -1,0 +1,143 @@
+//! UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, version 7, and 74 bits that are random
+//! except for a counter that keeps one generator's UUIDs increasing within a millisecond.
+//!
+//! Layout used here (RFC 9562 §6.2, method 1, "fixed bit-length dedicated counter"): a 42-bit
+//! counter fills `rand_a` (12 bits) and the top 30 bits of `rand_b`; the last 32 bits are random.
+//! The counter is re-seeded with random bits (top bit clear, so it has room to grow) whenever the
+//! millisecond moves on. The randomness comes in as arguments: the core reads no entropy source.
+
+use thiserror::Error;
+
+const COUNTER_BITS: u32 = 42;
+
+#[derive(Debug, Clone, Default)]
+pub struct UuidV7State {
+    last_unix_ms: i64,
+    counter: u64,
+}
+
+impl UuidV7State {
+    /// The next UUID. `seed` re-seeds the counter on a new millisecond; `tail` fills the last 32
+    /// bits. UUIDs from one state strictly increase, also when the clock steps back (the last
+    /// millisecond is kept) or the counter runs out (the millisecond is advanced).
+    pub fn next(&mut self, now_unix_ms: i64, seed: u64, tail: u32) -> [u8; 16] {
+        if now_unix_ms > self.last_unix_ms {
+            self.last_unix_ms = now_unix_ms;
+            self.counter = seed & ((1 << (COUNTER_BITS - 1)) - 1);
+        } else {
+            self.counter += 1;
+            if self.counter >> COUNTER_BITS != 0 {
+                self.last_unix_ms += 1;
+                self.counter = seed & ((1 << (COUNTER_BITS - 1)) - 1);
+            }
+        }
+        encode(self.last_unix_ms, self.counter, tail)
+    }
+}
+
+fn encode(unix_ms: i64, counter: u64, tail: u32) -> [u8; 16] {
+    let ms = (unix_ms as u64) & 0xffff_ffff_ffff;
+    let rand_a = (counter >> 30) & 0xfff;
+    let counter_low = counter & 0x3fff_ffff;
+    let high = (ms << 16) | (0x7 << 12) | rand_a;
+    let low = (0b10 << 62) | (counter_low << 32) | u64::from(tail);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&high.to_be_bytes());
+    bytes[8..].copy_from_slice(&low.to_be_bytes());
+    bytes
+}
+
+/// `xxxxxxxx-xxxx-7xxx-xxxx-xxxxxxxxxxxx`, lowercase.
+pub fn format(bytes: &[u8; 16]) -> String {
+    let mut out = String::with_capacity(36);
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(char::from_digit(u32::from(byte >> 4), 16).expect("nibble"));
+        out.push(char::from_digit(u32::from(byte & 0xf), 16).expect("nibble"));
+    }
+    out
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum UuidError {
+    #[error("not a UUID: expected 8-4-4-4-12 hexadecimal digits")]
+    Malformed,
+    #[error("a UUID, but version {0}, not 7")]
+    NotVersion7(u8),
+    #[error("a UUID, but not of the RFC 9562 variant")]
+    WrongVariant,
+}
+
+/// Parses the hyphenated form (either case) and returns the bytes of a UUIDv7.
+pub fn parse_v7(text: &str) -> Result<[u8; 16], UuidError> {
+    let raw = text.as_bytes();
+    if raw.len() != 36 {
+        return Err(UuidError::Malformed);
+    }
+    let mut bytes = [0u8; 16];
+    let mut nibbles = 0;
+    for (i, &c) in raw.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if c != b'-' {
+                return Err(UuidError::Malformed);
+            }
+            continue;
+        }
+        let value = (c as char).to_digit(16).ok_or(UuidError::Malformed)? as u8;
+        bytes[nibbles / 2] |= if nibbles % 2 == 0 { value << 4 } else { value };
+        nibbles += 1;
+    }
+    let version = bytes[6] >> 4;
+    if version != 7 {
+        return Err(UuidError::NotVersion7(version));
+    }
+    if bytes[8] >> 6 != 0b10 {
+        return Err(UuidError::WrongVariant);
+    }
+    Ok(bytes)
+}
+
+/// The Unix-millisecond timestamp in a UUIDv7's first 48 bits.
+pub fn unix_ms(bytes: &[u8; 16]) -> i64 {
+    bytes[..6].iter().fold(0i64, |acc, &b| (acc << 8) | i64::from(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_fields() {
+        let mut state = UuidV7State::default();
+        let bytes = state.next(1_790_424_000_000, 12345, 0xdead_beef);
+        let text = format(&bytes);
+        assert_eq!(text.len(), 36);
+        assert_eq!(&text[14..15], "7");
+        assert!(matches!(&text[19..20], "8" | "9" | "a" | "b"));
+        assert_eq!(parse_v7(&text).unwrap(), bytes);
+        assert_eq!(parse_v7(&text.to_uppercase()).unwrap(), bytes);
+        assert_eq!(unix_ms(&bytes), 1_790_424_000_000);
+    }
+
+    #[test]
+    fn increasing_within_a_millisecond_and_across_a_step_back() {
+        let mut state = UuidV7State::default();
+        let mut previous = state.next(1000, u64::MAX, 0);
+        for (i, now) in [1000, 1000, 999, 1001, 500, 1001].into_iter().enumerate() {
+            let next = state.next(now, u64::MAX - i as u64, u32::MAX);
+            assert!(next > previous, "{} then {}", format(&previous), format(&next));
+            previous = next;
+        }
+    }
+
+    #[test]
+    fn malformed_uuids_are_rejected() {
+        assert_eq!(parse_v7("0190"), Err(UuidError::Malformed));
+        assert_eq!(parse_v7("0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f0g0h"), Err(UuidError::Malformed));
+        assert_eq!(parse_v7("0190a0b0-c0d0-4e0f-8a0b-0c0d0e0f0a0b"), Err(UuidError::NotVersion7(4)));
+        assert_eq!(parse_v7("0190a0b0-c0d0-7e0f-0a0b-0c0d0e0f0a0b"), Err(UuidError::WrongVariant));
+        assert_eq!(parse_v7("0190a0b0c0d07e0f8a0b0c0d0e0f0a0b0000"), Err(UuidError::Malformed));
+    }
+}
