@@ -1,1 +1,45 @@
+//! The embeddable generator: what a service links to mint IDs in-process, and what the fleet
+//! worker is built on.
+//!
+//! [`IdGenerator`] wraps the pure core (`idgen-core`) with a [`Clock`] and metrics; a
+//! [`LeaseKeeper`] per layout claims a machine number from a [`LeaseStore`], renews it, drops it
+//! the moment a renewal fails its condition, and releases it on shutdown. The request path
+//! ([`IdGenerator::next_ids`]) touches memory only: the lease store is called from the keeper's
+//! loop, never per ID.
 
+pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod generator;
+pub mod keeper;
+pub mod lease_store;
+pub mod metrics;
+pub mod sqlite;
+
+pub use clock::{Clock, ManualClock, SyncStatus, SystemClock};
+pub use generator::{Health, IdGenerator};
+pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, Outcome};
+pub use lease_store::{
+    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, StoreError, QUARANTINED,
+    QUARANTINE_EXPIRY_UNIX_MS,
+};
+pub use metrics::GeneratorMetrics;
+pub use sqlite::SqliteLeaseStore;
+
+pub use idgen_core as core;
+
+/// `<host>/pid-<pid>/<process start Unix ms>`: a restarted process is a new holder.
+pub fn default_holder(process_start_unix_ms: i64) -> String {
+    format!("{}/pid-{}/{}", hostname(), std::process::id(), process_start_unix_ms)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}

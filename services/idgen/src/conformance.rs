@@ -1,0 +1,192 @@
+//! The conformance suite every [`LeaseStore`] backend must pass (quickwit's
+//! `metastore_test_suite!` pattern). A backend's test file calls
+//! [`lease_store_conformance!`](crate::lease_store_conformance) with an async function that
+//! returns a [`StoreFactory`] for a fresh, empty table.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::lease_store::{
+    AuditKind, ClaimOutcome, Conditional, LeaseStore, QUARANTINED, QUARANTINE_EXPIRY_UNIX_MS,
+};
+
+/// Opens handles to one fresh table. Each `open` is an independent client (its own connections),
+/// as separate processes would have.
+#[async_trait]
+pub trait StoreFactory: Send + Sync {
+    async fn open(&self) -> Arc<dyn LeaseStore>;
+}
+
+const T0: i64 = 1_790_424_000_000;
+const LEASE: i64 = 300_000;
+
+fn claimed(outcome: ClaimOutcome) -> crate::LeaseRow {
+    match outcome {
+        ClaimOutcome::Claimed(row) => row,
+        ClaimOutcome::Taken => panic!("expected the claim to succeed"),
+    }
+}
+
+pub async fn claim_free_number(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    assert_eq!(store.get(37).await.unwrap(), None);
+    let row = claimed(store.claim(37, "a/pid-1/1", T0, T0 + LEASE).await.unwrap());
+    assert_eq!(row.machine_id, 37);
+    assert_eq!(row.holder, "a/pid-1/1");
+    assert_eq!(row.lease_expiry, T0 + LEASE);
+    assert_eq!(row.lease_epoch, 1);
+    assert_eq!(store.get(37).await.unwrap(), Some(row));
+}
+
+pub async fn claim_needs_expiry_strictly_before_now(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    claimed(store.claim(5, "a", T0, T0 + LEASE).await.unwrap());
+    assert_eq!(store.claim(5, "b", T0 + 1, T0 + 1 + LEASE).await.unwrap(), ClaimOutcome::Taken);
+    assert_eq!(store.claim(5, "b", T0 + LEASE, T0 + 2 * LEASE).await.unwrap(), ClaimOutcome::Taken, "expiry == now is not expired");
+    let row = claimed(store.claim(5, "b", T0 + LEASE + 1, T0 + 2 * LEASE).await.unwrap());
+    assert_eq!((row.holder.as_str(), row.lease_epoch), ("b", 2));
+    // A failed claim changes nothing.
+    assert_eq!(store.claim(5, "c", T0 + LEASE + 2, T0 + 3 * LEASE).await.unwrap(), ClaimOutcome::Taken);
+    assert_eq!(store.get(5).await.unwrap().unwrap().holder, "b");
+}
+
+pub async fn renew_checks_holder_epoch_and_forward_expiry(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let row = claimed(store.claim(9, "a", T0, T0 + LEASE).await.unwrap());
+    let e = row.lease_epoch;
+    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 10).await.unwrap(), Conditional::Applied);
+    assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10);
+    assert_eq!(store.renew(9, "b", e, T0 + LEASE + 20, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "wrong holder");
+    assert_eq!(store.renew(9, "a", e + 1, T0 + LEASE + 20, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "wrong epoch");
+    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "not forward");
+    assert_eq!(store.renew(9, "a", e, T0 + LEASE, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "backward");
+    assert_eq!(store.renew(10, "a", 1, T0 + LEASE, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "no such row");
+    assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10, "failed renewals change nothing");
+    let failures = store.history(Some(9), T0, T0 + 100).await.unwrap();
+    assert_eq!(failures.iter().filter(|e| e.kind == AuditKind::RenewFailed).count(), 4);
+}
+
+pub async fn a_stale_holder_cannot_renew_after_a_takeover(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let a = claimed(store.claim(37, "a", T0, T0 + LEASE).await.unwrap());
+    let b = claimed(store.claim(37, "b", T0 + LEASE + 1, T0 + 2 * LEASE).await.unwrap());
+    assert_eq!(b.lease_epoch, a.lease_epoch + 1);
+    // A wakes up and tries to renew with its old epoch, even with a far expiry.
+    assert_eq!(store.renew(37, "a", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(), Conditional::ConditionFailed);
+    // Even if A had the same name (it cannot: the pid and start time differ), the epoch stops it.
+    assert_eq!(store.renew(37, "b", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(store.get(37).await.unwrap().unwrap(), b);
+}
+
+pub async fn release_lets_a_successor_start_at_once(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let a = claimed(store.claim(3, "a", T0, T0 + LEASE).await.unwrap());
+    assert_eq!(store.release(3, "a", a.lease_epoch + 1, T0 + 43, T0 + 50).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(store.release(3, "x", a.lease_epoch, T0 + 43, T0 + 50).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(store.release(3, "a", a.lease_epoch, T0 + 43, T0 + 50).await.unwrap(), Conditional::Applied);
+    assert_eq!(store.get(3).await.unwrap().unwrap().lease_expiry, T0 + 43);
+    assert_eq!(store.claim(3, "b", T0 + 43, T0 + LEASE).await.unwrap(), ClaimOutcome::Taken);
+    let b = claimed(store.claim(3, "b", T0 + 44, T0 + 44 + LEASE).await.unwrap());
+    assert_eq!(b.lease_epoch, a.lease_epoch + 1);
+}
+
+pub async fn quarantine_defeats_claims_and_renewals(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let a = claimed(store.claim(170, "a", T0, T0 + LEASE).await.unwrap());
+    let q = store.quarantine(170, "oncall", T0 + 5).await.unwrap();
+    assert_eq!(q.holder, QUARANTINED);
+    assert_eq!(q.lease_expiry, QUARANTINE_EXPIRY_UNIX_MS);
+    assert_eq!(q.lease_epoch, a.lease_epoch + 1);
+    assert_eq!(store.renew(170, "a", a.lease_epoch, T0 + 2 * LEASE, T0 + 10).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(store.claim(170, "b", QUARANTINE_EXPIRY_UNIX_MS - 1, QUARANTINE_EXPIRY_UNIX_MS).await.unwrap(), ClaimOutcome::Taken);
+    // Quarantining a number nobody ever held creates its row.
+    let fresh = store.quarantine(171, "oncall", T0).await.unwrap();
+    assert_eq!((fresh.holder.as_str(), fresh.lease_epoch), (QUARANTINED, 1));
+    // Lifting it only works on a quarantined row, and leaves the number free after the given expiry.
+    assert_eq!(store.release_quarantine(9, "oncall", T0 + LEASE, T0).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(store.release_quarantine(170, "oncall", T0 + 2 * LEASE, T0 + 20).await.unwrap(), Conditional::Applied);
+    let lifted = store.get(170).await.unwrap().unwrap();
+    assert_eq!((lifted.lease_expiry, lifted.lease_epoch), (T0 + 2 * LEASE, q.lease_epoch + 1));
+    assert_eq!(store.claim(170, "b", T0 + 2 * LEASE, T0 + 3 * LEASE).await.unwrap(), ClaimOutcome::Taken);
+    claimed(store.claim(170, "b", T0 + 2 * LEASE + 1, T0 + 3 * LEASE).await.unwrap());
+}
+
+pub async fn list_and_history(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    for (i, machine) in [12, 3, 40].into_iter().enumerate() {
+        claimed(store.claim(machine, &format!("h{machine}"), T0 + i as i64, T0 + LEASE).await.unwrap());
+    }
+    let rows = store.list().await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.machine_id).collect::<Vec<_>>(), vec![3, 12, 40]);
+    store.quarantine(3, "oncall", T0 + 100).await.unwrap();
+    let all = store.history(None, T0, T0 + 1000).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert!(all.windows(2).all(|w| w[0].at_unix_ms <= w[1].at_unix_ms), "oldest first");
+    let three = store.history(Some(3), T0, T0 + 1000).await.unwrap();
+    assert_eq!(three.iter().map(|e| e.kind).collect::<Vec<_>>(), vec![AuditKind::Claim, AuditKind::Quarantine]);
+    assert_eq!(three[1].holder, "oncall");
+    assert_eq!(three[0].lease_expiry, T0 + LEASE);
+    let window = store.history(Some(3), T0 + 50, T0 + 150).await.unwrap();
+    assert_eq!(window.len(), 1, "only the quarantine falls in the window");
+    assert!(store.history(Some(99), T0, T0 + 1000).await.unwrap().is_empty());
+}
+
+/// Eight independent clients race for one free number, round after round: exactly one wins.
+pub async fn racing_claimants_exactly_one_wins(factory: &dyn StoreFactory) {
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(factory.open().await);
+    }
+    for round in 0..20u32 {
+        let machine = 500 + round;
+        let barrier = Arc::new(tokio::sync::Barrier::new(stores.len()));
+        let tasks: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(machine, &format!("claimant-{i}"), T0, T0 + LEASE).await.unwrap()
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for task in tasks {
+            if let ClaimOutcome::Claimed(row) = task.await.unwrap() {
+                winners.push(row);
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        assert_eq!(winners[0].lease_epoch, 1);
+        assert_eq!(stores[0].get(machine).await.unwrap().unwrap().holder, winners[0].holder);
+    }
+}
+
+/// Generates one `#[tokio::test]` per conformance check. `$factory` is an async fn returning a
+/// [`StoreFactory`] for a fresh table.
+#[macro_export]
+macro_rules! lease_store_conformance {
+    ($factory:path) => {
+        $crate::lease_store_conformance!(@tests $factory;
+            claim_free_number,
+            claim_needs_expiry_strictly_before_now,
+            renew_checks_holder_epoch_and_forward_expiry,
+            a_stale_holder_cannot_renew_after_a_takeover,
+            release_lets_a_successor_start_at_once,
+            quarantine_defeats_claims_and_renewals,
+            list_and_history,
+            racing_claimants_exactly_one_wins
+        );
+    };
+    (@tests $factory:path; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let factory = $factory().await;
+                $crate::conformance::$name(&factory).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,288 @@
+//! [`LeaseKeeper`]: holds one machine number in one layout's lease table.
+//!
+//! One step, [`LeaseKeeper::tick`], does whatever is due: keep the generator's view of the clock's
+//! sync state current, claim a number if none is held, renew if the renewal interval has passed.
+//! The loop around it ([`LeaseKeeper::run`]) only sleeps until the next step is due. Timers use
+//! the monotonic clock (tokio's `Instant`); lease times use the wall clock.
+//!
+//! The rules (SPEC §2): claim from a random start in the range, trying the next number on a failed
+//! condition and wrapping once; when every number is taken, retry with backoff and jitter. A renewal
+//! whose condition fails means the number is lost: the generator stops issuing under it at once
+//! and the keeper claims another. When the table cannot be reached, nothing changes: the generator
+//! keeps issuing until its fence and the keeper retries. On shutdown, release.
+
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idgen_core::{Lease, Layout};
+use rand::Rng;
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::generator::IdGenerator;
+use crate::lease_store::{ClaimOutcome, Conditional, LeaseStore, StoreError};
+
+/// Lease timing and the machine-number range. Validated: fence < renew interval < lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub lease_ms: i64,
+    pub renew_interval_ms: i64,
+    pub fence_ms: i64,
+    pub machines: RangeInclusive<u32>,
+    /// Longest wait between claim attempts when every number is taken or the table is down.
+    pub max_backoff_ms: i64,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig { lease_ms: 300_000, renew_interval_ms: 10_000, fence_ms: 5_000, machines: 0..=63, max_backoff_ms: 30_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LeaseConfigError {
+    #[error("lease timing must satisfy 0 < fence ({fence_ms} ms) < renew interval ({renew_interval_ms} ms) < lease ({lease_ms} ms)")]
+    Timing { fence_ms: i64, renew_interval_ms: i64, lease_ms: i64 },
+    #[error("machine range {first}–{last} is empty or outside layout {layout}'s 0–{max}")]
+    Range { first: u32, last: u32, layout: String, max: u32 },
+    #[error("max backoff must be at least 100 ms, not {0}")]
+    Backoff(i64),
+}
+
+impl LeaseConfig {
+    pub fn validate(&self, layout: &Layout) -> Result<(), LeaseConfigError> {
+        if !(0 < self.fence_ms && self.fence_ms < self.renew_interval_ms && self.renew_interval_ms < self.lease_ms) {
+            return Err(LeaseConfigError::Timing {
+                fence_ms: self.fence_ms,
+                renew_interval_ms: self.renew_interval_ms,
+                lease_ms: self.lease_ms,
+            });
+        }
+        let (first, last) = (*self.machines.start(), *self.machines.end());
+        if first > last || last > layout.max_machine() {
+            return Err(LeaseConfigError::Range { first, last, layout: layout.name().to_owned(), max: layout.max_machine() });
+        }
+        if self.max_backoff_ms < 100 {
+            return Err(LeaseConfigError::Backoff(self.max_backoff_ms));
+        }
+        Ok(())
+    }
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing was due.
+    Idle,
+    Claimed { machine: u32, epoch: u64, expiry_unix_ms: i64 },
+    /// Every number in the range is held by someone else.
+    AllTaken { retry_in: Duration },
+    Renewed { machine: u32, expiry_unix_ms: i64 },
+    /// The renewal's condition failed: the number was taken over or quarantined. The generator
+    /// stopped issuing under it; `then` is what the immediate re-claim did.
+    Lost { machine: u32, then: Box<Outcome> },
+    /// The table could not be reached; nothing changed. The generator issues until its fence.
+    StoreUnavailable { error: StoreError, retry_in: Duration },
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Unclaimed { failures: u32, retry_at: Instant },
+    Held { machine: u32, epoch: u64, renew_at: Instant },
+}
+
+pub struct LeaseKeeper {
+    layout: String,
+    store: Arc<dyn LeaseStore>,
+    generator: Arc<IdGenerator>,
+    config: LeaseConfig,
+    holder: String,
+    state: State,
+    /// How often the clock's sync state is re-read while nothing else is due.
+    sync_check_every: Duration,
+}
+
+impl LeaseKeeper {
+    /// A keeper for `layout` (which must be in the generator's schedule). `holder` should be
+    /// [`crate::default_holder`] unless several generators share one process.
+    pub fn new(
+        layout: &str,
+        store: Arc<dyn LeaseStore>,
+        generator: Arc<IdGenerator>,
+        config: LeaseConfig,
+        holder: String,
+    ) -> Result<Self, LeaseConfigError> {
+        let known = generator.with_core(|core| core.schedule().layout(layout).cloned());
+        let Some(known) = known else {
+            return Err(LeaseConfigError::Range { first: 0, last: 0, layout: layout.to_owned(), max: 0 });
+        };
+        config.validate(&known)?;
+        Ok(LeaseKeeper {
+            layout: layout.to_owned(),
+            store,
+            generator,
+            config,
+            holder,
+            state: State::Unclaimed { failures: 0, retry_at: Instant::now() },
+            sync_check_every: Duration::from_secs(1),
+        })
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The machine number held, if any.
+    pub fn machine(&self) -> Option<u32> {
+        match self.state {
+            State::Held { machine, .. } => Some(machine),
+            State::Unclaimed { .. } => None,
+        }
+    }
+
+    /// When the next tick has something to do.
+    pub fn next_due(&self, now: Instant) -> Instant {
+        let due = match self.state {
+            State::Unclaimed { retry_at, .. } => retry_at,
+            State::Held { renew_at, .. } => renew_at,
+        };
+        due.min(now + self.sync_check_every)
+    }
+
+    /// Does whatever is due at `now` (monotonic). Lease times are read from the generator's clock.
+    pub async fn tick(&mut self, now: Instant) -> Outcome {
+        let clock = self.generator.clock().clone();
+        let sync = clock.sync_status().refusal();
+        self.generator.with_core(|core| core.set_clock_unsynchronized(sync));
+        match self.state.clone() {
+            State::Unclaimed { failures, retry_at } if now >= retry_at => self.claim(now, failures).await,
+            State::Held { machine, epoch, renew_at } if now >= renew_at => self.renew(now, machine, epoch).await,
+            _ => Outcome::Idle,
+        }
+    }
+
+    async fn renew(&mut self, now: Instant, machine: u32, epoch: u64) -> Outcome {
+        let wall = self.generator.clock().unix_ms();
+        let new_expiry = wall + self.config.lease_ms;
+        match self.store.renew(machine, &self.holder, epoch, new_expiry, wall).await {
+            Ok(Conditional::Applied) => {
+                self.generator.with_core(|core| core.extend_lease(&self.layout, machine, epoch, new_expiry));
+                self.generator.metrics().lease_event(&self.layout, "renew");
+                self.state = State::Held { machine, epoch, renew_at: now + ms(self.config.renew_interval_ms) };
+                Outcome::Renewed { machine, expiry_unix_ms: new_expiry }
+            }
+            Ok(Conditional::ConditionFailed) => {
+                // Stop issuing first, then look for another number.
+                self.generator.with_core(|core| core.drop_lease(&self.layout));
+                self.generator.metrics().lease_event(&self.layout, "renew_lost");
+                tracing::warn!(layout = %self.layout, machine, epoch, "renewal failed its condition: lease lost, claiming another number");
+                let then = self.claim(now, 0).await;
+                Outcome::Lost { machine, then: Box::new(then) }
+            }
+            Err(error) => {
+                self.generator.metrics().lease_event(&self.layout, "store_unavailable");
+                let retry_in = Duration::from_secs(1).min(ms(self.config.renew_interval_ms));
+                tracing::warn!(layout = %self.layout, machine, %error, "renewal could not reach the lease table; issuing continues until the fence");
+                self.state = State::Held { machine, epoch, renew_at: now + retry_in };
+                Outcome::StoreUnavailable { error, retry_in }
+            }
+        }
+    }
+
+    async fn claim(&mut self, now: Instant, failures: u32) -> Outcome {
+        let (first, last) = (*self.config.machines.start(), *self.config.machines.end());
+        let size = last - first + 1;
+        let start = rand::rng().random_range(0..size);
+        for offset in 0..size {
+            let machine = first + (start + offset) % size;
+            let wall = self.generator.clock().unix_ms();
+            let expiry = wall + self.config.lease_ms;
+            match self.store.claim(machine, &self.holder, wall, expiry).await {
+                Ok(ClaimOutcome::Claimed(row)) => {
+                    let lease = Lease {
+                        layout: self.layout.clone(),
+                        machine,
+                        epoch: row.lease_epoch,
+                        expiry_unix_ms: expiry,
+                        floor_unix_ms: wall,
+                    };
+                    if let Err(error) = self.generator.with_core(|core| core.install_lease(lease)) {
+                        // The range was validated against the layout, so this is a bug, not input.
+                        tracing::error!(%error, machine, "claimed a lease the generator cannot use");
+                        continue;
+                    }
+                    self.generator.metrics().lease_event(&self.layout, "claim");
+                    tracing::info!(layout = %self.layout, machine, epoch = row.lease_epoch, expiry, "claimed machine number");
+                    self.state = State::Held { machine, epoch: row.lease_epoch, renew_at: now + ms(self.config.renew_interval_ms) };
+                    return Outcome::Claimed { machine, epoch: row.lease_epoch, expiry_unix_ms: expiry };
+                }
+                Ok(ClaimOutcome::Taken) => continue,
+                Err(error) => {
+                    self.generator.metrics().lease_event(&self.layout, "store_unavailable");
+                    let retry_in = self.backoff(failures);
+                    tracing::warn!(layout = %self.layout, %error, ?retry_in, "claim could not reach the lease table");
+                    self.state = State::Unclaimed { failures: failures + 1, retry_at: now + retry_in };
+                    return Outcome::StoreUnavailable { error, retry_in };
+                }
+            }
+        }
+        self.generator.metrics().lease_event(&self.layout, "claim_all_taken");
+        let retry_in = self.backoff(failures);
+        tracing::warn!(layout = %self.layout, first, last, ?retry_in, "every machine number in the range is taken");
+        self.state = State::Unclaimed { failures: failures + 1, retry_at: now + retry_in };
+        Outcome::AllTaken { retry_in }
+    }
+
+    /// Exponential from 250 ms up to the configured maximum, with ±50 % jitter.
+    fn backoff(&self, failures: u32) -> Duration {
+        let base = (250i64 << failures.min(16)).min(self.config.max_backoff_ms);
+        let jittered = rand::rng().random_range(base / 2..=base + base / 2);
+        ms(jittered)
+    }
+
+    /// Stops issuing under this layout's lease and writes back its last issued timestamp + 1, so a
+    /// successor can start at once.
+    pub async fn release(&mut self) -> Result<(), StoreError> {
+        let State::Held { .. } = self.state else {
+            return Ok(());
+        };
+        self.state = State::Unclaimed { failures: 0, retry_at: Instant::now() + Duration::from_secs(86_400 * 365) };
+        let Some(release) = self.generator.with_core(|core| core.begin_release(&self.layout)) else {
+            return Ok(());
+        };
+        let wall = self.generator.clock().unix_ms();
+        let outcome = self.store.release(release.machine, &self.holder, release.epoch, release.expiry_unix_ms, wall).await?;
+        self.generator.metrics().lease_event(&self.layout, "release");
+        tracing::info!(layout = %self.layout, machine = release.machine, expiry = release.expiry_unix_ms, ?outcome, "released machine number");
+        Ok(())
+    }
+
+    /// Ticks until `shutdown` turns true, then releases. Returns the keeper's final release result.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let outcome = self.tick(Instant::now()).await;
+            if !matches!(outcome, Outcome::Idle | Outcome::Renewed { .. }) {
+                tracing::debug!(layout = %self.layout, ?outcome, "lease keeper");
+            }
+            let due = self.next_due(Instant::now());
+            tokio::select! {
+                _ = tokio::time::sleep_until(due) => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() {
+                        break; // the owner is gone: shut down
+                    }
+                }
+            }
+        }
+        self.release().await
+    }
+}
+
+fn ms(millis: i64) -> Duration {
+    Duration::from_millis(millis.max(0) as u64)
+}

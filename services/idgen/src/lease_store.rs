@@ -1,0 +1,124 @@
+//! The lease table: one row per machine number, changed only by conditional writes.
+//!
+//! Every backend (SQLite here, DynamoDB in production) implements exactly the conditions of
+//! SPEC §2, and passes the same conformance suite (`idgen::conformance`).
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+/// The holder written by a quarantine.
+pub const QUARANTINED: &str = "QUARANTINED";
+/// 2100-01-01T00:00:00Z: a quarantined row's expiry, so nobody's `lease_expiry < :now` holds.
+pub const QUARANTINE_EXPIRY_UNIX_MS: i64 = 4_102_444_800_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub machine_id: u32,
+    pub holder: String,
+    /// Unix ms, by the holder's clock.
+    pub lease_expiry: i64,
+    pub lease_epoch: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The condition held: the row now names us, with this epoch and expiry.
+    Claimed(LeaseRow),
+    /// The number is held by someone whose lease has not expired by our clock (or quarantined).
+    Taken,
+}
+
+/// The outcome of a conditional write other than a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conditional {
+    Applied,
+    ConditionFailed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditKind {
+    Claim,
+    RenewFailed,
+    Release,
+    Quarantine,
+    ReleaseQuarantine,
+}
+
+impl AuditKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditKind::Claim => "claim",
+            AuditKind::RenewFailed => "renew_failed",
+            AuditKind::Release => "release",
+            AuditKind::Quarantine => "quarantine",
+            AuditKind::ReleaseQuarantine => "release_quarantine",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::Claim, Self::RenewFailed, Self::Release, Self::Quarantine, Self::ReleaseQuarantine]
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+    }
+}
+
+/// One durable audit record: who did what to which machine number, when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEvent {
+    pub machine_id: u32,
+    pub kind: AuditKind,
+    /// The holder that acted (or the operator, for quarantines).
+    pub holder: String,
+    pub lease_epoch: u64,
+    pub lease_expiry: i64,
+    /// When, by the actor's clock (Unix ms).
+    pub at_unix_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StoreError {
+    /// The table could not be reached or answered with a retryable error (throttling, timeout).
+    /// The write may or may not have been applied.
+    #[error("lease table unavailable: {0}")]
+    Unavailable(String),
+    /// The table answered with something that cannot be a lease row.
+    #[error("lease table holds an invalid row: {0}")]
+    Invalid(String),
+}
+
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// A name for logs and health reports (the table name).
+    fn describe(&self) -> String;
+
+    /// `attribute_not_exists(machine_id) OR lease_expiry < :now` → set holder, expiry and epoch + 1.
+    async fn claim(&self, machine: u32, holder: &str, now_unix_ms: i64, expiry_unix_ms: i64)
+    -> Result<ClaimOutcome, StoreError>;
+
+    /// `holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry` → set expiry.
+    /// A failed condition is recorded in the audit log.
+    async fn renew(&self, machine: u32, holder: &str, epoch: u64, new_expiry_unix_ms: i64, now_unix_ms: i64)
+    -> Result<Conditional, StoreError>;
+
+    /// `holder = :me AND lease_epoch = :my_epoch` → set expiry (last issued timestamp + 1).
+    async fn release(&self, machine: u32, holder: &str, epoch: u64, expiry_unix_ms: i64, now_unix_ms: i64)
+    -> Result<Conditional, StoreError>;
+
+    /// Unconditional: holder `QUARANTINED`, expiry 2100-01-01, epoch + 1 (the row is created if absent).
+    async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError>;
+
+    /// `holder = QUARANTINED` → holder `released-by:<operator>`, the given expiry, epoch + 1. The
+    /// caller passes an expiry a full lease ahead, so any holder stopped by the quarantine is
+    /// past its own expiry before a new claim can succeed.
+    async fn release_quarantine(&self, machine: u32, operator: &str, expiry_unix_ms: i64, now_unix_ms: i64)
+    -> Result<Conditional, StoreError>;
+
+    async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError>;
+
+    /// Every row, by machine number.
+    async fn list(&self) -> Result<Vec<LeaseRow>, StoreError>;
+
+    /// Audit events in `[from, to]` (Unix ms), oldest first; one machine number or all.
+    async fn history(&self, machine: Option<u32>, from_unix_ms: i64, to_unix_ms: i64)
+    -> Result<Vec<AuditEvent>, StoreError>;
+}

@@ -1,0 +1,77 @@
+//! The generator's Prometheus metrics: the same for a fleet worker and an embedded generator.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseEventLabel {
+    pub layout: String,
+    pub event: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LayoutLabel {
+    pub layout: String,
+}
+
+#[derive(Default)]
+pub struct GeneratorMetrics {
+    pub ids_issued: Counter,
+    pub uuids_issued: Counter,
+    pub refusals: Family<ReasonLabel, Counter>,
+    pub clock_behind_events: Counter,
+    pub sequence_spills: Counter,
+    pub lease_events: Family<LeaseEventLabel, Counter>,
+    pub lease_remaining_seconds: Family<LayoutLabel, Gauge<f64, AtomicU64>>,
+    pub lease_machine_number: Family<LayoutLabel, Gauge>,
+    /// 1 synchronized, 0 not, -1 check switched off (development).
+    pub clock_synchronized: Gauge,
+}
+
+impl GeneratorMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("idgen_ids_issued", "64-bit IDs issued", self.ids_issued.clone());
+        registry.register("idgen_uuids_issued", "UUIDv7s issued", self.uuids_issued.clone());
+        registry.register("idgen_refusals", "Requests refused, by reason", self.refusals.clone());
+        registry.register(
+            "idgen_clock_behind_events",
+            "Times the wall clock read below the last issued timestamp (waited or refused)",
+            self.clock_behind_events.clone(),
+        );
+        registry.register(
+            "idgen_sequence_spills",
+            "Times a millisecond's sequence was used up and issuing moved to the next millisecond",
+            self.sequence_spills.clone(),
+        );
+        registry.register(
+            "idgen_lease_events",
+            "Lease keeper events: claim, claim_all_taken, renew, renew_lost, store_unavailable, release",
+            self.lease_events.clone(),
+        );
+        registry.register(
+            "idgen_lease_remaining_seconds",
+            "Seconds until the fence of the held lease (negative: inside the fence)",
+            self.lease_remaining_seconds.clone(),
+        );
+        registry.register("idgen_lease_machine_number", "Machine number held, -1 if none", self.lease_machine_number.clone());
+        registry.register(
+            "idgen_clock_synchronized",
+            "1 if the kernel reports the clock synchronized within bounds, 0 if not, -1 if the check is off",
+            self.clock_synchronized.clone(),
+        );
+    }
+
+    pub fn lease_event(&self, layout: &str, event: &'static str) {
+        self.lease_events.get_or_create(&LeaseEventLabel { layout: layout.to_owned(), event }).inc();
+    }
+}
