@@ -4,8 +4,6 @@
 //! Every expectation is computed here from the spec's wording (shift-and-or formulas, a naive
 //! calendar, a small model of the generator's rules), not by calling the code under test twice.
 
-use std::collections::BTreeMap;
-
 use idgen_core::uuid::{self, UuidV7State};
 use idgen_core::{
     DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Lease, Layout, MAX_TIMESTAMP, NotNow, OPEN_HORIZON,
@@ -139,7 +137,7 @@ proptest! {
     fn any_63_bit_integer_decodes_and_re_encodes(
         id in 0u64..(1 << 63),
         high in (1u64 << 63)..=u64::MAX,
-        (schedule, _v3, v3_from) in arb_three_layout_schedule(),
+        (schedule, _, _) in arb_three_layout_schedule(),
     ) {
         for schedule in [default_schedule(), schedule] {
             let d = schedule.decode(id).unwrap();
@@ -150,7 +148,6 @@ proptest! {
             prop_assert_eq!(re_encode(&schedule, id), id);
             prop_assert!(schedule.decode(high).is_err());
         }
-        let _ = v3_from;
     }
 }
 
@@ -271,11 +268,11 @@ enum Op {
 
 fn arb_dt() -> impl Strategy<Value = i64> {
     prop_oneof![
-        12 => 0i64..=2,
-        3 => -5i64..=-1,
+        30 => 0i64..=2,
+        4 => -5i64..=-1,
         2 => -40i64..=-6,
-        1 => -4_000i64..=-500,
-        1 => 50i64..=3_000,
+        1 => -1_500i64..=-50,
+        4 => 20i64..=800,
     ]
 }
 
@@ -286,11 +283,11 @@ fn arb_want() -> impl Strategy<Value = u32> {
 fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         40 => (arb_dt(), arb_want()).prop_map(|(dt, want)| Op::Issue { dt, want }),
-        3 => (0usize..2, 0u32..=511, 50i64..=4_000).prop_map(|(layout, machine, lease_ms)| Op::Claim { layout, machine, lease_ms }),
-        4 => (0usize..2, -200i64..=3_000, prop::bool::weighted(0.1)).prop_map(|(layout, by, wrong_epoch)| Op::Extend { layout, by, wrong_epoch }),
+        3 => (0usize..2, 0u32..=511, 200i64..=6_000).prop_map(|(layout, machine, lease_ms)| Op::Claim { layout, machine, lease_ms }),
+        6 => (0usize..2, -200i64..=3_000, prop::bool::weighted(0.1)).prop_map(|(layout, by, wrong_epoch)| Op::Extend { layout, by, wrong_epoch }),
         1 => (0usize..2).prop_map(|layout| Op::Drop { layout }),
         1 => (0usize..2).prop_map(|layout| Op::Release { layout }),
-        1 => prop::bool::weighted(0.7).prop_map(Op::Sync),
+        1 => prop::bool::weighted(0.85).prop_map(Op::Sync),
     ]
 }
 
@@ -298,7 +295,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
 /// just before the epoch.
 fn arb_start() -> impl Strategy<Value = i64> {
     prop_oneof![
-        3 => EPOCH_UNIX_MS..(EPOCH_UNIX_MS + 5 * 365 * 86_400_000),
+        6 => EPOCH_UNIX_MS..(EPOCH_UNIX_MS + 5 * 365 * 86_400_000),
         3 => (V2_FROM_UNIX_MS - 3_000)..(V2_FROM_UNIX_MS + 3_000),
         1 => (Timestamp::MAX.unix_ms() - 3_000)..=Timestamp::MAX.unix_ms(),
         1 => (EPOCH_UNIX_MS - 3_000)..(EPOCH_UNIX_MS + 3_000),
@@ -436,8 +433,8 @@ proptest! {
         start in arb_start(),
         (fence_ms, max_wait) in arb_config(),
         region in 0u32..=7,
-        home in prop::bool::weighted(0.9),
-        horizon in prop_oneof![4 => Just(OPEN_HORIZON), 1 => (DEFAULT_V2_FROM - 2_000)..=(DEFAULT_V2_FROM + 2_000)],
+        home in prop::bool::weighted(0.95),
+        horizon in prop_oneof![6 => Just(OPEN_HORIZON), 1 => (DEFAULT_V2_FROM - 2_000)..=(DEFAULT_V2_FROM + 2_000)],
         initial in prop::option::weighted(0.8, (0u32..=511, 500i64..=4_000)),
         ops in prop::collection::vec(arb_op(), 1..250),
     ) {
@@ -463,8 +460,6 @@ proptest! {
             all_ops.push(Op::Claim { layout: Model::layout_at(now), machine, lease_ms });
         }
         all_ops.extend(ops);
-        let mut issued = 0u64;
-        let mut outcomes: BTreeMap<&'static str, u32> = BTreeMap::new();
         for op in all_ops {
             match op {
                 Op::Issue { dt, want } => {
@@ -473,12 +468,6 @@ proptest! {
                     if let Err(problem) = model.check(now, want, &outcome) {
                         return Err(TestCaseError::fail(problem));
                     }
-                    let key = match &outcome {
-                        Ok(run) => { issued += u64::from(run.count); "ok" }
-                        Err(NotNow::Wait { .. }) => "wait",
-                        Err(NotNow::Refuse(r)) => r.reason(),
-                    };
-                    *outcomes.entry(key).or_default() += 1;
                     prop_assert_eq!(g.last_issued_unix_ms(), model.last);
                 }
                 Op::Claim { layout, machine, lease_ms } => {
@@ -487,9 +476,9 @@ proptest! {
                     let lease = Lease { layout: LAYOUTS[layout].into(), machine, epoch, expiry_unix_ms: now + lease_ms, floor_unix_ms: now };
                     g.install_lease(lease).unwrap();
                     model.leases[layout] = Some(ModelLease { machine, epoch, floor: now, expiry: now + lease_ms, last_issued: None });
-                    if model.last == Some(now) {
-                        model.next_seq = None;
-                    }
+                    // A new lease closes the last millisecond: another machine number in it could
+                    // make a smaller ID.
+                    model.next_seq = None;
                 }
                 Op::Extend { layout, by, wrong_epoch } => {
                     let held = model.leases[layout].clone();
@@ -534,7 +523,6 @@ proptest! {
                 prop_assert_eq!(view, held);
             }
         }
-        let _ = (issued, outcomes);
     }
 
     /// `check` predicts `issue` without changing anything.

@@ -89,7 +89,8 @@ pub enum Outcome {
 
 #[derive(Debug, Clone)]
 enum State {
-    Unclaimed { failures: u32, retry_at: Instant },
+    /// `retry_at: None`: claim at the next tick.
+    Unclaimed { failures: u32, retry_at: Option<Instant> },
     Held { machine: u32, epoch: u64, renew_at: Instant },
 }
 
@@ -125,7 +126,7 @@ impl LeaseKeeper {
             generator,
             config,
             holder,
-            state: State::Unclaimed { failures: 0, retry_at: Instant::now() },
+            state: State::Unclaimed { failures: 0, retry_at: None },
             sync_check_every: Duration::from_secs(1),
         })
     }
@@ -145,7 +146,7 @@ impl LeaseKeeper {
     /// When the next tick has something to do.
     pub fn next_due(&self, now: Instant) -> Instant {
         let due = match self.state {
-            State::Unclaimed { retry_at, .. } => retry_at,
+            State::Unclaimed { retry_at, .. } => retry_at.unwrap_or(now),
             State::Held { renew_at, .. } => renew_at,
         };
         due.min(now + self.sync_check_every)
@@ -157,7 +158,7 @@ impl LeaseKeeper {
         let sync = clock.sync_status().refusal();
         self.generator.with_core(|core| core.set_clock_unsynchronized(sync));
         match self.state.clone() {
-            State::Unclaimed { failures, retry_at } if now >= retry_at => self.claim(now, failures).await,
+            State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) => self.claim(now, failures).await,
             State::Held { machine, epoch, renew_at } if now >= renew_at => self.renew(now, machine, epoch).await,
             _ => Outcome::Idle,
         }
@@ -223,7 +224,7 @@ impl LeaseKeeper {
                     self.generator.metrics().lease_event(&self.layout, "store_unavailable");
                     let retry_in = self.backoff(failures);
                     tracing::warn!(layout = %self.layout, %error, ?retry_in, "claim could not reach the lease table");
-                    self.state = State::Unclaimed { failures: failures + 1, retry_at: now + retry_in };
+                    self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in) };
                     return Outcome::StoreUnavailable { error, retry_in };
                 }
             }
@@ -231,7 +232,7 @@ impl LeaseKeeper {
         self.generator.metrics().lease_event(&self.layout, "claim_all_taken");
         let retry_in = self.backoff(failures);
         tracing::warn!(layout = %self.layout, first, last, ?retry_in, "every machine number in the range is taken");
-        self.state = State::Unclaimed { failures: failures + 1, retry_at: now + retry_in };
+        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in) };
         Outcome::AllTaken { retry_in }
     }
 
@@ -248,7 +249,8 @@ impl LeaseKeeper {
         let State::Held { .. } = self.state else {
             return Ok(());
         };
-        self.state = State::Unclaimed { failures: 0, retry_at: Instant::now() + Duration::from_secs(86_400 * 365) };
+        // Released: never claim again from this keeper.
+        self.state = State::Unclaimed { failures: 0, retry_at: Some(Instant::now() + Duration::from_secs(86_400 * 365)) };
         let Some(release) = self.generator.with_core(|core| core.begin_release(&self.layout)) else {
             return Ok(());
         };

@@ -1,0 +1,219 @@
+//! The lease keeper driven step by step: a manual wall clock, a hand-moved monotonic `now`
+//! passed to `tick`, and a real SQLite lease table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idgen::core::{Generator, GeneratorConfig, Refusal, Schedule, OPEN_HORIZON};
+use idgen::{
+    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, StoreError, GeneratorMetrics, IdGenerator, LeaseConfig, LeaseKeeper, LeaseStore, ManualClock, Outcome,
+    SqliteLeaseStore, SyncStatus,
+};
+use tokio::time::Instant;
+
+const T0: i64 = 1_790_424_000_000;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn LeaseStore>,
+    clock: Arc<ManualClock>,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteLeaseStore::open(&dir.path().join("leases.db"), "idgen-leases").await.unwrap();
+    Fixture { _dir: dir, store: Arc::new(store), clock: Arc::new(ManualClock::new(T0)) }
+}
+
+fn config(machines: std::ops::RangeInclusive<u32>) -> LeaseConfig {
+    LeaseConfig { lease_ms: 3_000, renew_interval_ms: 1_000, fence_ms: 500, machines, max_backoff_ms: 2_000 }
+}
+
+fn generator(clock: &Arc<ManualClock>) -> Arc<IdGenerator> {
+    let core = Generator::new(
+        GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
+        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
+        0,
+        true,
+    );
+    Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())))
+}
+
+fn keeper(f: &Fixture, generator: &Arc<IdGenerator>, machines: std::ops::RangeInclusive<u32>, holder: &str) -> LeaseKeeper {
+    LeaseKeeper::new("v1", f.store.clone(), generator.clone(), config(machines), holder.into()).unwrap()
+}
+
+#[tokio::test]
+async fn claims_renews_and_issues_under_its_machine_number() {
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 0..=63, "a");
+    assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })), "no ID before a claim");
+    let Outcome::Claimed { machine, epoch: 1, expiry_unix_ms } = k.tick(now).await else { panic!() };
+    assert_eq!(expiry_unix_ms, T0 + 3_000);
+    let id = g.next_id().await.unwrap();
+    assert_eq!((id >> 12) & 0x3ff, u64::from(machine));
+    assert_eq!(k.tick(now).await, Outcome::Idle, "nothing due yet");
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    assert_eq!(k.tick(now).await, Outcome::Renewed { machine, expiry_unix_ms: T0 + 4_000 });
+    assert_eq!(g.with_core(|c| c.lease("v1").unwrap().expiry_unix_ms), T0 + 4_000);
+}
+
+#[tokio::test]
+async fn a_lost_renewal_stops_issuing_at_once_and_claims_another_number() {
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 7..=8, "a");
+    let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+    g.next_id().await.unwrap();
+    // An operator quarantines the number under the live worker.
+    f.store.quarantine(machine, "oncall", T0 + 10).await.unwrap();
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    let outcome = k.tick(now).await;
+    let Outcome::Lost { machine: lost, then } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(lost, machine);
+    let Outcome::Claimed { machine: other, .. } = *then else { panic!("{then:?}") };
+    assert_ne!(other, machine);
+    let id = g.next_id().await.unwrap();
+    assert_eq!((id >> 12) & 0x3ff, u64::from(other));
+    let history = f.store.history(Some(machine), T0, T0 + 10_000).await.unwrap();
+    assert!(history.iter().any(|e| e.kind == AuditKind::RenewFailed));
+}
+
+#[tokio::test]
+async fn when_every_number_is_taken_it_stays_not_ready_and_backs_off() {
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let (g1, g2, g3) = (generator(&f.clock), generator(&f.clock), generator(&f.clock));
+    let (mut k1, mut k2, mut k3) = (keeper(&f, &g1, 0..=1, "a"), keeper(&f, &g2, 0..=1, "b"), keeper(&f, &g3, 0..=1, "c"));
+    assert!(matches!(k1.tick(now).await, Outcome::Claimed { .. }));
+    assert!(matches!(k2.tick(now).await, Outcome::Claimed { .. }));
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        let Outcome::AllTaken { retry_in } = k3.tick(now).await else { panic!() };
+        delays.push(retry_in);
+        assert!(matches!(g3.next_id().await, Err(Refusal::NoLease { .. })));
+        assert_eq!(k3.tick(now).await, Outcome::Idle, "not retried before the backoff");
+        now += retry_in;
+    }
+    assert!(delays.iter().all(|d| *d <= Duration::from_millis(3_000)), "capped at max backoff + jitter: {delays:?}");
+    assert!(delays[4] > delays[0], "backs off: {delays:?}");
+}
+
+#[tokio::test]
+async fn release_writes_last_issued_plus_one_and_a_successor_starts_at_once() {
+    let now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 4..=4, "a");
+    assert!(matches!(k.tick(now).await, Outcome::Claimed { machine: 4, .. }));
+    f.clock.advance(42);
+    let last = g.next_id().await.unwrap();
+    k.release().await.unwrap();
+    assert_eq!(f.store.get(4).await.unwrap().unwrap().lease_expiry, T0 + 43);
+    assert!(g.next_id().await.is_err(), "nothing is issued after release");
+
+    f.clock.advance(2); // T0 + 44 > stored expiry: the successor may claim immediately
+    let g2 = generator(&f.clock);
+    let mut k2 = keeper(&f, &g2, 4..=4, "b");
+    assert!(matches!(k2.tick(now).await, Outcome::Claimed { machine: 4, epoch: 2, .. }));
+    assert!(g2.next_id().await.unwrap() > last);
+}
+
+#[tokio::test]
+async fn an_unsynchronized_clock_refuses_until_it_recovers() {
+    let now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 0..=63, "a");
+    f.clock.set_sync_status(SyncStatus::Unsynchronized("STA_UNSYNC".into()));
+    k.tick(now).await;
+    assert!(matches!(g.next_id().await, Err(Refusal::ClockUnsynchronized { .. })));
+    assert!(matches!(g.next_uuids(1), Err(Refusal::ClockUnsynchronized { .. })));
+    f.clock.set_sync_status(SyncStatus::Synchronized { estimated_error_us: 800 });
+    k.tick(now).await;
+    assert!(g.next_id().await.is_ok());
+}
+
+/// A lease table that can be switched off: every call answers `Unavailable` while it is down.
+struct Switchable {
+    inner: Arc<dyn LeaseStore>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Switchable {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("switched off by the test".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Switchable {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn claim(&self, m: u32, h: &str, now: i64, exp: i64) -> Result<ClaimOutcome, StoreError> {
+        self.check()?;
+        self.inner.claim(m, h, now, exp).await
+    }
+    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+        self.check()?;
+        self.inner.renew(m, h, e, exp, now).await
+    }
+    async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+        self.check()?;
+        self.inner.release(m, h, e, exp, now).await
+    }
+    async fn quarantine(&self, m: u32, o: &str, now: i64) -> Result<LeaseRow, StoreError> {
+        self.check()?;
+        self.inner.quarantine(m, o, now).await
+    }
+    async fn release_quarantine(&self, m: u32, o: &str, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+        self.check()?;
+        self.inner.release_quarantine(m, o, exp, now).await
+    }
+    async fn get(&self, m: u32) -> Result<Option<LeaseRow>, StoreError> {
+        self.check()?;
+        self.inner.get(m).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        self.check()?;
+        self.inner.list().await
+    }
+    async fn history(&self, m: Option<u32>, from: i64, to: i64) -> Result<Vec<AuditEvent>, StoreError> {
+        self.check()?;
+        self.inner.history(m, from, to).await
+    }
+}
+
+#[tokio::test]
+async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let store = Arc::new(Switchable { inner: f.store.clone(), down: false.into() });
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(0..=63), "a".into()).unwrap();
+    assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
+    store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    let outcome = k.tick(now).await;
+    assert!(matches!(outcome, Outcome::StoreUnavailable { .. }), "{outcome:?}");
+    f.clock.set(T0 + 2_499);
+    assert!(g.next_id().await.is_ok(), "still before the fence at expiry − 500 ms");
+    f.clock.set(T0 + 2_500);
+    assert!(matches!(g.next_id().await, Err(Refusal::PastFence { .. })));
+    assert!(matches!(g.health(), idgen::Health::Refusing { refusal: Refusal::PastFence { .. }, .. }));
+    store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    now += Duration::from_millis(1_000);
+    let outcome = k.tick(now).await;
+    assert!(matches!(outcome, Outcome::Renewed { .. }), "{outcome:?}");
+    assert!(g.next_id().await.is_ok());
+}
