@@ -85,8 +85,8 @@ impl Refusal {
             Refusal::ClockUnsynchronized { .. } => "clock_unsynchronized",
             Refusal::ClockBehind { .. } => "clock_behind",
             Refusal::OutOfRange(_) | Refusal::PastHorizon { .. } | Refusal::NotHomeRegion { .. } => "schedule",
-            Refusal::NoLease { .. } => "lease",
-            Refusal::PastFence { .. } => "fence",
+            // Inside the fence is a lease problem to the operator: the lease is (about to be) gone.
+            Refusal::NoLease { .. } | Refusal::PastFence { .. } => "lease",
         }
     }
 }

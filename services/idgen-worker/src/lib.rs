@@ -1,1 +1,197 @@
+//! The regional fleet worker: the endpoints of SPEC §4.1 over the embeddable generator, exactly as
+//! any embedder uses it. The request path touches memory only; the lease keeper runs beside it.
+//!
+//! `router(state)` and `run(listener, state, shutdown)` are what tests use in-process;
+//! [`serve`] is what `idgen worker` and `idgen-worker` call: it builds the clock, the lease store,
+//! the generator and its keeper from a validated [`WorkerConfig`], serves until shutdown, lets
+//! in-flight requests finish, then releases the lease.
 
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod http_metrics;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::routing::{get, post};
+use axum::Router;
+use idgen::core::{Generator, GeneratorConfig, Timestamp};
+use idgen::{Clock, GeneratorMetrics, IdGenerator, LeaseKeeper, LeaseStore, SqliteLeaseStore, SystemClock};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use api::AppState;
+pub use config::WorkerConfig;
+
+use crate::config::StoreKind;
+use crate::error::ApiError;
+
+pub fn router(state: AppState) -> Router {
+    let method_not_allowed = || async { ApiError::method_not_allowed() };
+    Router::new()
+        .route("/v1/ids", post(api::create_id).fallback(method_not_allowed))
+        .route("/v1/ids:batch", post(api::create_batch).fallback(method_not_allowed))
+        .route("/v1/ids/{id}/decode", get(api::decode).fallback(method_not_allowed))
+        .route("/v1/uuids", post(api::create_uuids).fallback(method_not_allowed))
+        .route("/healthz", get(api::healthz).fallback(method_not_allowed))
+        .route("/metrics", get(api::metrics).fallback(method_not_allowed))
+        .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(state.http_metrics.clone(), http_metrics::record))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and waits up to `grace` for in-flight
+/// requests to finish.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let (stopping_tx, mut stopping_rx) = watch::channel(false);
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = stopping_tx.send(true);
+    });
+    let server = tokio::spawn(async move { server.await });
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        result = &mut server => return result.context("server task")?.context("serving HTTP"),
+        _ = stopping_rx.wait_for(|stopping| *stopping) => {}
+    }
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(result) => result.context("server task")?.context("serving HTTP"),
+        Err(_) => {
+            tracing::warn!(?grace, "in-flight requests did not finish in time; releasing anyway");
+            Ok(())
+        }
+    }
+}
+
+/// Everything a running worker is made of, built from its configuration.
+pub struct Worker {
+    pub state: AppState,
+    pub keepers: Vec<LeaseKeeper>,
+    pub listener: TcpListener,
+    grace: Duration,
+}
+
+impl Worker {
+    pub async fn build(config: &WorkerConfig, process_start_unix_ms: i64) -> anyhow::Result<Worker> {
+        config.validate()?;
+        let clock = Arc::new(SystemClock::new(config.clock.require_sync, config.clock.max_error_ms));
+        if !config.clock.require_sync {
+            tracing::warn!("clock synchronization check is OFF: for development only, never in production");
+        }
+        let schedule = config.schedule();
+        let core = Generator::new(
+            GeneratorConfig { fence_ms: config.lease.fence_ms, max_wait_behind_ms: config.clock.max_wait_behind_ms },
+            schedule.clone(),
+            config.region_number,
+            config.home_region,
+        );
+        let mut registry = Registry::default();
+        let generator_metrics = Arc::new(GeneratorMetrics::default());
+        generator_metrics.register(&mut registry);
+        let http_metrics = http_metrics::HttpMetrics::register(&mut registry);
+        let generator = Arc::new(IdGenerator::new(core, clock.clone(), generator_metrics));
+        let holder = config.holder.clone().unwrap_or_else(|| idgen::default_holder(process_start_unix_ms));
+
+        // The layout in force now gets a keeper. (Claiming ahead of a cutover arrives with the
+        // registry, issue 4.)
+        let now = Timestamp::from_unix_ms(clock.unix_ms()).context("the wall clock is outside the ID range")?;
+        let layout = schedule.entry_at(now).layout.name().to_owned();
+        let table = &config.lease.tables[&layout];
+        let store: Arc<dyn LeaseStore> = match config.lease.store {
+            StoreKind::Sqlite => {
+                if let Some(parent) = config.lease.sqlite_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+                }
+                Arc::new(
+                    SqliteLeaseStore::open(&config.lease.sqlite_path, table)
+                        .await
+                        .with_context(|| format!("opening lease table {table} in {}", config.lease.sqlite_path.display()))?,
+                )
+            }
+        };
+        let keeper = LeaseKeeper::new(&layout, store, generator.clone(), config.lease_config(), holder.clone())?;
+
+        let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        let state = AppState {
+            generator,
+            region_names: Arc::new(HashMap::from([(config.region_number, config.region.clone())])),
+            region: config.region.as_str().into(),
+            region_number: config.region_number,
+            holder: holder.into(),
+            registry: Arc::new(registry),
+            http_metrics,
+        };
+        Ok(Worker { state, keepers: vec![keeper], listener, grace: Duration::from_millis(config.shutdown_grace_ms) })
+    }
+
+    /// Serves until `shutdown` resolves; then finishes in-flight requests and releases the leases.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let keepers: Vec<_> = self.keepers.into_iter().map(|keeper| tokio::spawn(keeper.run(stop_rx.clone()))).collect();
+        let served = run(self.listener, self.state, shutdown, self.grace).await;
+        let _ = stop_tx.send(true);
+        for keeper in keepers {
+            match keeper.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "releasing the lease failed; it expires on its own"),
+                Err(error) => tracing::error!(%error, "lease keeper task failed"),
+            }
+        }
+        served
+    }
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+/// The worker's `main`: logs, builds, prints the address, serves until a signal.
+pub async fn main_with(config: WorkerConfig) -> anyhow::Result<()> {
+    let process_start_unix_ms = SystemClock::new(false, 5).unix_ms();
+    let worker = Worker::build(&config, process_start_unix_ms).await?;
+    let address = worker.listener.local_addr()?;
+    // One line on stdout that scripts and tests read to find the port.
+    println!("idgen-worker listening on http://{address} region={} holder={}", config.region, worker.state.holder);
+    worker.serve(shutdown_signal()).await?;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

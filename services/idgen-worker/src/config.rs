@@ -1,0 +1,191 @@
+//! The worker's configuration: one file plus environment, parsed and validated once in `main`.
+//!
+//! Environment variables override the file: `IDGEN_WORKER_LISTEN=127.0.0.1:9000`,
+//! `IDGEN_WORKER_LEASE__FENCE_MS=5000` (a double underscore enters a section).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use idgen::core::{Layout, Schedule, OPEN_HORIZON};
+use idgen::LeaseConfig;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Address to listen on; port 0 picks a free port (printed at start-up).
+    pub listen: SocketAddr,
+    /// This region's name and number (the registry assigns them; see issue 4).
+    pub region: String,
+    pub region_number: u32,
+    /// Only the home region may issue under layouts without a region field (v1).
+    pub home_region: bool,
+    /// Overrides `<host>/pid-<pid>/<start ms>`; only for several generators in one process.
+    pub holder: Option<String>,
+    /// How long to let in-flight requests finish on shutdown before releasing the lease anyway.
+    pub shutdown_grace_ms: u64,
+    pub lease: LeaseSection,
+    pub clock: ClockSection,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Sqlite,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseSection {
+    pub store: StoreKind,
+    pub sqlite_path: PathBuf,
+    /// Lease table per layout.
+    pub tables: BTreeMap<String, String>,
+    pub lease_ms: i64,
+    pub renew_interval_ms: i64,
+    pub fence_ms: i64,
+    pub first_machine: u32,
+    pub last_machine: u32,
+    pub max_backoff_ms: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClockSection {
+    /// Refuse to issue unless the kernel reports the clock synchronized. Off only in development.
+    pub require_sync: bool,
+    pub max_error_ms: i64,
+    /// A clock this far behind the last issued timestamp is waited out; further, refused.
+    pub max_wait_behind_ms: i64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8701)),
+            region: "local".into(),
+            region_number: 0,
+            home_region: true,
+            holder: None,
+            shutdown_grace_ms: 10_000,
+            lease: LeaseSection::default(),
+            clock: ClockSection::default(),
+        }
+    }
+}
+
+impl Default for LeaseSection {
+    fn default() -> Self {
+        let defaults = LeaseConfig::default();
+        LeaseSection {
+            store: StoreKind::Sqlite,
+            sqlite_path: PathBuf::from(".idgen/leases.db"),
+            tables: BTreeMap::from([("v1".into(), "idgen-leases".into()), ("v2".into(), "idgen-leases-v2".into())]),
+            lease_ms: defaults.lease_ms,
+            renew_interval_ms: defaults.renew_interval_ms,
+            fence_ms: defaults.fence_ms,
+            first_machine: *defaults.machines.start(),
+            last_machine: *defaults.machines.end(),
+            max_backoff_ms: defaults.max_backoff_ms,
+        }
+    }
+}
+
+impl Default for ClockSection {
+    fn default() -> Self {
+        ClockSection { require_sync: true, max_error_ms: 5, max_wait_behind_ms: 5 }
+    }
+}
+
+impl WorkerConfig {
+    /// Reads the optional file, then the environment (`IDGEN_WORKER_…`), then validates.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        let config: WorkerConfig = builder
+            .add_source(
+                config::Environment::with_prefix("IDGEN_WORKER").prefix_separator("_").separator("__").try_parsing(true),
+            )
+            .build()
+            .context("reading the worker configuration")?
+            .try_deserialize()
+            .context("parsing the worker configuration")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The schedule this worker issues under. Until the registry publishes one (issue 4), the
+    /// default: v1 from the epoch, v2 from 2028-01-01, no cutover promised after that.
+    pub fn schedule(&self) -> Schedule {
+        Schedule::default_with_horizon(OPEN_HORIZON).expect("the default schedule is valid")
+    }
+
+    pub fn lease_config(&self) -> LeaseConfig {
+        LeaseConfig {
+            lease_ms: self.lease.lease_ms,
+            renew_interval_ms: self.lease.renew_interval_ms,
+            fence_ms: self.lease.fence_ms,
+            machines: self.lease.first_machine..=self.lease.last_machine,
+            max_backoff_ms: self.lease.max_backoff_ms,
+        }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.region.trim().is_empty() {
+            bail!("region must not be empty");
+        }
+        if !(0..=1_000).contains(&self.clock.max_wait_behind_ms) || !(0..=10_000).contains(&self.clock.max_error_ms) {
+            bail!("clock.max_wait_behind_ms must be 0–1000 and clock.max_error_ms 0–10000");
+        }
+        let schedule = self.schedule();
+        for entry in schedule.entries() {
+            let layout: &Layout = &entry.layout;
+            if !self.lease.tables.contains_key(layout.name()) {
+                bail!("lease.tables has no table for layout {}", layout.name());
+            }
+            self.lease_config().validate(layout).with_context(|| format!("lease settings for layout {}", layout.name()))?;
+            if layout.region_bits() > 0 && self.region_number > layout.max_region() {
+                bail!("region_number {} does not fit layout {} (0–{})", self.region_number, layout.name(), layout.max_region());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_spec_defaults_and_valid() {
+        let config = WorkerConfig::default();
+        config.validate().unwrap();
+        let lease = config.lease_config();
+        assert_eq!((lease.lease_ms, lease.renew_interval_ms, lease.fence_ms), (300_000, 10_000, 5_000));
+        assert_eq!(lease.machines, 0..=63);
+        assert!(config.clock.require_sync, "production default requires a synchronized clock");
+    }
+
+    #[test]
+    fn file_and_environment_are_read_and_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:0\"\n[lease]\nfence_ms = 200\nrenew_interval_ms = 1000\nlease_ms = 3000\n").unwrap();
+        let config = WorkerConfig::load(Some(&path)).unwrap();
+        assert_eq!(config.lease.fence_ms, 200);
+
+        std::fs::write(&path, "[lease]\nfence_ms = 20000\n").unwrap();
+        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        assert!(error.contains("fence"), "{error}");
+
+        std::fs::write(&path, "[lease]\nlast_machine = 1024\n").unwrap();
+        assert!(WorkerConfig::load(Some(&path)).is_err(), "machine 1024 does not fit v1");
+
+        std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
+        assert!(WorkerConfig::load(Some(&path)).is_err(), "typos are errors, not silently ignored");
+    }
+}

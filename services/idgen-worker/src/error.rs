@@ -1,0 +1,64 @@
+//! The worker's one error type: every failure a caller can see, as `{"error": {"code", "message"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use idgen::core::Refusal;
+use serde_json::json;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into(), retry_after_secs: None }
+    }
+
+    pub fn not_found() -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found",
+            message: "no such endpoint; see GET /healthz, POST /v1/ids, POST /v1/ids:batch, GET /v1/ids/{id}/decode, POST /v1/uuids, GET /metrics".into(),
+            retry_after_secs: None,
+        }
+    }
+
+    pub fn method_not_allowed() -> Self {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            code: "method_not_allowed",
+            message: "this endpoint does not accept that method".into(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// The generator refuses to issue: 503 with the reason as the code and a `Retry-After`.
+    pub fn refused(refusal: &Refusal) -> Self {
+        let retry_after_secs = match refusal {
+            Refusal::ClockBehind { behind_ms } => (*behind_ms as u64).div_ceil(1000).max(1),
+            _ => 1,
+        };
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: refusal.reason(),
+            message: format!("refusing to issue: {refusal}"),
+            retry_after_secs: Some(retry_after_secs),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({ "error": { "code": self.code, "message": self.message } }));
+        let mut response = (self.status, body).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

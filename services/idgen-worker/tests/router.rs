@@ -1,0 +1,281 @@
+//! Every endpoint through the router, in-process (`oneshot`), including every kind of bad input.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use idgen::core::{Generator, GeneratorConfig, Lease, Schedule, OPEN_HORIZON};
+use idgen::{Clock, GeneratorMetrics, IdGenerator, ManualClock, SyncStatus};
+use idgen_worker::{http_metrics::HttpMetrics, router, AppState};
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use tower::ServiceExt;
+
+const NOW: i64 = 1_790_424_000_000; // 2026-09-26T12:00:00Z
+
+struct Fixture {
+    state: AppState,
+    clock: Arc<ManualClock>,
+}
+
+fn fixture() -> Fixture {
+    let clock = Arc::new(ManualClock::new(NOW));
+    let mut core = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, true);
+    core.install_lease(Lease { layout: "v1".into(), machine: 37, epoch: 1, expiry_unix_ms: NOW + 300_000, floor_unix_ms: NOW })
+        .unwrap();
+    let mut registry = Registry::default();
+    let metrics = Arc::new(GeneratorMetrics::default());
+    metrics.register(&mut registry);
+    let http_metrics = HttpMetrics::register(&mut registry);
+    let generator = Arc::new(IdGenerator::new(core, clock.clone(), metrics));
+    let state = AppState {
+        generator,
+        region_names: Arc::new(HashMap::from([(2, "eu-west-1".to_owned())])),
+        region: "eu-west-1".into(),
+        region_number: 2,
+        holder: "test/pid-1/1".into(),
+        registry: Arc::new(registry),
+        http_metrics,
+    };
+    Fixture { state, clock }
+}
+
+async fn call(f: &Fixture, method: Method, uri: &str, body: impl Into<Body>) -> (StatusCode, axum::http::HeaderMap, Value, String) {
+    let request = Request::builder().method(method).uri(uri).body(body.into()).unwrap();
+    let response = router(f.state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null), text)
+}
+
+fn assert_error(status: StatusCode, body: &Value, want: StatusCode, code: &str) {
+    assert_eq!(status, want, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+}
+
+fn ids_of(body: &Value) -> Vec<u64> {
+    body["ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().parse().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn one_id_matches_the_spec_example() {
+    let f = fixture();
+    for _ in 0..5 {
+        call(&f, Method::POST, "/v1/ids", "").await;
+    }
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["id"], "97301141913751557");
+    assert_eq!(body["id_num"].as_u64(), Some(97_301_141_913_751_557));
+}
+
+#[tokio::test]
+async fn create_id_rejects_bad_bodies() {
+    let f = fixture();
+    for bad in ["garbage", "[]", "null", "{\"count\": 5}", "{", "\"{}\""] {
+        let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", bad).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_body");
+    }
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", vec![b' '; 5000]).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "body_too_large");
+    // Nothing was issued by any of those: the next ID is the millisecond's first.
+    let (_, _, body, _) = call(&f, Method::POST, "/v1/ids", "").await;
+    assert_eq!(body["id_num"].as_u64().unwrap() & 0xfff, 0);
+}
+
+#[tokio::test]
+async fn batch_is_strictly_increasing_and_count_is_checked() {
+    let f = fixture();
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 1000}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids = ids_of(&body);
+    assert_eq!(ids.len(), 1000);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+
+    for bad in [r#"{"count": 0}"#, r#"{"count": 1001}"#, r#"{"count": -1}"#, r#"{"count": "10"}"#, r#"{"count": 1.5}"#, r#"{"count": null}"#, "{}", ""] {
+        let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", bad).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_count");
+    }
+    for bad in ["garbage", r#"{"count": 5, "extra": 1}"#, "[5]"] {
+        let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", bad).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_body");
+    }
+    let huge = format!(r#"{{"count": 5, "pad": "{}"}}"#, "x".repeat(10_000));
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", huge).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "body_too_large");
+    // None of the bad requests used a sequence number.
+    let (_, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 1}"#).await;
+    assert_eq!(ids_of(&body)[0] & 0xfff, 1000);
+}
+
+#[tokio::test]
+async fn a_batch_past_the_millisecond_spills_into_the_next() {
+    let f = fixture();
+    for _ in 0..4 {
+        let (status, _, _, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 1000}"#).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // 4,000 of 4,096 used in this millisecond: the next batch needs the next millisecond.
+    let clock = f.clock.clone();
+    let advance = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        clock.advance(1);
+    });
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 1000}"#).await;
+    advance.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let ids = ids_of(&body);
+    assert_eq!(ids[95] & 0xfff, 4095, "the first 96 finish the old millisecond");
+    assert_eq!((ids[96] >> 22) - (ids[95] >> 22), 1, "the rest go into the next");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[tokio::test]
+async fn decode_returns_the_spec_fields() {
+    let f = fixture();
+    let (status, _, body, _) = call(&f, Method::GET, "/v1/ids/97301141913751557/decode", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        serde_json::json!({"id": "97301141913751557", "layout": "v1", "created_at": "2026-09-26T12:00:00.000Z", "machine": 37, "sequence": 5})
+    );
+    let (status, _, body, _) = call(&f, Method::GET, "/v1/ids/683244571854022659/decode", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        serde_json::json!({"id": "683244571854022659", "layout": "v2", "created_at": "2031-03-01T09:30:00.000Z",
+                           "region": "eu-west-1", "region_number": 2, "machine": 170, "sequence": 3})
+    );
+}
+
+#[tokio::test]
+async fn decode_rejects_bad_ids() {
+    let f = fixture();
+    for bad in [
+        "9223372036854775808",
+        "18446744073709551616",
+        "123456789012345678901234567890",
+        "-1",
+        "abc",
+        "12a",
+        "0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f0g0h",
+        "0190a0b0-c0d0-4e0f-8a0b-0c0d0e0f0a0b",
+        "not-a-uuid",
+        "%FF%FE",
+    ] {
+        let (status, _, body, _) = call(&f, Method::GET, &format!("/v1/ids/{bad}/decode"), "").await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_id");
+    }
+}
+
+#[tokio::test]
+async fn uuids_are_v7_increasing_and_decode() {
+    let f = fixture();
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/uuids", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["ids"].as_array().unwrap().len(), 1);
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/uuids", r#"{"count": 1000}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let uuids: Vec<String> = body["ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+    assert_eq!(uuids.len(), 1000);
+    assert!(uuids.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(&uuids[0][14..15], "7");
+    let (status, _, body, _) = call(&f, Method::GET, &format!("/v1/ids/{}/decode", uuids[0]), "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, serde_json::json!({"id": uuids[0], "layout": "uuidv7", "created_at": "2026-09-26T12:00:00.000Z"}));
+    for bad in [r#"{"count": 0}"#, r#"{"count": 1001}"#, r#"{"count": "1"}"#] {
+        let (status, _, body, _) = call(&f, Method::POST, "/v1/uuids", bad).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_count");
+    }
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/uuids", "nonsense").await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_body");
+}
+
+#[tokio::test]
+async fn refusals_are_503_with_reason_and_retry_after() {
+    let f = fixture();
+    let (status, _, body, _) = call(&f, Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "ok");
+    assert_eq!(body["leases"][0]["machine"], 37);
+    assert_eq!(body["clock"]["sync_check"], "disabled (development only)");
+
+    // Inside the fence.
+    f.clock.set(NOW + 295_000);
+    let (status, headers, body, _) = call(&f, Method::POST, "/v1/ids", "").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "lease");
+    assert_eq!(headers["retry-after"], "1");
+    let (status, headers, body, _) = call(&f, Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["reason"], "lease");
+    assert!(body["message"].as_str().unwrap().contains("fence"));
+    assert!(headers.contains_key("retry-after"));
+
+    // Clock stepped back 2 s.
+    f.clock.set(NOW + 10_000);
+    call(&f, Method::POST, "/v1/ids", "").await;
+    f.clock.set(NOW + 8_000);
+    let (status, headers, body, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 3}"#).await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "clock_behind");
+    assert_eq!(headers["retry-after"], "2");
+
+    // Unsynchronized clock.
+    f.clock.set(NOW + 10_001);
+    f.clock.set_sync_status(SyncStatus::Unsynchronized("STA_UNSYNC".into()));
+    f.state.generator.with_core(|core| core.set_clock_unsynchronized(f.clock.sync_status().refusal()));
+    let (status, _, body, _) = call(&f, Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["reason"], "clock_unsynchronized");
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/uuids", "").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "clock_unsynchronized");
+
+    // No lease at all.
+    f.state.generator.with_core(|core| {
+        core.set_clock_unsynchronized(None);
+        core.drop_lease("v1")
+    });
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", "").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "lease");
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text() {
+    let f = fixture();
+    call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 10}"#).await;
+    call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 0}"#).await;
+    f.clock.set(NOW + 299_999);
+    call(&f, Method::POST, "/v1/ids", "").await;
+    let (status, headers, _, text) = call(&f, Method::GET, "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    for needle in [
+        "idgen_ids_issued_total 10",
+        r#"idgen_refusals_total{reason="lease"} 1"#,
+        r#"idgen_http_requests_total{method="POST",route="/v1/ids:batch",status="400"} 1"#,
+        r#"idgen_http_requests_total{method="POST",route="/v1/ids:batch",status="200"} 1"#,
+        "idgen_http_request_duration_seconds_bucket",
+        r#"idgen_lease_machine_number{layout="v1"} 37"#,
+        "idgen_lease_remaining_seconds",
+        "idgen_clock_behind_events_total",
+        "idgen_sequence_spills_total",
+        "idgen_clock_synchronized -1",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_json_errors() {
+    let f = fixture();
+    let (status, _, body, _) = call(&f, Method::GET, "/v1/nope", "").await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+    let (status, _, body, _) = call(&f, Method::GET, "/v1/ids", "").await;
+    assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+    let (status, _, body, _) = call(&f, Method::DELETE, "/healthz", "").await;
+    assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+}
