@@ -6,10 +6,19 @@
 
 use idgen_core::uuid::{self, UuidV7State};
 use idgen_core::{
-    DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Lease, Layout, MAX_TIMESTAMP, NotNow, OPEN_HORIZON,
-    Refusal, Schedule, ScheduleEntry, Timestamp, WaitCause, format_unix_ms,
+    DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Layout, Lease, MAX_TIMESTAMP,
+    NotNow, OPEN_HORIZON, Refusal, Schedule, ScheduleEntry, Timestamp, WaitCause, format_unix_ms,
 };
 use proptest::prelude::*;
+
+/// `cases` random cases; failures are printed (shrunk), not persisted: an integration test has
+/// no `lib.rs` next to it for proptest's regression files.
+fn cases(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(cases)
+    }
+}
 
 fn default_schedule() -> Schedule {
     Schedule::default_with_horizon(OPEN_HORIZON).unwrap()
@@ -17,8 +26,18 @@ fn default_schedule() -> Schedule {
 
 /// `(ts << 22) | (region << (machine_bits + sequence_bits)) | (machine << sequence_bits) | seq`,
 /// written out independently of `Layout::encode`.
-fn formula(ts: u64, region: u32, machine: u32, seq: u32, machine_bits: u8, sequence_bits: u8) -> u64 {
-    (ts << 22) | (u64::from(region) << (machine_bits + sequence_bits)) | (u64::from(machine) << sequence_bits) | u64::from(seq)
+fn formula(
+    ts: u64,
+    region: u32,
+    machine: u32,
+    seq: u32,
+    machine_bits: u8,
+    sequence_bits: u8,
+) -> u64 {
+    (ts << 22)
+        | (u64::from(region) << (machine_bits + sequence_bits))
+        | (u64::from(machine) << sequence_bits)
+        | u64::from(seq)
 }
 
 fn encode(layout: &Layout, ts: u64, region: u32, machine: u32, seq: u32) -> u64 {
@@ -36,14 +55,19 @@ fn encode(layout: &Layout, ts: u64, region: u32, machine: u32, seq: u32) -> u64 
 fn arb_layout() -> impl Strategy<Value = Layout> {
     (0u8..=20)
         .prop_flat_map(|region| (Just(region), 1u8..=(21 - region)))
-        .prop_map(|(region, machine)| Layout::new("v3", region, machine, 22 - region - machine).unwrap())
+        .prop_map(|(region, machine)| {
+            Layout::new("v3", region, machine, 22 - region - machine).unwrap()
+        })
 }
 
 /// v1 from the epoch, v2 from 2028, and a random v3 from a random later timestamp.
 fn arb_three_layout_schedule() -> impl Strategy<Value = (Schedule, Layout, u64)> {
     (arb_layout(), (DEFAULT_V2_FROM + 1)..=MAX_TIMESTAMP).prop_map(|(v3, from)| {
         let mut entries = default_schedule().entries().to_vec();
-        entries.push(ScheduleEntry { layout: v3.clone(), from: Timestamp::from_millis(from).unwrap() });
+        entries.push(ScheduleEntry {
+            layout: v3.clone(),
+            from: Timestamp::from_millis(from).unwrap(),
+        });
         (Schedule::new(entries, OPEN_HORIZON).unwrap(), v3, from)
     })
 }
@@ -55,7 +79,13 @@ fn max_of(bits: u8) -> u32 {
 /// Re-encodes a decoded ID from its fields with the layout it decoded as.
 fn re_encode(schedule: &Schedule, id: u64) -> u64 {
     let d = schedule.decode(id).unwrap();
-    encode(&d.layout, d.timestamp.millis(), d.region_number.unwrap_or(0), d.machine, d.sequence)
+    encode(
+        &d.layout,
+        d.timestamp.millis(),
+        d.region_number.unwrap_or(0),
+        d.machine,
+        d.sequence,
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -63,7 +93,7 @@ fn re_encode(schedule: &Schedule, id: u64) -> u64 {
 // ---------------------------------------------------------------------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(cases(512))]
 
     #[test]
     fn v1_round_trip(ts in 0..DEFAULT_V2_FROM, machine in 0u32..=1023, seq in 0u32..=4095) {
@@ -174,7 +204,20 @@ fn naive_civil(mut days: i64) -> (i64, u32, u32) {
         days -= len;
         year += 1;
     }
-    let months = [31, if is_leap(year) { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let months = [
+        31,
+        if is_leap(year) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
     let mut month = 0;
     while days >= months[month] {
         days -= months[month];
@@ -207,8 +250,14 @@ fn format_known_anchors() {
         (951_782_400_000, "2000-02-29T00:00:00.000Z"),
         (EPOCH_UNIX_MS, "2026-01-01T00:00:00.000Z"),
         (1_790_424_000_000, "2026-09-26T12:00:00.000Z"),
-        (EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64, "2028-01-01T00:00:00.000Z"),
-        (EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64 - 1, "2027-12-31T23:59:59.999Z"),
+        (
+            EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64,
+            "2028-01-01T00:00:00.000Z",
+        ),
+        (
+            EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64 - 1,
+            "2027-12-31T23:59:59.999Z",
+        ),
         (Timestamp::MAX.unix_ms(), "2095-09-07T15:47:35.551Z"),
         (4_102_444_800_000, "2100-01-01T00:00:00.000Z"),
         (YEAR_0, "0000-01-01T00:00:00.000Z"),
@@ -221,6 +270,7 @@ fn format_known_anchors() {
 }
 
 proptest! {
+    #![proptest_config(cases(256))]
     #[test]
     fn format_agrees_with_a_naive_calendar(ms in YEAR_0..=YEAR_9999_END) {
         prop_assert_eq!(format_unix_ms(ms), naive_format(ms));
@@ -256,13 +306,35 @@ const LAYOUTS: [&str; 2] = ["v1", "v2"];
 #[derive(Debug, Clone)]
 enum Op {
     /// The clock moves by `dt` ms, then the caller asks for `want` IDs.
-    Issue { dt: i64, want: u32 },
+    Issue {
+        dt: i64,
+        want: u32,
+    },
+    /// The clock jumps to `offset` ms from a boundary of the rules, then the caller asks for IDs:
+    /// that is where an off-by-one would hide.
+    IssueNear {
+        anchor: Anchor,
+        offset: i64,
+        want: u32,
+    },
     /// A claim at the current clock reading: floor = now, expiry = now + lease_ms.
-    Claim { layout: usize, machine: u32, lease_ms: i64 },
+    Claim {
+        layout: usize,
+        machine: u32,
+        lease_ms: i64,
+    },
     /// A renewal moving the expiry by `by` (≤ 0 must be rejected), optionally with a wrong epoch.
-    Extend { layout: usize, by: i64, wrong_epoch: bool },
-    Drop { layout: usize },
-    Release { layout: usize },
+    Extend {
+        layout: usize,
+        by: i64,
+        wrong_epoch: bool,
+    },
+    Drop {
+        layout: usize,
+    },
+    Release {
+        layout: usize,
+    },
     Sync(bool),
 }
 
@@ -280,10 +352,35 @@ fn arb_want() -> impl Strategy<Value = u32> {
     prop_oneof![6 => 0u32..=20, 3 => 21u32..=1_500, 1 => 1_500u32..=6_000]
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Anchor {
+    /// The last issued timestamp (the 5 ms rule).
+    Last,
+    /// The floor of the lease in force (the claim's `:now`).
+    Floor,
+    /// `lease_expiry − fence` of the lease in force.
+    Fence,
+    /// The v2 cutover.
+    Cutover,
+    /// The schedule's horizon.
+    Horizon,
+}
+
+fn arb_anchor() -> impl Strategy<Value = Anchor> {
+    prop_oneof![
+        3 => Just(Anchor::Last),
+        2 => Just(Anchor::Floor),
+        3 => Just(Anchor::Fence),
+        1 => Just(Anchor::Cutover),
+        1 => Just(Anchor::Horizon),
+    ]
+}
+
 fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         40 => (arb_dt(), arb_want()).prop_map(|(dt, want)| Op::Issue { dt, want }),
-        3 => (0usize..2, 0u32..=511, 200i64..=6_000).prop_map(|(layout, machine, lease_ms)| Op::Claim { layout, machine, lease_ms }),
+        8 => (arb_anchor(), -12i64..=3, arb_want()).prop_map(|(anchor, offset, want)| Op::IssueNear { anchor, offset, want }),
+        3 => (0usize..2, 0u32..=1023, 200i64..=6_000).prop_map(|(layout, machine, lease_ms)| Op::Claim { layout, machine, lease_ms }),
         6 => (0usize..2, -200i64..=3_000, prop::bool::weighted(0.1)).prop_map(|(layout, by, wrong_epoch)| Op::Extend { layout, by, wrong_epoch }),
         1 => (0usize..2).prop_map(|layout| Op::Drop { layout }),
         1 => (0usize..2).prop_map(|layout| Op::Release { layout }),
@@ -334,7 +431,12 @@ impl Model {
 
     /// Checks one `issue(now, want)` outcome against the rules. Returns a description of the first
     /// inconsistency, if any. Updates the model on success.
-    fn check(&mut self, now: i64, want: u32, outcome: &Result<idgen_core::Run, NotNow>) -> Result<(), String> {
+    fn check(
+        &mut self,
+        now: i64,
+        want: u32,
+        outcome: &Result<idgen_core::Run, NotNow>,
+    ) -> Result<(), String> {
         let per_ms = |l: usize| if l == 0 { 4096 } else { 1024 };
         let in_range = (EPOCH_UNIX_MS..=Timestamp::MAX.unix_ms()).contains(&now);
         let layout = Self::layout_at(now);
@@ -349,7 +451,10 @@ impl Model {
                     return Err("issued with an unsynchronized clock".into());
                 }
                 if behind_last.is_some() || behind_floor.is_some() {
-                    return Err(format!("issued at {now}, behind last {:?} / floor {}", self.last, lease.floor));
+                    return Err(format!(
+                        "issued at {now}, behind last {:?} / floor {}",
+                        self.last, lease.floor
+                    ));
                 }
                 if !in_range || now >= self.horizon_unix_ms {
                     return Err("issued out of range or past the horizon".into());
@@ -358,9 +463,17 @@ impl Model {
                     return Err("issued v1 outside the home region".into());
                 }
                 if now >= lease.expiry - self.fence_ms {
-                    return Err(format!("issued at {now} inside the fence (expiry {}, fence {})", lease.expiry, self.fence_ms));
+                    return Err(format!(
+                        "issued at {now} inside the fence (expiry {}, fence {})",
+                        lease.expiry, self.fence_ms
+                    ));
                 }
-                let seq = if self.last == Some(now) { self.next_seq.ok_or("reused a millisecond after a new lease")? } else { 0 };
+                let seq = if self.last == Some(now) {
+                    self.next_seq
+                        .ok_or("reused a millisecond after a new lease")?
+                } else {
+                    0
+                };
                 if seq >= per_ms(layout) {
                     return Err("issued past the end of the sequence".into());
                 }
@@ -371,12 +484,20 @@ impl Model {
                 } else {
                     formula(ts, self.region, lease.machine, seq, 9, 10)
                 };
-                let expected = idgen_core::Run { first, count, unix_ms: now, machine: lease.machine };
+                let expected = idgen_core::Run {
+                    first,
+                    count,
+                    unix_ms: now,
+                    machine: lease.machine,
+                };
                 if *run != expected {
                     return Err(format!("run {run:?}, expected {expected:?}"));
                 }
                 if self.last_id.is_some_and(|last| first <= last) {
-                    return Err(format!("ID {first} not above the previous {:?}", self.last_id));
+                    return Err(format!(
+                        "ID {first} not above the previous {:?}",
+                        self.last_id
+                    ));
                 }
                 self.last = Some(now);
                 self.next_seq = Some(seq + count);
@@ -384,35 +505,66 @@ impl Model {
                 self.leases[layout].as_mut().unwrap().last_issued = Some(now);
                 Ok(())
             }
-            Err(NotNow::Wait { until_unix_ms, cause: WaitCause::ClockBehind }) => {
+            Err(NotNow::Wait {
+                until_unix_ms,
+                cause: WaitCause::ClockBehind,
+            }) => {
                 let bounds = [self.last, lease.map(|l| l.floor)];
-                let ok = bounds.iter().flatten().any(|b| b == until_unix_ms && (1..=self.max_wait).contains(&(b - now)));
-                if ok && !self.unsynchronized { Ok(()) } else { Err(format!("wait until {until_unix_ms} at {now} ({bounds:?})")) }
+                let ok = bounds
+                    .iter()
+                    .flatten()
+                    .any(|b| b == until_unix_ms && (1..=self.max_wait).contains(&(b - now)));
+                if ok && !self.unsynchronized {
+                    Ok(())
+                } else {
+                    Err(format!("wait until {until_unix_ms} at {now} ({bounds:?})"))
+                }
             }
-            Err(NotNow::Wait { until_unix_ms, cause: WaitCause::SequenceExhausted }) => {
-                let exhausted = self.last == Some(now) && self.next_seq.is_none_or(|s| s >= per_ms(layout));
-                if exhausted && *until_unix_ms == now + 1 { Ok(()) } else { Err(format!("sequence wait at {now}: {:?}", self.next_seq)) }
+            Err(NotNow::Wait {
+                until_unix_ms,
+                cause: WaitCause::SequenceExhausted,
+            }) => {
+                let exhausted =
+                    self.last == Some(now) && self.next_seq.is_none_or(|s| s >= per_ms(layout));
+                if exhausted && *until_unix_ms == now + 1 {
+                    Ok(())
+                } else {
+                    Err(format!("sequence wait at {now}: {:?}", self.next_seq))
+                }
             }
             Err(NotNow::Refuse(refusal)) => {
                 let ok = match refusal {
                     Refusal::ClockUnsynchronized { .. } => self.unsynchronized,
                     Refusal::ClockBehind { behind_ms } => {
-                        *behind_ms > self.max_wait && (behind_last == Some(*behind_ms) || behind_floor == Some(*behind_ms))
+                        *behind_ms > self.max_wait
+                            && (behind_last == Some(*behind_ms) || behind_floor == Some(*behind_ms))
                     }
                     Refusal::OutOfRange(_) => !in_range,
                     Refusal::PastHorizon { horizon_unix_ms } => {
                         *horizon_unix_ms == self.horizon_unix_ms && now >= self.horizon_unix_ms
                     }
                     Refusal::NoLease { layout: name } => lease.is_none() && name == LAYOUTS[layout],
-                    Refusal::NotHomeRegion { layout: name } => layout == 0 && !self.home && name == "v1",
-                    Refusal::PastFence { machine, expiry_unix_ms, fence_ms } => lease.is_some_and(|l| {
+                    Refusal::NotHomeRegion { layout: name } => {
+                        layout == 0 && !self.home && name == "v1"
+                    }
+                    Refusal::PastFence {
+                        machine,
+                        expiry_unix_ms,
+                        fence_ms,
+                    } => lease.is_some_and(|l| {
                         l.machine == *machine
                             && l.expiry == *expiry_unix_ms
                             && *fence_ms == self.fence_ms
                             && now >= l.expiry - self.fence_ms
                     }),
                 };
-                if ok { Ok(()) } else { Err(format!("refusal {refusal:?} at {now} is not justified by {self:?}")) }
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "refusal {refusal:?} at {now} is not justified by {self:?}"
+                    ))
+                }
             }
         }
     }
@@ -423,7 +575,7 @@ fn arb_config() -> impl Strategy<Value = (i64, i64)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(cases(400))]
 
     /// A single generator, a clock that walks forward and steps back by small and large amounts,
     /// leases that are claimed, renewed, lost and released: every outcome is the one the rules
@@ -462,8 +614,24 @@ proptest! {
         all_ops.extend(ops);
         for op in all_ops {
             match op {
-                Op::Issue { dt, want } => {
-                    now += dt;
+                Op::Issue { .. } | Op::IssueNear { .. } => {
+                    let (target, want) = match op {
+                        Op::Issue { dt, want } => (Some(now + dt), want),
+                        Op::IssueNear { anchor, offset, want } => {
+                            let lease = model.leases[Model::layout_at(now)].as_ref();
+                            let base = match anchor {
+                                Anchor::Last => model.last,
+                                Anchor::Floor => lease.map(|l| l.floor),
+                                Anchor::Fence => lease.map(|l| l.expiry - fence_ms),
+                                Anchor::Cutover => Some(V2_FROM_UNIX_MS),
+                                Anchor::Horizon => Some(model.horizon_unix_ms),
+                            };
+                            // Only nearby boundaries: a jump of years would leave the clock behind for good.
+                            (base.map(|b| b + offset).filter(|t| (t - now).abs() <= 10_000), want)
+                        }
+                        _ => unreachable!(),
+                    };
+                    now = target.unwrap_or(now);
                     let outcome = g.issue(now, want);
                     if let Err(problem) = model.check(now, want, &outcome) {
                         return Err(TestCaseError::fail(problem));
@@ -556,16 +724,20 @@ fn arb_uuid_clock() -> impl Strategy<Value = Vec<(i64, u64, u32)>> {
         1 => -100_000i64..=-6,
         1 => 1_000i64..=1_000_000,
     ];
-    (0..UUID_MS_MAX - 10_000_000, prop::collection::vec((step, any::<u64>(), any::<u32>()), 1..300)).prop_map(|(start, steps)| {
-        let mut now = start;
-        steps
-            .into_iter()
-            .map(|(dt, seed, tail)| {
-                now = (now + dt).clamp(-1_000_000, UUID_MS_MAX - 1);
-                (now, seed, tail)
-            })
-            .collect()
-    })
+    (
+        0..UUID_MS_MAX - 10_000_000,
+        prop::collection::vec((step, any::<u64>(), any::<u32>()), 1..300),
+    )
+        .prop_map(|(start, steps)| {
+            let mut now = start;
+            steps
+                .into_iter()
+                .map(|(dt, seed, tail)| {
+                    now = (now + dt).clamp(-1_000_000, UUID_MS_MAX - 1);
+                    (now, seed, tail)
+                })
+                .collect()
+        })
 }
 
 fn check_v7_bytes(bytes: &[u8; 16]) -> Result<(), TestCaseError> {
@@ -573,14 +745,19 @@ fn check_v7_bytes(bytes: &[u8; 16]) -> Result<(), TestCaseError> {
     prop_assert_eq!(bytes[8] >> 6, 0b10, "variant");
     let text = uuid::format(bytes);
     prop_assert_eq!(text.len(), 36);
-    prop_assert!(text.bytes().all(|c| c == b'-' || c.is_ascii_digit() || (b'a'..=b'f').contains(&c)), "{}", text);
+    prop_assert!(
+        text.bytes()
+            .all(|c| c == b'-' || c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+        "{}",
+        text
+    );
     prop_assert_eq!(uuid::parse_v7(&text).unwrap(), *bytes);
     prop_assert_eq!(uuid::parse_v7(&text.to_uppercase()).unwrap(), *bytes);
     Ok(())
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(cases(512))]
 
     /// Strictly increasing for any clock sequence inside the 48-bit range (steps back included),
     /// carrying the highest clock reading seen so far, and each one round-trips through text.
