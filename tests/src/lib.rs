@@ -1,1 +1,227 @@
+//! Harness for the end-to-end tests: start the real `idgen` binary as worker processes, talk to
+//! them over loopback HTTP, and break them with real signals.
+//!
+//! The binary is the one `cargo build --workspace --bins` put beside the test executable
+//! (`./scripts/test` builds it first).
 
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// `target/<profile>/idgen`, next to `target/<profile>/deps/<this test>`.
+pub fn idgen_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let bin = profile_dir.join("idgen");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (./scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// Settings for one worker process, written to its TOML file.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub name: String,
+    pub sqlite_path: PathBuf,
+    pub lease_ms: i64,
+    pub renew_interval_ms: i64,
+    pub fence_ms: i64,
+    pub machines: (u32, u32),
+    pub max_backoff_ms: i64,
+}
+
+impl WorkerSpec {
+    /// A short test lease (3 s, renewed every second, 500 ms fence) on a shared SQLite file.
+    pub fn short_lease(name: &str, sqlite_path: &Path) -> Self {
+        WorkerSpec {
+            name: name.into(),
+            sqlite_path: sqlite_path.into(),
+            lease_ms: 3_000,
+            renew_interval_ms: 1_000,
+            fence_ms: 500,
+            machines: (0, 63),
+            max_backoff_ms: 500,
+        }
+    }
+
+    fn toml(&self) -> String {
+        format!(
+            "listen = \"127.0.0.1:0\"\nregion = \"test-region\"\nshutdown_grace_ms = 2000\n\
+             [lease]\nstore = \"sqlite\"\nsqlite_path = {path}\nlease_ms = {lease}\nrenew_interval_ms = {renew}\n\
+             fence_ms = {fence}\nfirst_machine = {first}\nlast_machine = {last}\nmax_backoff_ms = {backoff}\n\
+             [clock]\nrequire_sync = false\n",
+            path = serde_json::to_string(&self.sqlite_path.to_string_lossy()).unwrap(),
+            lease = self.lease_ms,
+            renew = self.renew_interval_ms,
+            fence = self.fence_ms,
+            first = self.machines.0,
+            last = self.machines.1,
+            backoff = self.max_backoff_ms,
+        )
+    }
+}
+
+/// A running `idgen worker` process.
+pub struct WorkerProcess {
+    pub name: String,
+    pub url: String,
+    pub child: Child,
+    _config: tempfile::NamedTempFile,
+}
+
+impl WorkerProcess {
+    pub async fn start(spec: &WorkerSpec) -> anyhow::Result<WorkerProcess> {
+        let config = tempfile::Builder::new().suffix(".toml").tempfile()?;
+        std::fs::write(config.path(), spec.toml())?;
+        let mut child = Command::new(idgen_bin())
+            .arg("worker")
+            .arg("--config")
+            .arg(config.path())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning idgen worker")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let url = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(rest) = line.strip_prefix("idgen-worker listening on ") {
+                    return Ok::<_, std::io::Error>(rest.split_whitespace().next().map(str::to_owned));
+                }
+            }
+            Ok(None)
+        })
+        .await
+        .context("worker did not start within 30 s")??
+        .context("worker exited before listening")?;
+        // Keep draining stdout so the worker never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(WorkerProcess { name: spec.name.clone(), url, child, _config: config })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("worker is running") as i32
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: sends a signal to our own child process.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({}, {signal})", self.pid());
+    }
+
+    /// SIGSTOP, then wait until every thread of the process is really stopped. Delivery is
+    /// asynchronous: on a busy machine the other threads keep running user code for a few
+    /// milliseconds until the thread that takes the signal starts the group stop.
+    pub async fn freeze(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGSTOP);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if all_threads_stopped(self.pid())? {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("{} did not stop within 10 s of SIGSTOP", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// SIGTERM and wait: the worker finishes in-flight requests and releases its lease.
+    pub async fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        self.signal(libc::SIGTERM);
+        Ok(tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.context("worker did not stop")??)
+    }
+
+    pub async fn health(&self, client: &reqwest::Client) -> anyhow::Result<(u16, Value)> {
+        let response = client.get(format!("{}/healthz", self.url)).send().await?;
+        Ok((response.status().as_u16(), response.json().await?))
+    }
+
+    /// Polls `/healthz` until it answers 200, and returns the v1 machine number it holds.
+    pub async fn wait_ready(&self, client: &reqwest::Client, within: Duration) -> anyhow::Result<u32> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok((200, body)) = self.health(client).await
+                && let Some(machine) = body["leases"][0]["machine"].as_u64()
+            {
+                return Ok(machine as u32);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("{} not ready within {within:?}", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// True when every task in `/proc/<pid>/task` is in state `T` (stopped).
+fn all_threads_stopped(pid: i32) -> anyhow::Result<bool> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = std::fs::read_to_string(task?.path().join("stat"))?;
+        // The state follows the parenthesised command name, which may itself contain spaces.
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if state != Some('T') {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// What one issuing request came back with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Issued {
+    Ids(Vec<u64>),
+    Refused { status: u16, code: String },
+}
+
+pub async fn post_ids(client: &reqwest::Client, url: &str, count: u32) -> anyhow::Result<Issued> {
+    let response = if count == 1 {
+        client.post(format!("{url}/v1/ids")).send().await?
+    } else {
+        client.post(format!("{url}/v1/ids:batch")).json(&serde_json::json!({ "count": count })).send().await?
+    };
+    let status = response.status().as_u16();
+    let body: Value = response.json().await?;
+    if status != 200 {
+        return Ok(Issued::Refused { status, code: body["error"]["code"].as_str().unwrap_or("").to_owned() });
+    }
+    let ids = if count == 1 {
+        let id: u64 = body["id"].as_str().context("id")?.parse()?;
+        anyhow::ensure!(body["id_num"].as_u64() == Some(id), "id and id_num disagree: {body}");
+        vec![id]
+    } else {
+        body["ids"]
+            .as_array()
+            .context("ids")?
+            .iter()
+            .map(|v| Ok(v.as_str().context("id")?.parse()?))
+            .collect::<anyhow::Result<_>>()?
+    };
+    Ok(Issued::Ids(ids))
+}
+
+/// v1 fields: (Unix ms, machine, sequence).
+pub fn v1_fields(id: u64) -> (i64, u32, u32) {
+    ((id >> 22) as i64 + 1_767_225_600_000, ((id >> 12) & 0x3ff) as u32, (id & 0xfff) as u32)
+}
+
+/// Panics with the first repeated ID (decoded) if any ID appears twice; returns the count checked.
+pub fn assert_no_duplicates(ids: &mut [u64]) -> usize {
+    ids.sort_unstable();
+    if let Some(pair) = ids.windows(2).find(|w| w[0] == w[1]) {
+        let (ms, machine, sequence) = v1_fields(pair[0]);
+        panic!("duplicate ID {} (Unix ms {ms}, machine {machine}, sequence {sequence})", pair[0]);
+    }
+    ids.len()
+}

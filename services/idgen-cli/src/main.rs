@@ -1,1 +1,105 @@
-fn main(){}
+//! `idgen`: the one operator binary. `up` starts the local platform; `worker` runs one fleet
+//! worker; `decode` takes IDs apart. Human-readable output by default, JSON with `--json`.
+
+mod up;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use idgen_worker::config::WorkerConfig;
+
+#[derive(Parser)]
+#[command(name = "idgen", version, about = "Unique 64-bit IDs: the local platform, workers and operator tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the local platform: three fleet workers on one SQLite lease table under ./.idgen/.
+    Up(up::UpArgs),
+    /// Run one fleet worker (the same as the `idgen-worker` binary).
+    Worker {
+        /// TOML configuration file; IDGEN_WORKER_… environment variables override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Decode IDs (63-bit or UUIDv7) with the default layout schedule.
+    Decode {
+        #[arg(required = true)]
+        ids: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Up(args) => runtime().and_then(|rt| rt.block_on(up::run(args))),
+        Command::Worker { config } => {
+            idgen_worker::init_tracing();
+            WorkerConfig::load(config.as_deref())
+                .and_then(|config| runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config))))
+        }
+        Command::Decode { ids, json } => return decode(&ids, json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("idgen: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn decode(ids: &[String], json: bool) -> ExitCode {
+    let schedule = WorkerConfig::default().schedule();
+    let mut failed = false;
+    for text in ids {
+        match idgen_worker::api::decode_to_json(text, &schedule, &HashMap::new()) {
+            Ok(decoded) if json => println!("{decoded}"),
+            Ok(decoded) => println!("{}", human(&decoded)),
+            Err(error) => {
+                failed = true;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"id": text, "error": {"code": error.code, "message": error.message}})
+                    );
+                } else {
+                    eprintln!("{text}: {}", error.message);
+                }
+            }
+        }
+    }
+    if failed { ExitCode::from(2) } else { ExitCode::SUCCESS }
+}
+
+fn human(decoded: &serde_json::Value) -> String {
+    let mut line = format!(
+        "{}  layout {}  created {}",
+        decoded["id"].as_str().unwrap_or(""),
+        decoded["layout"].as_str().unwrap_or(""),
+        decoded["created_at"].as_str().unwrap_or("")
+    );
+    if let Some(region) = decoded.get("region_number") {
+        line += &format!("  region {region}");
+        if let Some(name) = decoded.get("region").and_then(|n| n.as_str()) {
+            line += &format!(" ({name})");
+        }
+    }
+    for field in ["machine", "sequence"] {
+        if let Some(value) = decoded.get(field) {
+            line += &format!("  {field} {value}");
+        }
+    }
+    line
+}

@@ -6,18 +6,25 @@
 use std::hint::black_box;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use idgen_core::{Generator, GeneratorConfig, Lease, NotNow, Schedule, OPEN_HORIZON};
+use criterion::{Criterion, criterion_group, criterion_main};
+use idgen_core::{Generator, GeneratorConfig, Lease, NotNow, OPEN_HORIZON, Schedule};
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_millis() as i64
 }
 
 fn generator() -> Generator {
-    let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+    let mut g =
+        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
     let now = now_ms();
-    g.install_lease(Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 86_400_000, floor_unix_ms: now })
-        .unwrap();
+    g.install_lease(Lease {
+        layout: "v1".into(),
+        machine: 1,
+        epoch: 1,
+        expiry_unix_ms: now + 86_400_000,
+        floor_unix_ms: now,
+    })
+    .unwrap();
     g
 }
 

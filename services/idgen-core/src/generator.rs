@@ -17,7 +17,7 @@
 
 use thiserror::Error;
 
-use crate::layout::{FieldError, Layout, MachineNumber, LOW_BITS};
+use crate::layout::{FieldError, LOW_BITS, Layout, MachineNumber};
 use crate::schedule::Schedule;
 use crate::time::{Timestamp, TimestampError};
 
@@ -211,7 +211,10 @@ impl Generator {
             .ok_or_else(|| InstallError::UnknownLayout(lease.layout.clone()))?
             .clone();
         if lease.expiry_unix_ms <= lease.floor_unix_ms {
-            return Err(InstallError::Inverted { floor_unix_ms: lease.floor_unix_ms, expiry_unix_ms: lease.expiry_unix_ms });
+            return Err(InstallError::Inverted {
+                floor_unix_ms: lease.floor_unix_ms,
+                expiry_unix_ms: lease.expiry_unix_ms,
+            });
         }
         let machine = layout.machine_number(lease.machine)?;
         let region = if layout.region_bits() == 0 { 0 } else { self.region };
@@ -237,7 +240,9 @@ impl Generator {
     pub fn extend_lease(&mut self, layout: &str, machine: u32, epoch: u64, new_expiry_unix_ms: i64) -> bool {
         match self.held_mut(layout) {
             Some(held)
-                if held.machine.value() == machine && held.epoch == epoch && new_expiry_unix_ms > held.expiry_unix_ms =>
+                if held.machine.value() == machine
+                    && held.epoch == epoch
+                    && new_expiry_unix_ms > held.expiry_unix_ms =>
             {
                 held.expiry_unix_ms = new_expiry_unix_ms;
                 true
@@ -338,7 +343,7 @@ impl Generator {
         if now >= floor {
             return Ok(());
         }
-        let behind_ms = floor - now;
+        let behind_ms = floor.saturating_sub(now);
         if behind_ms <= self.config.max_wait_behind_ms {
             Err(NotNow::Wait { until_unix_ms: floor, cause: WaitCause::ClockBehind })
         } else {
@@ -370,7 +375,8 @@ mod tests {
     const NOW: i64 = 1_790_424_000_000; // 2026-09-26T12:00:00Z
 
     fn generator() -> Generator {
-        let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+        let mut g =
+            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
         g.install_lease(lease(37, 1, NOW, NOW + 300_000)).unwrap();
         g
     }
@@ -391,10 +397,7 @@ mod tests {
     fn sequence_spills_into_the_next_millisecond() {
         let mut g = generator();
         assert_eq!(g.issue(NOW, 5000).unwrap().count, 4096);
-        assert_eq!(
-            g.issue(NOW, 1),
-            Err(NotNow::Wait { until_unix_ms: NOW + 1, cause: WaitCause::SequenceExhausted })
-        );
+        assert_eq!(g.issue(NOW, 1), Err(NotNow::Wait { until_unix_ms: NOW + 1, cause: WaitCause::SequenceExhausted }));
         let run = g.issue(NOW + 1, 1).unwrap();
         assert_eq!(run.first & 0xfff, 0);
     }
@@ -422,7 +425,8 @@ mod tests {
 
     #[test]
     fn no_lease_no_ids_and_the_floor_holds() {
-        let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+        let mut g =
+            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
         assert_eq!(g.issue(NOW, 1), Err(NotNow::Refuse(Refusal::NoLease { layout: "v1".into() })));
         g.install_lease(lease(3, 4, NOW, NOW + 300_000)).unwrap();
         assert!(matches!(g.issue(NOW - 6, 1), Err(NotNow::Refuse(Refusal::ClockBehind { .. }))));
@@ -469,7 +473,10 @@ mod tests {
     fn unsynchronized_clock_refuses() {
         let mut g = generator();
         g.set_clock_unsynchronized(Some("STA_UNSYNC".into()));
-        assert_eq!(g.issue(NOW, 1).unwrap_err(), NotNow::Refuse(Refusal::ClockUnsynchronized { reason: "STA_UNSYNC".into() }));
+        assert_eq!(
+            g.issue(NOW, 1).unwrap_err(),
+            NotNow::Refuse(Refusal::ClockUnsynchronized { reason: "STA_UNSYNC".into() })
+        );
         g.set_clock_unsynchronized(None);
         assert!(g.issue(NOW, 1).is_ok());
     }

@@ -83,7 +83,12 @@ impl Layout {
         }
         let sum = u32::from(region_bits) + u32::from(machine_bits) + u32::from(sequence_bits);
         if sum != u32::from(LOW_BITS) {
-            return Err(FieldError::BadBitSum { region: region_bits, machine: machine_bits, sequence: sequence_bits, sum });
+            return Err(FieldError::BadBitSum {
+                region: region_bits,
+                machine: machine_bits,
+                sequence: sequence_bits,
+                sum,
+            });
         }
         if machine_bits == 0 || sequence_bits == 0 {
             return Err(FieldError::EmptyField);
@@ -127,18 +132,15 @@ impl Layout {
     }
 
     pub fn machine_number(&self, value: u32) -> Result<MachineNumber, FieldError> {
-        self.check("machine", value, self.machine_bits)
-            .map(|value| MachineNumber { value, bits: self.machine_bits })
+        self.check("machine", value, self.machine_bits).map(|value| MachineNumber { value, bits: self.machine_bits })
     }
 
     pub fn region_number(&self, value: u32) -> Result<RegionNumber, FieldError> {
-        self.check("region", value, self.region_bits)
-            .map(|value| RegionNumber { value, bits: self.region_bits })
+        self.check("region", value, self.region_bits).map(|value| RegionNumber { value, bits: self.region_bits })
     }
 
     pub fn sequence(&self, value: u32) -> Result<Sequence, FieldError> {
-        self.check("sequence", value, self.sequence_bits)
-            .map(|value| Sequence { value, bits: self.sequence_bits })
+        self.check("sequence", value, self.sequence_bits).map(|value| Sequence { value, bits: self.sequence_bits })
     }
 
     fn check(&self, field: &'static str, value: u32, bits: u8) -> Result<u32, FieldError> {
@@ -240,9 +242,7 @@ mod tests {
         assert!(v2.region_number(8).is_err());
         // A machine number validated for v1 (10 bits) cannot be used with v2 (9 bits).
         let m = v1.machine_number(300).unwrap();
-        let err = v2
-            .encode(Timestamp::ZERO, v2.region_number(0).unwrap(), m, v2.sequence(0).unwrap())
-            .unwrap_err();
+        let err = v2.encode(Timestamp::ZERO, v2.region_number(0).unwrap(), m, v2.sequence(0).unwrap()).unwrap_err();
         assert!(matches!(err, FieldError::WrongLayout { field: "machine", .. }));
     }
 

@@ -12,7 +12,9 @@ pub mod schedule;
 pub mod time;
 pub mod uuid;
 
-pub use generator::{Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, WaitCause};
+pub use generator::{
+    Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, WaitCause,
+};
 pub use layout::{DecodedId, FieldError, Layout, MachineNumber, RegionNumber, Sequence};
-pub use schedule::{DecodeError, Schedule, ScheduleEntry, ScheduleError, DEFAULT_V2_FROM, OPEN_HORIZON};
-pub use time::{format_unix_ms, Timestamp, TimestampError, EPOCH_UNIX_MS, MAX_TIMESTAMP};
+pub use schedule::{DEFAULT_V2_FROM, DecodeError, OPEN_HORIZON, Schedule, ScheduleEntry, ScheduleError};
+pub use time::{EPOCH_UNIX_MS, MAX_TIMESTAMP, Timestamp, TimestampError, format_unix_ms};

@@ -7,8 +7,8 @@
 
 use thiserror::Error;
 
-use crate::layout::{DecodedId, Layout, LOW_BITS};
-use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::layout::{DecodedId, LOW_BITS, Layout};
+use crate::time::{MAX_TIMESTAMP, Timestamp};
 
 /// The v2 cutover of the default schedule: 2028-01-01T00:00:00Z, in ms since the epoch.
 pub const DEFAULT_V2_FROM: u64 = 63_072_000_000;
@@ -181,7 +181,10 @@ mod tests {
         let v1 = ScheduleEntry { layout: Layout::v1(), from: Timestamp::ZERO };
         let late = ScheduleEntry { layout: Layout::v2(), from: Timestamp::ZERO };
         assert_eq!(Schedule::new(vec![], OPEN_HORIZON), Err(ScheduleError::Empty));
-        assert!(matches!(Schedule::new(vec![v1.clone(), late], OPEN_HORIZON), Err(ScheduleError::NotIncreasing { .. })));
+        assert!(matches!(
+            Schedule::new(vec![v1.clone(), late], OPEN_HORIZON),
+            Err(ScheduleError::NotIncreasing { .. })
+        ));
         assert!(matches!(Schedule::new(vec![v1.clone()], OPEN_HORIZON + 1), Err(ScheduleError::HorizonOutOfRange(_))));
         assert_eq!(schedule_sign_bit(), Err(DecodeError::SignBit(1 << 63)));
     }

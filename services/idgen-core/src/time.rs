@@ -26,9 +26,7 @@ impl Timestamp {
 
     /// The timestamp of a Unix-millisecond instant, if it lies inside the 41-bit range.
     pub fn from_unix_ms(unix_ms: i64) -> Result<Self, TimestampError> {
-        let since = unix_ms
-            .checked_sub(EPOCH_UNIX_MS)
-            .ok_or(TimestampError::BeforeEpoch { unix_ms })?;
+        let since = unix_ms.checked_sub(EPOCH_UNIX_MS).ok_or(TimestampError::BeforeEpoch { unix_ms })?;
         if since < 0 {
             return Err(TimestampError::BeforeEpoch { unix_ms });
         }

@@ -6,18 +6,15 @@
 
 use idgen_core::uuid::{self, UuidV7State};
 use idgen_core::{
-    DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Layout, Lease, MAX_TIMESTAMP,
-    NotNow, OPEN_HORIZON, Refusal, Schedule, ScheduleEntry, Timestamp, WaitCause, format_unix_ms,
+    DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Layout, Lease, MAX_TIMESTAMP, NotNow, OPEN_HORIZON,
+    Refusal, Schedule, ScheduleEntry, Timestamp, WaitCause, format_unix_ms,
 };
 use proptest::prelude::*;
 
 /// `cases` random cases; failures are printed (shrunk), not persisted: an integration test has
 /// no `lib.rs` next to it for proptest's regression files.
 fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        failure_persistence: None,
-        ..ProptestConfig::with_cases(cases)
-    }
+    ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(cases) }
 }
 
 fn default_schedule() -> Schedule {
@@ -26,14 +23,7 @@ fn default_schedule() -> Schedule {
 
 /// `(ts << 22) | (region << (machine_bits + sequence_bits)) | (machine << sequence_bits) | seq`,
 /// written out independently of `Layout::encode`.
-fn formula(
-    ts: u64,
-    region: u32,
-    machine: u32,
-    seq: u32,
-    machine_bits: u8,
-    sequence_bits: u8,
-) -> u64 {
+fn formula(ts: u64, region: u32, machine: u32, seq: u32, machine_bits: u8, sequence_bits: u8) -> u64 {
     (ts << 22)
         | (u64::from(region) << (machine_bits + sequence_bits))
         | (u64::from(machine) << sequence_bits)
@@ -55,19 +45,14 @@ fn encode(layout: &Layout, ts: u64, region: u32, machine: u32, seq: u32) -> u64 
 fn arb_layout() -> impl Strategy<Value = Layout> {
     (0u8..=20)
         .prop_flat_map(|region| (Just(region), 1u8..=(21 - region)))
-        .prop_map(|(region, machine)| {
-            Layout::new("v3", region, machine, 22 - region - machine).unwrap()
-        })
+        .prop_map(|(region, machine)| Layout::new("v3", region, machine, 22 - region - machine).unwrap())
 }
 
 /// v1 from the epoch, v2 from 2028, and a random v3 from a random later timestamp.
 fn arb_three_layout_schedule() -> impl Strategy<Value = (Schedule, Layout, u64)> {
     (arb_layout(), (DEFAULT_V2_FROM + 1)..=MAX_TIMESTAMP).prop_map(|(v3, from)| {
         let mut entries = default_schedule().entries().to_vec();
-        entries.push(ScheduleEntry {
-            layout: v3.clone(),
-            from: Timestamp::from_millis(from).unwrap(),
-        });
+        entries.push(ScheduleEntry { layout: v3.clone(), from: Timestamp::from_millis(from).unwrap() });
         (Schedule::new(entries, OPEN_HORIZON).unwrap(), v3, from)
     })
 }
@@ -79,13 +64,7 @@ fn max_of(bits: u8) -> u32 {
 /// Re-encodes a decoded ID from its fields with the layout it decoded as.
 fn re_encode(schedule: &Schedule, id: u64) -> u64 {
     let d = schedule.decode(id).unwrap();
-    encode(
-        &d.layout,
-        d.timestamp.millis(),
-        d.region_number.unwrap_or(0),
-        d.machine,
-        d.sequence,
-    )
+    encode(&d.layout, d.timestamp.millis(), d.region_number.unwrap_or(0), d.machine, d.sequence)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,20 +183,7 @@ fn naive_civil(mut days: i64) -> (i64, u32, u32) {
         days -= len;
         year += 1;
     }
-    let months = [
-        31,
-        if is_leap(year) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
+    let months = [31, if is_leap(year) { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
     let mut month = 0;
     while days >= months[month] {
         days -= months[month];
@@ -250,14 +216,8 @@ fn format_known_anchors() {
         (951_782_400_000, "2000-02-29T00:00:00.000Z"),
         (EPOCH_UNIX_MS, "2026-01-01T00:00:00.000Z"),
         (1_790_424_000_000, "2026-09-26T12:00:00.000Z"),
-        (
-            EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64,
-            "2028-01-01T00:00:00.000Z",
-        ),
-        (
-            EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64 - 1,
-            "2027-12-31T23:59:59.999Z",
-        ),
+        (EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64, "2028-01-01T00:00:00.000Z"),
+        (EPOCH_UNIX_MS + DEFAULT_V2_FROM as i64 - 1, "2027-12-31T23:59:59.999Z"),
         (Timestamp::MAX.unix_ms(), "2095-09-07T15:47:35.551Z"),
         (4_102_444_800_000, "2100-01-01T00:00:00.000Z"),
         (YEAR_0, "0000-01-01T00:00:00.000Z"),
@@ -431,12 +391,7 @@ impl Model {
 
     /// Checks one `issue(now, want)` outcome against the rules. Returns a description of the first
     /// inconsistency, if any. Updates the model on success.
-    fn check(
-        &mut self,
-        now: i64,
-        want: u32,
-        outcome: &Result<idgen_core::Run, NotNow>,
-    ) -> Result<(), String> {
+    fn check(&mut self, now: i64, want: u32, outcome: &Result<idgen_core::Run, NotNow>) -> Result<(), String> {
         let per_ms = |l: usize| if l == 0 { 4096 } else { 1024 };
         let in_range = (EPOCH_UNIX_MS..=Timestamp::MAX.unix_ms()).contains(&now);
         let layout = Self::layout_at(now);
@@ -451,10 +406,7 @@ impl Model {
                     return Err("issued with an unsynchronized clock".into());
                 }
                 if behind_last.is_some() || behind_floor.is_some() {
-                    return Err(format!(
-                        "issued at {now}, behind last {:?} / floor {}",
-                        self.last, lease.floor
-                    ));
+                    return Err(format!("issued at {now}, behind last {:?} / floor {}", self.last, lease.floor));
                 }
                 if !in_range || now >= self.horizon_unix_ms {
                     return Err("issued out of range or past the horizon".into());
@@ -469,8 +421,7 @@ impl Model {
                     ));
                 }
                 let seq = if self.last == Some(now) {
-                    self.next_seq
-                        .ok_or("reused a millisecond after a new lease")?
+                    self.next_seq.ok_or("reused a millisecond after a new lease")?
                 } else {
                     0
                 };
@@ -484,20 +435,12 @@ impl Model {
                 } else {
                     formula(ts, self.region, lease.machine, seq, 9, 10)
                 };
-                let expected = idgen_core::Run {
-                    first,
-                    count,
-                    unix_ms: now,
-                    machine: lease.machine,
-                };
+                let expected = idgen_core::Run { first, count, unix_ms: now, machine: lease.machine };
                 if *run != expected {
                     return Err(format!("run {run:?}, expected {expected:?}"));
                 }
                 if self.last_id.is_some_and(|last| first <= last) {
-                    return Err(format!(
-                        "ID {first} not above the previous {:?}",
-                        self.last_id
-                    ));
+                    return Err(format!("ID {first} not above the previous {:?}", self.last_id));
                 }
                 self.last = Some(now);
                 self.next_seq = Some(seq + count);
@@ -505,27 +448,18 @@ impl Model {
                 self.leases[layout].as_mut().unwrap().last_issued = Some(now);
                 Ok(())
             }
-            Err(NotNow::Wait {
-                until_unix_ms,
-                cause: WaitCause::ClockBehind,
-            }) => {
+            Err(NotNow::Wait { until_unix_ms, cause: WaitCause::ClockBehind }) => {
                 let bounds = [self.last, lease.map(|l| l.floor)];
-                let ok = bounds
-                    .iter()
-                    .flatten()
-                    .any(|b| b == until_unix_ms && (1..=self.max_wait).contains(&(b - now)));
+                let ok =
+                    bounds.iter().flatten().any(|b| b == until_unix_ms && (1..=self.max_wait).contains(&(b - now)));
                 if ok && !self.unsynchronized {
                     Ok(())
                 } else {
                     Err(format!("wait until {until_unix_ms} at {now} ({bounds:?})"))
                 }
             }
-            Err(NotNow::Wait {
-                until_unix_ms,
-                cause: WaitCause::SequenceExhausted,
-            }) => {
-                let exhausted =
-                    self.last == Some(now) && self.next_seq.is_none_or(|s| s >= per_ms(layout));
+            Err(NotNow::Wait { until_unix_ms, cause: WaitCause::SequenceExhausted }) => {
+                let exhausted = self.last == Some(now) && self.next_seq.is_none_or(|s| s >= per_ms(layout));
                 if exhausted && *until_unix_ms == now + 1 {
                     Ok(())
                 } else {
@@ -544,27 +478,15 @@ impl Model {
                         *horizon_unix_ms == self.horizon_unix_ms && now >= self.horizon_unix_ms
                     }
                     Refusal::NoLease { layout: name } => lease.is_none() && name == LAYOUTS[layout],
-                    Refusal::NotHomeRegion { layout: name } => {
-                        layout == 0 && !self.home && name == "v1"
-                    }
-                    Refusal::PastFence {
-                        machine,
-                        expiry_unix_ms,
-                        fence_ms,
-                    } => lease.is_some_and(|l| {
+                    Refusal::NotHomeRegion { layout: name } => layout == 0 && !self.home && name == "v1",
+                    Refusal::PastFence { machine, expiry_unix_ms, fence_ms } => lease.is_some_and(|l| {
                         l.machine == *machine
                             && l.expiry == *expiry_unix_ms
                             && *fence_ms == self.fence_ms
                             && now >= l.expiry - self.fence_ms
                     }),
                 };
-                if ok {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "refusal {refusal:?} at {now} is not justified by {self:?}"
-                    ))
-                }
+                if ok { Ok(()) } else { Err(format!("refusal {refusal:?} at {now} is not justified by {self:?}")) }
             }
         }
     }
@@ -724,11 +646,8 @@ fn arb_uuid_clock() -> impl Strategy<Value = Vec<(i64, u64, u32)>> {
         1 => -100_000i64..=-6,
         1 => 1_000i64..=1_000_000,
     ];
-    (
-        0..UUID_MS_MAX - 10_000_000,
-        prop::collection::vec((step, any::<u64>(), any::<u32>()), 1..300),
-    )
-        .prop_map(|(start, steps)| {
+    (0..UUID_MS_MAX - 10_000_000, prop::collection::vec((step, any::<u64>(), any::<u32>()), 1..300)).prop_map(
+        |(start, steps)| {
             let mut now = start;
             steps
                 .into_iter()
@@ -737,7 +656,8 @@ fn arb_uuid_clock() -> impl Strategy<Value = Vec<(i64, u64, u32)>> {
                     (now, seed, tail)
                 })
                 .collect()
-        })
+        },
+    )
 }
 
 fn check_v7_bytes(bytes: &[u8; 16]) -> Result<(), TestCaseError> {
@@ -745,12 +665,7 @@ fn check_v7_bytes(bytes: &[u8; 16]) -> Result<(), TestCaseError> {
     prop_assert_eq!(bytes[8] >> 6, 0b10, "variant");
     let text = uuid::format(bytes);
     prop_assert_eq!(text.len(), 36);
-    prop_assert!(
-        text.bytes()
-            .all(|c| c == b'-' || c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
-        "{}",
-        text
-    );
+    prop_assert!(text.bytes().all(|c| c == b'-' || c.is_ascii_digit() || (b'a'..=b'f').contains(&c)), "{}", text);
     prop_assert_eq!(uuid::parse_v7(&text).unwrap(), *bytes);
     prop_assert_eq!(uuid::parse_v7(&text.to_uppercase()).unwrap(), *bytes);
     Ok(())

@@ -23,8 +23,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use idgen_core::{
-    DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Lease, NotNow, OPEN_HORIZON,
-    Refusal, Run, Schedule, WaitCause,
+    DEFAULT_V2_FROM, EPOCH_UNIX_MS, Generator, GeneratorConfig, Lease, NotNow, OPEN_HORIZON, Refusal, Run, Schedule,
+    WaitCause,
 };
 
 const LEASE_MS: i64 = 3_000;
@@ -49,10 +49,7 @@ fn layout_at(unix_ms: i64) -> usize {
 }
 
 fn config() -> GeneratorConfig {
-    GeneratorConfig {
-        fence_ms: FENCE_MS,
-        max_wait_behind_ms: MAX_WAIT_BEHIND_MS,
-    }
+    GeneratorConfig { fence_ms: FENCE_MS, max_wait_behind_ms: MAX_WAIT_BEHIND_MS }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,14 +155,7 @@ impl LeaseTable {
             return None;
         }
         let epoch = row.map_or(0, |r| r.epoch) + 1;
-        self.rows.insert(
-            (layout, machine),
-            Row {
-                holder: me,
-                expiry: now + LEASE_MS,
-                epoch,
-            },
-        );
+        self.rows.insert((layout, machine), Row { holder: me, expiry: now + LEASE_MS, epoch });
         Some((epoch, row.is_some_and(|r| r.holder != me)))
     }
 
@@ -174,8 +164,7 @@ impl LeaseTable {
         let flaw = self.flaw;
         match self.rows.get_mut(&(layout, machine)) {
             Some(row)
-                if ((row.holder == me && row.epoch == epoch)
-                    || flaw == Flaw::RenewIgnoresHolder)
+                if ((row.holder == me && row.epoch == epoch) || flaw == Flaw::RenewIgnoresHolder)
                     && row.expiry < new_expiry =>
             {
                 row.expiry = new_expiry;
@@ -231,18 +220,8 @@ struct SimLease {
 /// A table write that was applied while the process froze before handling the answer.
 #[derive(Debug, Clone, Copy)]
 enum Pending {
-    Claimed {
-        layout: usize,
-        machine: u32,
-        epoch: u64,
-        now: i64,
-    },
-    Renewed {
-        layout: usize,
-        machine: u32,
-        epoch: u64,
-        new_expiry: i64,
-    },
+    Claimed { layout: usize, machine: u32, epoch: u64, now: i64 },
+    Renewed { layout: usize, machine: u32, epoch: u64, new_expiry: i64 },
 }
 
 struct SimGen {
@@ -272,12 +251,7 @@ impl SimGen {
 }
 
 fn new_core() -> Generator {
-    Generator::new(
-        config(),
-        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
-        REGION,
-        true,
-    )
+    Generator::new(config(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), REGION, true)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,8 +278,7 @@ impl Report {
             *self.violations.entry(k).or_default() += v;
         }
         if self.examples.len() < 10 {
-            self.examples
-                .extend(other.examples.into_iter().take(10 - self.examples.len()));
+            self.examples.extend(other.examples.into_iter().take(10 - self.examples.len()));
         }
     }
 
@@ -352,9 +325,7 @@ impl World {
         *self.report.violations.entry(kind).or_default() += 1;
         if self.report.examples.len() < 10 {
             let detail = detail();
-            self.report
-                .examples
-                .push(format!("seed {} t {}: {kind}: {detail}", self.seed, self.t));
+            self.report.examples.push(format!("seed {} t {}: {kind}: {detail}", self.seed, self.t));
         }
     }
 
@@ -434,14 +405,8 @@ impl World {
                 let sign = if self.rng.one_in(2) { 1 } else { -1 };
                 (sign * self.rng.range(1, 3), "clock_drifts")
             }
-            2_000..2_250 => (
-                -self.rng.range(1, MAX_WAIT_BEHIND_MS),
-                "clock_steps_back_few_ms",
-            ),
-            2_250..2_375 => (
-                -self.rng.range(MAX_WAIT_BEHIND_MS + 1, 50),
-                "clock_steps_back_tens_of_ms",
-            ),
+            2_000..2_250 => (-self.rng.range(1, MAX_WAIT_BEHIND_MS), "clock_steps_back_few_ms"),
+            2_250..2_375 => (-self.rng.range(MAX_WAIT_BEHIND_MS + 1, 50), "clock_steps_back_tens_of_ms"),
             2_375..2_425 => (-self.rng.range(1_000, 3_000), "clock_steps_back_seconds"),
             2_425..2_475 => (self.rng.range(500, 3_000), "clock_steps_forward_seconds"),
             _ => return,
@@ -559,12 +524,7 @@ impl World {
                 }
                 g.claim_failures[layout] = 0;
                 if self.rng.one_in(10) {
-                    g.pending = Some(Pending::Claimed {
-                        layout,
-                        machine,
-                        epoch,
-                        now,
-                    });
+                    g.pending = Some(Pending::Claimed { layout, machine, epoch, now });
                     self.freeze(g, "freezes_between_claim_and_install");
                 } else {
                     self.install(g, layout, machine, epoch, now);
@@ -584,9 +544,7 @@ impl World {
             expiry_unix_ms: now + LEASE_MS,
             floor_unix_ms: now,
         };
-        g.core
-            .install_lease(lease)
-            .expect("a claimed lease installs");
+        g.core.install_lease(lease).expect("a claimed lease installs");
         g.leases[layout] = Some(SimLease {
             machine,
             epoch,
@@ -598,10 +556,7 @@ impl World {
     }
 
     fn renew(&mut self, g: &mut SimGen, layout: usize) {
-        let (machine, epoch) = g.leases[layout]
-            .as_ref()
-            .map(|l| (l.machine, l.epoch))
-            .unwrap();
+        let (machine, epoch) = g.leases[layout].as_ref().map(|l| (l.machine, l.epoch)).unwrap();
         let new_expiry = g.clock(self.t) + LEASE_MS;
         let delivery = self.deliver(g);
         if delivery == Delivery::Lost {
@@ -609,27 +564,16 @@ impl World {
             g.leases[layout].as_mut().unwrap().renew_at = self.t + RENEW_RETRY_MS;
             return;
         }
-        let applied = self
-            .table
-            .renew(layout, machine, g.incarnation, epoch, new_expiry);
+        let applied = self.table.renew(layout, machine, g.incarnation, epoch, new_expiry);
         if delivery == Delivery::AnswerLost {
-            self.event(if applied {
-                "renewals_applied_answer_lost"
-            } else {
-                "renewals_failed_answer_lost"
-            });
+            self.event(if applied { "renewals_applied_answer_lost" } else { "renewals_failed_answer_lost" });
             g.leases[layout].as_mut().unwrap().renew_at = self.t + RENEW_RETRY_MS;
             return;
         }
         if applied {
             self.event("renewals");
             if self.rng.one_in(100) {
-                g.pending = Some(Pending::Renewed {
-                    layout,
-                    machine,
-                    epoch,
-                    new_expiry,
-                });
+                g.pending = Some(Pending::Renewed { layout, machine, epoch, new_expiry });
                 return self.freeze(g, "freezes_between_renewal_and_extend");
             }
             self.extended(g, layout, machine, epoch, new_expiry);
@@ -638,9 +582,7 @@ impl World {
             self.event("lease_losses");
             match g.core.drop_lease(LAYOUTS[layout]) {
                 Some(view) if view.machine == machine && view.epoch == epoch => {}
-                other => self.violation("drop_lease_mismatch", || {
-                    format!("{other:?} for {machine}/{epoch}")
-                }),
+                other => self.violation("drop_lease_mismatch", || format!("{other:?} for {machine}/{epoch}")),
             }
             g.leases[layout] = None;
             g.claim_failures[layout] = 0;
@@ -648,30 +590,17 @@ impl World {
         }
     }
 
-    fn extended(
-        &mut self,
-        g: &mut SimGen,
-        layout: usize,
-        machine: u32,
-        epoch: u64,
-        new_expiry: i64,
-    ) {
-        let accepted = g
-            .core
-            .extend_lease(LAYOUTS[layout], machine, epoch, new_expiry);
+    fn extended(&mut self, g: &mut SimGen, layout: usize, machine: u32, epoch: u64, new_expiry: i64) {
+        let accepted = g.core.extend_lease(LAYOUTS[layout], machine, epoch, new_expiry);
         match g.leases[layout].as_mut() {
             Some(lease) if lease.machine == machine && lease.epoch == epoch => {
                 lease.expiry = new_expiry;
                 lease.renew_at = self.t + RENEW_EVERY_MS;
                 if !accepted {
-                    self.violation("extend_rejected", || {
-                        format!("{machine}/{epoch} to {new_expiry}")
-                    });
+                    self.violation("extend_rejected", || format!("{machine}/{epoch} to {new_expiry}"));
                 }
             }
-            _ if accepted => {
-                self.violation("extend_of_another_lease", || format!("{machine}/{epoch}"))
-            }
+            _ if accepted => self.violation("extend_of_another_lease", || format!("{machine}/{epoch}")),
             _ => {}
         }
     }
@@ -682,42 +611,22 @@ impl World {
             return self.violation("release_without_lease", || format!("{lease:?}"));
         };
         let expected = lease.last_issued.map_or(lease.floor, |t| t + 1);
-        if (release.machine, release.epoch, release.expiry_unix_ms)
-            != (lease.machine, lease.epoch, expected)
-        {
+        if (release.machine, release.epoch, release.expiry_unix_ms) != (lease.machine, lease.epoch, expected) {
             self.violation("release_mismatch", || format!("{release:?} for {lease:?}"));
         }
         if self.deliver(g) == Delivery::Lost {
             return self.event("releases_lost");
         }
-        let applied = self.table.release(
-            layout,
-            release.machine,
-            g.incarnation,
-            release.epoch,
-            release.expiry_unix_ms,
-        );
-        self.event(if applied {
-            "releases"
-        } else {
-            "releases_refused"
-        });
+        let applied = self.table.release(layout, release.machine, g.incarnation, release.epoch, release.expiry_unix_ms);
+        self.event(if applied { "releases" } else { "releases_refused" });
     }
 
     fn process_pending(&mut self, g: &mut SimGen) {
         match g.pending.take() {
-            Some(Pending::Claimed {
-                layout,
-                machine,
-                epoch,
-                now,
-            }) => self.install(g, layout, machine, epoch, now),
-            Some(Pending::Renewed {
-                layout,
-                machine,
-                epoch,
-                new_expiry,
-            }) => self.extended(g, layout, machine, epoch, new_expiry),
+            Some(Pending::Claimed { layout, machine, epoch, now }) => self.install(g, layout, machine, epoch, now),
+            Some(Pending::Renewed { layout, machine, epoch, new_expiry }) => {
+                self.extended(g, layout, machine, epoch, new_expiry)
+            }
             None => {}
         }
     }
@@ -738,26 +647,18 @@ impl World {
                         return self.event("batches_completed");
                     }
                 }
-                Err(NotNow::Wait {
-                    until_unix_ms,
-                    cause,
-                }) => {
+                Err(NotNow::Wait { until_unix_ms, cause }) => {
                     let justified = match cause {
-                        WaitCause::SequenceExhausted => {
-                            g.last_ts == Some(now) && until_unix_ms == now + 1
-                        }
+                        WaitCause::SequenceExhausted => g.last_ts == Some(now) && until_unix_ms == now + 1,
                         WaitCause::ClockBehind => {
                             let floor = g.leases[layout_at(now)].as_ref().map(|l| l.floor);
                             [g.last_ts, floor].into_iter().flatten().any(|bound| {
-                                bound == until_unix_ms
-                                    && (1..=MAX_WAIT_BEHIND_MS).contains(&(bound - now))
+                                bound == until_unix_ms && (1..=MAX_WAIT_BEHIND_MS).contains(&(bound - now))
                             })
                         }
                     };
                     if !justified {
-                        self.violation("unjustified_wait", || {
-                            format!("{cause:?} until {until_unix_ms} at {now}")
-                        });
+                        self.violation("unjustified_wait", || format!("{cause:?} until {until_unix_ms} at {now}"));
                     }
                     return self.event(match cause {
                         WaitCause::SequenceExhausted => "waits_sequence_exhausted",
@@ -768,14 +669,8 @@ impl World {
                     let layout = layout_at(now);
                     let lease = g.leases[layout].as_ref();
                     let justified = match &refusal {
-                        Refusal::NoLease { layout: name } => {
-                            lease.is_none() && name == LAYOUTS[layout]
-                        }
-                        Refusal::PastFence {
-                            machine,
-                            expiry_unix_ms,
-                            fence_ms,
-                        } => lease.is_some_and(|l| {
+                        Refusal::NoLease { layout: name } => lease.is_none() && name == LAYOUTS[layout],
+                        Refusal::PastFence { machine, expiry_unix_ms, fence_ms } => lease.is_some_and(|l| {
                             l.machine == *machine
                                 && l.expiry == *expiry_unix_ms
                                 && *fence_ms == FENCE_MS
@@ -819,9 +714,7 @@ impl World {
             self.violation("below_floor", || format!("{now} < {}", lease.floor));
         }
         if now >= lease.expiry - FENCE_MS {
-            self.violation("inside_fence", || {
-                format!("{now} ≥ {} − {FENCE_MS}", lease.expiry)
-            });
+            self.violation("inside_fence", || format!("{now} ≥ {} − {FENCE_MS}", lease.expiry));
         }
         if run.machine != lease.machine {
             self.violation("run_machine", || format!("{run:?} under {lease:?}"));
@@ -833,9 +726,7 @@ impl World {
         match self.table.row(layout, lease.machine) {
             Some(row) => {
                 if row.expiry <= now {
-                    self.violation("at_or_past_stored_expiry", || {
-                        format!("{now} ≥ stored {row:?}")
-                    });
+                    self.violation("at_or_past_stored_expiry", || format!("{now} ≥ stored {row:?}"));
                 }
                 if (row.holder, row.epoch) != (g.incarnation, lease.epoch) {
                     self.event("runs_under_a_lease_already_taken_over");
@@ -853,10 +744,7 @@ impl World {
             Entry::Occupied(e) if *e.get() != me => {
                 let other = *e.get();
                 self.violation("shared_timestamp", || {
-                    format!(
-                        "{} machine {} at {now}: {other:?} and {me:?}",
-                        LAYOUTS[layout], lease.machine
-                    )
+                    format!("{} machine {} at {now}: {other:?} and {me:?}", LAYOUTS[layout], lease.machine)
                 });
             }
             Entry::Occupied(_) => {}
@@ -869,41 +757,28 @@ impl World {
         // everything issued under one epoch of a number lies below everything issued under any
         // later epoch (a claim's `:now` is above the stored expiry, which is above all of it).
         let spans = self.spans.entry((layout, lease.machine)).or_default();
-        let span = spans
-            .entry(lease.epoch)
-            .or_insert((g.incarnation, now, now));
+        let span = spans.entry(lease.epoch).or_insert((g.incarnation, now, now));
         span.1 = span.1.min(now);
         span.2 = span.2.max(now);
         let holder_changed = span.0 != g.incarnation;
-        let earlier = spans
-            .range(..lease.epoch)
-            .next_back()
-            .map(|(e, s)| (*e, *s));
+        let earlier = spans.range(..lease.epoch).next_back().map(|(e, s)| (*e, *s));
         let later = spans.range(lease.epoch + 1..).next().map(|(e, s)| (*e, *s));
         if holder_changed {
             self.violation("two_holders_one_epoch", || format!("{lease:?}"));
         }
         if let Some((epoch, (_, _, max))) = earlier.filter(|(_, (_, _, max))| *max >= now) {
             self.violation("epochs_overlap", || {
-                format!(
-                    "machine {} epoch {} issued {now}, epoch {epoch} reached {max}",
-                    lease.machine, lease.epoch
-                )
+                format!("machine {} epoch {} issued {now}, epoch {epoch} reached {max}", lease.machine, lease.epoch)
             });
         }
         if let Some((epoch, (_, min, _))) = later.filter(|(_, (_, min, _))| *min <= now) {
             self.violation("epochs_overlap", || {
-                format!(
-                    "machine {} epoch {} issued {now}, later epoch {epoch} from {min}",
-                    lease.machine, lease.epoch
-                )
+                format!("machine {} epoch {} issued {now}, later epoch {epoch} from {min}", lease.machine, lease.epoch)
             });
         }
 
         if let Some(last) = g.last_id.filter(|&last| run.first <= last) {
-            self.violation("not_increasing", || {
-                format!("generator {} {} after {last}", g.index, run.first)
-            });
+            self.violation("not_increasing", || format!("generator {} {} after {last}", g.index, run.first));
         }
         for id in run.ids() {
             let decoded = self.schedule.decode(id).expect("a 63-bit ID");
@@ -912,9 +787,7 @@ impl World {
                 && decoded.timestamp.unix_ms() == now
                 && decoded.region_number == (layout == 1).then_some(REGION);
             if !fields_ok {
-                self.violation("decodes_wrong", || {
-                    format!("{id} → {decoded:?} under {lease:?} at {now}")
-                });
+                self.violation("decodes_wrong", || format!("{id} → {decoded:?} under {lease:?} at {now}"));
             }
             if !self.ids.insert(id) {
                 self.violation("duplicate_id", || format!("{id} ({decoded:?})"));
@@ -943,10 +816,7 @@ fn run_seed(seed: u64, duration_ms: i64, flaw: Flaw) -> Report {
         rng,
         t: start,
         outage_until: 0,
-        table: LeaseTable {
-            flaw,
-            rows: HashMap::default(),
-        },
+        table: LeaseTable { flaw, rows: HashMap::default() },
         schedule: Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
         next_incarnation: 0,
         ids: HashSet::default(),
@@ -1010,13 +880,7 @@ fn fleet_never_issues_an_id_twice() {
          ({:.1} s)",
         started.elapsed().as_secs_f64()
     ));
-    assert_eq!(
-        report.violations(),
-        0,
-        "{:?}\n{:#?}",
-        report.violations,
-        report.examples
-    );
+    assert_eq!(report.violations(), 0, "{:?}\n{:#?}", report.violations, report.examples);
     // The simulation did what it set out to do.
     assert!(report.ids >= 1_000_000, "only {} IDs", report.ids);
     for event in [
@@ -1038,10 +902,7 @@ fn fleet_never_issues_an_id_twice() {
         "releases",
         "crashes",
     ] {
-        assert!(
-            report.events.get(event).copied().unwrap_or(0) > 0,
-            "no {event}"
-        );
+        assert!(report.events.get(event).copied().unwrap_or(0) > 0, "no {event}");
     }
 }
 
@@ -1061,19 +922,9 @@ fn a_flawed_lease_table_is_caught() {
         let report = run_seeds(100..110, 40_000, flaw);
         report.print(&format!("mutation check, table flaw {flaw:?}"));
         let duplicates = report.violations.get("duplicate_id").copied().unwrap_or(0);
-        let shared = report
-            .violations
-            .get("shared_timestamp")
-            .copied()
-            .unwrap_or(0);
-        assert!(
-            duplicates > 0,
-            "{flaw:?}: the checker found no duplicate IDs"
-        );
-        assert!(
-            shared > 0,
-            "{flaw:?}: the checker found no shared timestamps"
-        );
+        let shared = report.violations.get("shared_timestamp").copied().unwrap_or(0);
+        assert!(duplicates > 0, "{flaw:?}: the checker found no duplicate IDs");
+        assert!(shared > 0, "{flaw:?}: the checker found no shared timestamps");
     }
 }
 
@@ -1081,21 +932,9 @@ fn a_flawed_lease_table_is_caught() {
 #[test]
 #[ignore = "long; run by hand"]
 fn many_seeds() {
-    let seeds = std::env::var("IDGEN_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+    let seeds = std::env::var("IDGEN_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     let started = Instant::now();
     let report = run_seeds(1_000..1_000 + seeds, DURATION_MS, Flaw::None);
-    report.print(&format!(
-        "simulation sweep: {seeds} seeds ({:.1} s)",
-        started.elapsed().as_secs_f64()
-    ));
-    assert_eq!(
-        report.violations(),
-        0,
-        "{:?}\n{:#?}",
-        report.violations,
-        report.examples
-    );
+    report.print(&format!("simulation sweep: {seeds} seeds ({:.1} s)", started.elapsed().as_secs_f64()));
+    assert_eq!(report.violations(), 0, "{:?}\n{:#?}", report.violations, report.examples);
 }

@@ -3,16 +3,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use idgen::core::{format_unix_ms, uuid};
+use idgen::core::{Schedule, format_unix_ms, uuid};
 use idgen::{Health, IdGenerator, SyncStatus};
 use prometheus_client::registry::Registry;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 
@@ -51,11 +51,17 @@ fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result
     let mut body = body.unwrap_or_default();
     let count = body.remove("count");
     if let Some(field) = body.keys().next() {
-        return Err(ApiError::bad_request("invalid_body", format!("unknown field {field:?}; only \"count\" is accepted")));
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!("unknown field {field:?}; only \"count\" is accepted"),
+        ));
     }
     let count = match (count, default) {
         (Some(value), _) => value.as_u64().filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
-            ApiError::bad_request("invalid_count", format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"))
+            ApiError::bad_request(
+                "invalid_count",
+                format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"),
+            )
         })?,
         (None, Some(default)) => default,
         (None, None) => return Err(ApiError::bad_request("invalid_count", "count is required: {\"count\": 1..1000}")),
@@ -64,10 +70,11 @@ fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result
 }
 
 pub async fn create_id(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
-    if let Some(body) = read_body(body).await? {
-        if let Some(field) = body.keys().next() {
-            return Err(ApiError::bad_request("invalid_body", format!("unknown field {field:?}; send {{}} or an empty body")));
-        }
+    if let Some(field) = read_body(body).await?.and_then(|body| body.keys().next().cloned()) {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!("unknown field {field:?}; send {{}} or an empty body"),
+        ));
     }
     let id = state.generator.next_id().await.map_err(|refusal| ApiError::refused(&refusal))?;
     Ok(Json(json!({ "id": id.to_string(), "id_num": id })))
@@ -95,7 +102,10 @@ pub enum IdText {
 pub fn parse_id(text: &str) -> Result<IdText, ApiError> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         let too_big = || {
-            ApiError::bad_request("invalid_id", format!("{text} is out of range: an ID is a non-negative 63-bit integer (< 2^63)"))
+            ApiError::bad_request(
+                "invalid_id",
+                format!("{text} is out of range: an ID is a non-negative 63-bit integer (< 2^63)"),
+            )
         };
         let value: u64 = text.parse().map_err(|_| too_big())?;
         if value >> 63 != 0 {
@@ -116,17 +126,21 @@ pub async fn decode(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path(text) = path.map_err(|_| ApiError::bad_request("invalid_id", "the ID in the path is not valid UTF-8"))?;
-    match parse_id(&text)? {
-        IdText::Uuid(bytes) => Ok(Json(json!({
+    let schedule = state.generator.with_core(|core| core.schedule().clone());
+    decode_to_json(&text, &schedule, &state.region_names).map(Json)
+}
+
+/// The decode answer for a 63-bit ID or a UUIDv7, as the endpoint and `idgen decode` give it.
+pub fn decode_to_json(text: &str, schedule: &Schedule, region_names: &HashMap<u32, String>) -> Result<Value, ApiError> {
+    match parse_id(text)? {
+        IdText::Uuid(bytes) => Ok(json!({
             "id": uuid::format(&bytes),
             "layout": "uuidv7",
             "created_at": format_unix_ms(uuid::unix_ms(&bytes)),
-        }))),
+        })),
         IdText::Snowflake(id) => {
-            let decoded = state
-                .generator
-                .with_core(|core| core.schedule().decode(id))
-                .map_err(|error| ApiError::bad_request("invalid_id", error.to_string()))?;
+            let decoded =
+                schedule.decode(id).map_err(|error| ApiError::bad_request("invalid_id", error.to_string()))?;
             let mut body = json!({
                 "id": id.to_string(),
                 "layout": decoded.layout.name(),
@@ -135,12 +149,12 @@ pub async fn decode(
                 "sequence": decoded.sequence,
             });
             if let Some(number) = decoded.region_number {
-                if let Some(name) = state.region_names.get(&number) {
+                if let Some(name) = region_names.get(&number) {
                     body["region"] = json!(name);
                 }
                 body["region_number"] = json!(number);
             }
-            Ok(Json(body))
+            Ok(body)
         }
     }
 }
@@ -169,7 +183,9 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         SyncStatus::Synchronized { estimated_error_us } => {
             json!({"sync_check": "required", "synchronized": true, "estimated_error_us": estimated_error_us})
         }
-        SyncStatus::Unsynchronized(reason) => json!({"sync_check": "required", "synchronized": false, "reason": reason}),
+        SyncStatus::Unsynchronized(reason) => {
+            json!({"sync_check": "required", "synchronized": false, "reason": reason})
+        }
         SyncStatus::NotChecked => json!({"sync_check": "disabled (development only)"}),
     };
     let mut body = json!({
@@ -213,7 +229,18 @@ mod tests {
         assert_eq!(parse_id("97301141913751557").unwrap(), IdText::Snowflake(97_301_141_913_751_557));
         assert_eq!(parse_id("0").unwrap(), IdText::Snowflake(0));
         assert_eq!(parse_id(&((1u64 << 63) - 1).to_string()).unwrap(), IdText::Snowflake((1 << 63) - 1));
-        for bad in ["9223372036854775808", "18446744073709551616", "99999999999999999999999", "-1", "+5", "1.5", "abc", "1e3", " 1", ""] {
+        for bad in [
+            "9223372036854775808",
+            "18446744073709551616",
+            "99999999999999999999999",
+            "-1",
+            "+5",
+            "1.5",
+            "abc",
+            "1e3",
+            " 1",
+            "",
+        ] {
             assert!(parse_id(bad).is_err(), "{bad:?} must be refused");
         }
     }

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
-use idgen::core::{Layout, Schedule, OPEN_HORIZON};
+use anyhow::{Context, bail};
 use idgen::LeaseConfig;
+use idgen::core::{Layout, OPEN_HORIZON, Schedule};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -108,7 +108,10 @@ impl WorkerConfig {
         }
         let config: WorkerConfig = builder
             .add_source(
-                config::Environment::with_prefix("IDGEN_WORKER").prefix_separator("_").separator("__").try_parsing(true),
+                config::Environment::with_prefix("IDGEN_WORKER")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true),
             )
             .build()
             .context("reading the worker configuration")?
@@ -147,9 +150,16 @@ impl WorkerConfig {
             if !self.lease.tables.contains_key(layout.name()) {
                 bail!("lease.tables has no table for layout {}", layout.name());
             }
-            self.lease_config().validate(layout).with_context(|| format!("lease settings for layout {}", layout.name()))?;
+            self.lease_config()
+                .validate(layout)
+                .with_context(|| format!("lease settings for layout {}", layout.name()))?;
             if layout.region_bits() > 0 && self.region_number > layout.max_region() {
-                bail!("region_number {} does not fit layout {} (0–{})", self.region_number, layout.name(), layout.max_region());
+                bail!(
+                    "region_number {} does not fit layout {} (0–{})",
+                    self.region_number,
+                    layout.name(),
+                    layout.max_region()
+                );
             }
         }
         Ok(())
@@ -174,7 +184,11 @@ mod tests {
     fn file_and_environment_are_read_and_validated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("worker.toml");
-        std::fs::write(&path, "listen = \"127.0.0.1:0\"\n[lease]\nfence_ms = 200\nrenew_interval_ms = 1000\nlease_ms = 3000\n").unwrap();
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:0\"\n[lease]\nfence_ms = 200\nrenew_interval_ms = 1000\nlease_ms = 3000\n",
+        )
+        .unwrap();
         let config = WorkerConfig::load(Some(&path)).unwrap();
         assert_eq!(config.lease.fence_ms, 200);
 

@@ -1,8 +1,8 @@
 //! The worker's one error type: every failure a caller can see, as `{"error": {"code", "message"}}`.
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use idgen::core::Refusal;
 use serde_json::json;
 

@@ -9,7 +9,7 @@ use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -41,7 +41,11 @@ impl HttpMetrics {
             latency: Family::new_with_constructor(latency_histogram),
         });
         registry.register("idgen_http_requests", "HTTP requests by method, route and status", metrics.requests.clone());
-        registry.register("idgen_http_request_duration_seconds", "HTTP request latency by route", metrics.latency.clone());
+        registry.register(
+            "idgen_http_request_duration_seconds",
+            "HTTP request latency by route",
+            metrics.latency.clone(),
+        );
         metrics
     }
 }

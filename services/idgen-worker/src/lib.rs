@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::routing::{get, post};
 use axum::Router;
+use axum::routing::{get, post};
 use idgen::core::{Generator, GeneratorConfig, Timestamp};
 use idgen::{Clock, GeneratorMetrics, IdGenerator, LeaseKeeper, LeaseStore, SqliteLeaseStore, SystemClock};
 use prometheus_client::registry::Registry;
@@ -112,11 +112,9 @@ impl Worker {
                 if let Some(parent) = config.lease.sqlite_path.parent().filter(|p| !p.as_os_str().is_empty()) {
                     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
                 }
-                Arc::new(
-                    SqliteLeaseStore::open(&config.lease.sqlite_path, table)
-                        .await
-                        .with_context(|| format!("opening lease table {table} in {}", config.lease.sqlite_path.display()))?,
-                )
+                Arc::new(SqliteLeaseStore::open(&config.lease.sqlite_path, table).await.with_context(|| {
+                    format!("opening lease table {table} in {}", config.lease.sqlite_path.display())
+                })?)
             }
         };
         let keeper = LeaseKeeper::new(&layout, store, generator.clone(), config.lease_config(), holder.clone())?;
@@ -137,7 +135,8 @@ impl Worker {
     /// Serves until `shutdown` resolves; then finishes in-flight requests and releases the leases.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let keepers: Vec<_> = self.keepers.into_iter().map(|keeper| tokio::spawn(keeper.run(stop_rx.clone()))).collect();
+        let keepers: Vec<_> =
+            self.keepers.into_iter().map(|keeper| tokio::spawn(keeper.run(stop_rx.clone()))).collect();
         let served = run(self.listener, self.state, shutdown, self.grace).await;
         let _ = stop_tx.send(true);
         for keeper in keepers {
@@ -193,5 +192,6 @@ pub async fn main_with(config: WorkerConfig) -> anyhow::Result<()> {
 
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use idgen_worker::{init_tracing, main_with, WorkerConfig};
+use idgen_worker::{WorkerConfig, init_tracing, main_with};
 
 #[derive(Parser)]
 #[command(about = "idgen fleet worker: hands out unique 64-bit IDs over HTTP")]

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use idgen::core::{Generator, GeneratorConfig, Lease, Schedule, OPEN_HORIZON};
+use idgen::core::{Generator, GeneratorConfig, Lease, OPEN_HORIZON, Schedule};
 use idgen::{Clock, GeneratorMetrics, IdGenerator, ManualClock, SyncStatus};
-use idgen_worker::{http_metrics::HttpMetrics, router, AppState};
+use idgen_worker::{AppState, http_metrics::HttpMetrics, router};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -22,9 +22,16 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let clock = Arc::new(ManualClock::new(NOW));
-    let mut core = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, true);
-    core.install_lease(Lease { layout: "v1".into(), machine: 37, epoch: 1, expiry_unix_ms: NOW + 300_000, floor_unix_ms: NOW })
-        .unwrap();
+    let mut core =
+        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, true);
+    core.install_lease(Lease {
+        layout: "v1".into(),
+        machine: 37,
+        epoch: 1,
+        expiry_unix_ms: NOW + 300_000,
+        floor_unix_ms: NOW,
+    })
+    .unwrap();
     let mut registry = Registry::default();
     let metrics = Arc::new(GeneratorMetrics::default());
     metrics.register(&mut registry);
@@ -42,7 +49,12 @@ fn fixture() -> Fixture {
     Fixture { state, clock }
 }
 
-async fn call(f: &Fixture, method: Method, uri: &str, body: impl Into<Body>) -> (StatusCode, axum::http::HeaderMap, Value, String) {
+async fn call(
+    f: &Fixture,
+    method: Method,
+    uri: &str,
+    body: impl Into<Body>,
+) -> (StatusCode, axum::http::HeaderMap, Value, String) {
     let request = Request::builder().method(method).uri(uri).body(body.into()).unwrap();
     let response = router(f.state.clone()).oneshot(request).await.unwrap();
     let status = response.status();
@@ -97,7 +109,16 @@ async fn batch_is_strictly_increasing_and_count_is_checked() {
     assert_eq!(ids.len(), 1000);
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
 
-    for bad in [r#"{"count": 0}"#, r#"{"count": 1001}"#, r#"{"count": -1}"#, r#"{"count": "10"}"#, r#"{"count": 1.5}"#, r#"{"count": null}"#, "{}", ""] {
+    for bad in [
+        r#"{"count": 0}"#,
+        r#"{"count": 1001}"#,
+        r#"{"count": -1}"#,
+        r#"{"count": "10"}"#,
+        r#"{"count": 1.5}"#,
+        r#"{"count": null}"#,
+        "{}",
+        "",
+    ] {
         let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", bad).await;
         assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_count");
     }

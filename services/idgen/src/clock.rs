@@ -171,7 +171,11 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(unix_ms: i64) -> Self {
-        ManualClock { now: AtomicI64::new(unix_ms), changed: watch::channel(unix_ms).0, sync: Mutex::new(SyncStatus::NotChecked) }
+        ManualClock {
+            now: AtomicI64::new(unix_ms),
+            changed: watch::channel(unix_ms).0,
+            sync: Mutex::new(SyncStatus::NotChecked),
+        }
     }
 
     /// Sets the wall clock, forwards or backwards (a step).

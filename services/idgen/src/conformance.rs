@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::lease_store::{
-    AuditKind, ClaimOutcome, Conditional, LeaseStore, QUARANTINED, QUARANTINE_EXPIRY_UNIX_MS,
-};
+use crate::lease_store::{AuditKind, ClaimOutcome, Conditional, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED};
 
 /// Opens handles to one fresh table. Each `open` is an independent client (its own connections),
 /// as separate processes would have.
@@ -43,7 +41,11 @@ pub async fn claim_needs_expiry_strictly_before_now(factory: &dyn StoreFactory) 
     let store = factory.open().await;
     claimed(store.claim(5, "a", T0, T0 + LEASE).await.unwrap());
     assert_eq!(store.claim(5, "b", T0 + 1, T0 + 1 + LEASE).await.unwrap(), ClaimOutcome::Taken);
-    assert_eq!(store.claim(5, "b", T0 + LEASE, T0 + 2 * LEASE).await.unwrap(), ClaimOutcome::Taken, "expiry == now is not expired");
+    assert_eq!(
+        store.claim(5, "b", T0 + LEASE, T0 + 2 * LEASE).await.unwrap(),
+        ClaimOutcome::Taken,
+        "expiry == now is not expired"
+    );
     let row = claimed(store.claim(5, "b", T0 + LEASE + 1, T0 + 2 * LEASE).await.unwrap());
     assert_eq!((row.holder.as_str(), row.lease_epoch), ("b", 2));
     // A failed claim changes nothing.
@@ -57,11 +59,27 @@ pub async fn renew_checks_holder_epoch_and_forward_expiry(factory: &dyn StoreFac
     let e = row.lease_epoch;
     assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 10).await.unwrap(), Conditional::Applied);
     assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10);
-    assert_eq!(store.renew(9, "b", e, T0 + LEASE + 20, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "wrong holder");
-    assert_eq!(store.renew(9, "a", e + 1, T0 + LEASE + 20, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "wrong epoch");
-    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "not forward");
+    assert_eq!(
+        store.renew(9, "b", e, T0 + LEASE + 20, T0 + 20).await.unwrap(),
+        Conditional::ConditionFailed,
+        "wrong holder"
+    );
+    assert_eq!(
+        store.renew(9, "a", e + 1, T0 + LEASE + 20, T0 + 20).await.unwrap(),
+        Conditional::ConditionFailed,
+        "wrong epoch"
+    );
+    assert_eq!(
+        store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20).await.unwrap(),
+        Conditional::ConditionFailed,
+        "not forward"
+    );
     assert_eq!(store.renew(9, "a", e, T0 + LEASE, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "backward");
-    assert_eq!(store.renew(10, "a", 1, T0 + LEASE, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "no such row");
+    assert_eq!(
+        store.renew(10, "a", 1, T0 + LEASE, T0 + 20).await.unwrap(),
+        Conditional::ConditionFailed,
+        "no such row"
+    );
     assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10, "failed renewals change nothing");
     let failures = store.history(Some(9), T0, T0 + 100).await.unwrap();
     assert_eq!(failures.iter().filter(|e| e.kind == AuditKind::RenewFailed).count(), 4);
@@ -73,9 +91,15 @@ pub async fn a_stale_holder_cannot_renew_after_a_takeover(factory: &dyn StoreFac
     let b = claimed(store.claim(37, "b", T0 + LEASE + 1, T0 + 2 * LEASE).await.unwrap());
     assert_eq!(b.lease_epoch, a.lease_epoch + 1);
     // A wakes up and tries to renew with its old epoch, even with a far expiry.
-    assert_eq!(store.renew(37, "a", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(
+        store.renew(37, "a", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(),
+        Conditional::ConditionFailed
+    );
     // Even if A had the same name (it cannot: the pid and start time differ), the epoch stops it.
-    assert_eq!(store.renew(37, "b", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(), Conditional::ConditionFailed);
+    assert_eq!(
+        store.renew(37, "b", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(),
+        Conditional::ConditionFailed
+    );
     assert_eq!(store.get(37).await.unwrap().unwrap(), b);
 }
 
@@ -98,8 +122,14 @@ pub async fn quarantine_defeats_claims_and_renewals(factory: &dyn StoreFactory) 
     assert_eq!(q.holder, QUARANTINED);
     assert_eq!(q.lease_expiry, QUARANTINE_EXPIRY_UNIX_MS);
     assert_eq!(q.lease_epoch, a.lease_epoch + 1);
-    assert_eq!(store.renew(170, "a", a.lease_epoch, T0 + 2 * LEASE, T0 + 10).await.unwrap(), Conditional::ConditionFailed);
-    assert_eq!(store.claim(170, "b", QUARANTINE_EXPIRY_UNIX_MS - 1, QUARANTINE_EXPIRY_UNIX_MS).await.unwrap(), ClaimOutcome::Taken);
+    assert_eq!(
+        store.renew(170, "a", a.lease_epoch, T0 + 2 * LEASE, T0 + 10).await.unwrap(),
+        Conditional::ConditionFailed
+    );
+    assert_eq!(
+        store.claim(170, "b", QUARANTINE_EXPIRY_UNIX_MS - 1, QUARANTINE_EXPIRY_UNIX_MS).await.unwrap(),
+        ClaimOutcome::Taken
+    );
     // Quarantining a number nobody ever held creates its row.
     let fresh = store.quarantine(171, "oncall", T0).await.unwrap();
     assert_eq!((fresh.holder.as_str(), fresh.lease_epoch), (QUARANTINED, 1));

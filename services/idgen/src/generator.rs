@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use idgen_core::Generator;
 use idgen_core::generator::{LeaseView, NotNow, Refusal, WaitCause};
 use idgen_core::uuid::UuidV7State;
-use idgen_core::Generator;
 use rand::Rng;
 
 use crate::clock::{Clock, SyncStatus};

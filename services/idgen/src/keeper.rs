@@ -15,7 +15,7 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idgen_core::{Lease, Layout};
+use idgen_core::{Layout, Lease};
 use rand::Rng;
 use thiserror::Error;
 use tokio::sync::watch;
@@ -37,13 +37,21 @@ pub struct LeaseConfig {
 
 impl Default for LeaseConfig {
     fn default() -> Self {
-        LeaseConfig { lease_ms: 300_000, renew_interval_ms: 10_000, fence_ms: 5_000, machines: 0..=63, max_backoff_ms: 30_000 }
+        LeaseConfig {
+            lease_ms: 300_000,
+            renew_interval_ms: 10_000,
+            fence_ms: 5_000,
+            machines: 0..=63,
+            max_backoff_ms: 30_000,
+        }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum LeaseConfigError {
-    #[error("lease timing must satisfy 0 < fence ({fence_ms} ms) < renew interval ({renew_interval_ms} ms) < lease ({lease_ms} ms)")]
+    #[error(
+        "lease timing must satisfy 0 < fence ({fence_ms} ms) < renew interval ({renew_interval_ms} ms) < lease ({lease_ms} ms)"
+    )]
     Timing { fence_ms: i64, renew_interval_ms: i64, lease_ms: i64 },
     #[error("machine range {first}–{last} is empty or outside layout {layout}'s 0–{max}")]
     Range { first: u32, last: u32, layout: String, max: u32 },
@@ -62,7 +70,12 @@ impl LeaseConfig {
         }
         let (first, last) = (*self.machines.start(), *self.machines.end());
         if first > last || last > layout.max_machine() {
-            return Err(LeaseConfigError::Range { first, last, layout: layout.name().to_owned(), max: layout.max_machine() });
+            return Err(LeaseConfigError::Range {
+                first,
+                last,
+                layout: layout.name().to_owned(),
+                max: layout.max_machine(),
+            });
         }
         if self.max_backoff_ms < 100 {
             return Err(LeaseConfigError::Backoff(self.max_backoff_ms));
@@ -76,22 +89,44 @@ impl LeaseConfig {
 pub enum Outcome {
     /// Nothing was due.
     Idle,
-    Claimed { machine: u32, epoch: u64, expiry_unix_ms: i64 },
+    Claimed {
+        machine: u32,
+        epoch: u64,
+        expiry_unix_ms: i64,
+    },
     /// Every number in the range is held by someone else.
-    AllTaken { retry_in: Duration },
-    Renewed { machine: u32, expiry_unix_ms: i64 },
+    AllTaken {
+        retry_in: Duration,
+    },
+    Renewed {
+        machine: u32,
+        expiry_unix_ms: i64,
+    },
     /// The renewal's condition failed: the number was taken over or quarantined. The generator
     /// stopped issuing under it; `then` is what the immediate re-claim did.
-    Lost { machine: u32, then: Box<Outcome> },
+    Lost {
+        machine: u32,
+        then: Box<Outcome>,
+    },
     /// The table could not be reached; nothing changed. The generator issues until its fence.
-    StoreUnavailable { error: StoreError, retry_in: Duration },
+    StoreUnavailable {
+        error: StoreError,
+        retry_in: Duration,
+    },
 }
 
 #[derive(Debug, Clone)]
 enum State {
     /// `retry_at: None`: claim at the next tick.
-    Unclaimed { failures: u32, retry_at: Option<Instant> },
-    Held { machine: u32, epoch: u64, renew_at: Instant },
+    Unclaimed {
+        failures: u32,
+        retry_at: Option<Instant>,
+    },
+    Held {
+        machine: u32,
+        epoch: u64,
+        renew_at: Instant,
+    },
 }
 
 pub struct LeaseKeeper {
@@ -158,7 +193,9 @@ impl LeaseKeeper {
         let sync = clock.sync_status().refusal();
         self.generator.with_core(|core| core.set_clock_unsynchronized(sync));
         match self.state.clone() {
-            State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) => self.claim(now, failures).await,
+            State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) => {
+                self.claim(now, failures).await
+            }
             State::Held { machine, epoch, renew_at } if now >= renew_at => self.renew(now, machine, epoch).await,
             _ => Outcome::Idle,
         }
@@ -216,7 +253,11 @@ impl LeaseKeeper {
                     }
                     self.generator.metrics().lease_event(&self.layout, "claim");
                     tracing::info!(layout = %self.layout, machine, epoch = row.lease_epoch, expiry, "claimed machine number");
-                    self.state = State::Held { machine, epoch: row.lease_epoch, renew_at: now + ms(self.config.renew_interval_ms) };
+                    self.state = State::Held {
+                        machine,
+                        epoch: row.lease_epoch,
+                        renew_at: now + ms(self.config.renew_interval_ms),
+                    };
                     return Outcome::Claimed { machine, epoch: row.lease_epoch, expiry_unix_ms: expiry };
                 }
                 Ok(ClaimOutcome::Taken) => continue,
@@ -250,12 +291,14 @@ impl LeaseKeeper {
             return Ok(());
         };
         // Released: never claim again from this keeper.
-        self.state = State::Unclaimed { failures: 0, retry_at: Some(Instant::now() + Duration::from_secs(86_400 * 365)) };
+        self.state =
+            State::Unclaimed { failures: 0, retry_at: Some(Instant::now() + Duration::from_secs(86_400 * 365)) };
         let Some(release) = self.generator.with_core(|core| core.begin_release(&self.layout)) else {
             return Ok(());
         };
         let wall = self.generator.clock().unix_ms();
-        let outcome = self.store.release(release.machine, &self.holder, release.epoch, release.expiry_unix_ms, wall).await?;
+        let outcome =
+            self.store.release(release.machine, &self.holder, release.epoch, release.expiry_unix_ms, wall).await?;
         self.generator.metrics().lease_event(&self.layout, "release");
         tracing::info!(layout = %self.layout, machine = release.machine, expiry = release.expiry_unix_ms, ?outcome, "released machine number");
         Ok(())

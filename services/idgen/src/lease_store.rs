@@ -92,17 +92,34 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn describe(&self) -> String;
 
     /// `attribute_not_exists(machine_id) OR lease_expiry < :now` → set holder, expiry and epoch + 1.
-    async fn claim(&self, machine: u32, holder: &str, now_unix_ms: i64, expiry_unix_ms: i64)
-    -> Result<ClaimOutcome, StoreError>;
+    async fn claim(
+        &self,
+        machine: u32,
+        holder: &str,
+        now_unix_ms: i64,
+        expiry_unix_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError>;
 
     /// `holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry` → set expiry.
     /// A failed condition is recorded in the audit log.
-    async fn renew(&self, machine: u32, holder: &str, epoch: u64, new_expiry_unix_ms: i64, now_unix_ms: i64)
-    -> Result<Conditional, StoreError>;
+    async fn renew(
+        &self,
+        machine: u32,
+        holder: &str,
+        epoch: u64,
+        new_expiry_unix_ms: i64,
+        now_unix_ms: i64,
+    ) -> Result<Conditional, StoreError>;
 
     /// `holder = :me AND lease_epoch = :my_epoch` → set expiry (last issued timestamp + 1).
-    async fn release(&self, machine: u32, holder: &str, epoch: u64, expiry_unix_ms: i64, now_unix_ms: i64)
-    -> Result<Conditional, StoreError>;
+    async fn release(
+        &self,
+        machine: u32,
+        holder: &str,
+        epoch: u64,
+        expiry_unix_ms: i64,
+        now_unix_ms: i64,
+    ) -> Result<Conditional, StoreError>;
 
     /// Unconditional: holder `QUARANTINED`, expiry 2100-01-01, epoch + 1 (the row is created if absent).
     async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError>;
@@ -110,8 +127,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// `holder = QUARANTINED` → holder `released-by:<operator>`, the given expiry, epoch + 1. The
     /// caller passes an expiry a full lease ahead, so any holder stopped by the quarantine is
     /// past its own expiry before a new claim can succeed.
-    async fn release_quarantine(&self, machine: u32, operator: &str, expiry_unix_ms: i64, now_unix_ms: i64)
-    -> Result<Conditional, StoreError>;
+    async fn release_quarantine(
+        &self,
+        machine: u32,
+        operator: &str,
+        expiry_unix_ms: i64,
+        now_unix_ms: i64,
+    ) -> Result<Conditional, StoreError>;
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError>;
 
@@ -119,6 +141,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn list(&self) -> Result<Vec<LeaseRow>, StoreError>;
 
     /// Audit events in `[from, to]` (Unix ms), oldest first; one machine number or all.
-    async fn history(&self, machine: Option<u32>, from_unix_ms: i64, to_unix_ms: i64)
-    -> Result<Vec<AuditEvent>, StoreError>;
+    async fn history(
+        &self,
+        machine: Option<u32>,
+        from_unix_ms: i64,
+        to_unix_ms: i64,
+    ) -> Result<Vec<AuditEvent>, StoreError>;
 }

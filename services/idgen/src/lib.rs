@@ -20,8 +20,8 @@ pub use clock::{Clock, ManualClock, SyncStatus, SystemClock};
 pub use generator::{Health, IdGenerator};
 pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, Outcome};
 pub use lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, StoreError, QUARANTINED,
-    QUARANTINE_EXPIRY_UNIX_MS,
+    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
+    StoreError,
 };
 pub use metrics::GeneratorMetrics;
 pub use sqlite::SqliteLeaseStore;

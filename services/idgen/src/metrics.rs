@@ -63,7 +63,11 @@ impl GeneratorMetrics {
             "Seconds until the fence of the held lease (negative: inside the fence)",
             self.lease_remaining_seconds.clone(),
         );
-        registry.register("idgen_lease_machine_number", "Machine number held, -1 if none", self.lease_machine_number.clone());
+        registry.register(
+            "idgen_lease_machine_number",
+            "Machine number held, -1 if none",
+            self.lease_machine_number.clone(),
+        );
         registry.register(
             "idgen_clock_synchronized",
             "1 if the kernel reports the clock synchronized within bounds, 0 if not, -1 if the check is off",

@@ -16,8 +16,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 
 use crate::lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, StoreError, QUARANTINED,
-    QUARANTINE_EXPIRY_UNIX_MS,
+    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
+    StoreError,
 };
 
 #[derive(Clone)]
@@ -35,7 +35,11 @@ fn unavailable(error: sqlx::Error) -> StoreError {
 fn check_table_name(name: &str) -> Result<(), StoreError> {
     let ok = (1..=200).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok { Ok(()) } else { Err(StoreError::Invalid(format!("table name {name:?} must be 1–200 of A–Z a–z 0–9 - _ ."))) }
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!("table name {name:?} must be 1–200 of A–Z a–z 0–9 - _ .")))
+    }
 }
 
 impl SqliteLeaseStore {
@@ -313,13 +317,19 @@ impl LeaseStore for SqliteLeaseStore {
     }
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError> {
-        let sql = format!(r#"SELECT machine_id, holder, lease_expiry, lease_epoch FROM "{}" WHERE machine_id = ?"#, self.table);
+        let sql = format!(
+            r#"SELECT machine_id, holder, lease_expiry, lease_epoch FROM "{}" WHERE machine_id = ?"#,
+            self.table
+        );
         let row = sqlx::query(&sql).bind(machine).fetch_optional(&self.pool).await.map_err(unavailable)?;
         row.as_ref().map(row_to_lease).transpose()
     }
 
     async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        let sql = format!(r#"SELECT machine_id, holder, lease_expiry, lease_epoch FROM "{}" ORDER BY machine_id"#, self.table);
+        let sql = format!(
+            r#"SELECT machine_id, holder, lease_expiry, lease_epoch FROM "{}" ORDER BY machine_id"#,
+            self.table
+        );
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await.map_err(unavailable)?;
         rows.iter().map(row_to_lease).collect()
     }
@@ -350,7 +360,8 @@ impl LeaseStore for SqliteLeaseStore {
                 let epoch: i64 = row.try_get("lease_epoch").map_err(unavailable)?;
                 Ok(AuditEvent {
                     machine_id: machine as u32,
-                    kind: AuditKind::parse(&kind).ok_or_else(|| StoreError::Invalid(format!("audit event {kind:?}")))?,
+                    kind: AuditKind::parse(&kind)
+                        .ok_or_else(|| StoreError::Invalid(format!("audit event {kind:?}")))?,
                     holder: row.try_get("holder").map_err(unavailable)?,
                     lease_epoch: epoch as u64,
                     lease_expiry: row.try_get("lease_expiry").map_err(unavailable)?,

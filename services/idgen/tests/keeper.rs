@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idgen::core::{Generator, GeneratorConfig, Refusal, Schedule, OPEN_HORIZON};
+use idgen::core::{Generator, GeneratorConfig, OPEN_HORIZON, Refusal, Schedule};
 use idgen::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, StoreError, GeneratorMetrics, IdGenerator, LeaseConfig, LeaseKeeper, LeaseStore, ManualClock, Outcome,
-    SqliteLeaseStore, SyncStatus,
+    AuditEvent, AuditKind, ClaimOutcome, Conditional, GeneratorMetrics, IdGenerator, LeaseConfig, LeaseKeeper,
+    LeaseRow, LeaseStore, ManualClock, Outcome, SqliteLeaseStore, StoreError, SyncStatus,
 };
 use tokio::time::Instant;
 
@@ -39,7 +39,12 @@ fn generator(clock: &Arc<ManualClock>) -> Arc<IdGenerator> {
     Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())))
 }
 
-fn keeper(f: &Fixture, generator: &Arc<IdGenerator>, machines: std::ops::RangeInclusive<u32>, holder: &str) -> LeaseKeeper {
+fn keeper(
+    f: &Fixture,
+    generator: &Arc<IdGenerator>,
+    machines: std::ops::RangeInclusive<u32>,
+    holder: &str,
+) -> LeaseKeeper {
     LeaseKeeper::new("v1", f.store.clone(), generator.clone(), config(machines), holder.into()).unwrap()
 }
 
@@ -89,7 +94,8 @@ async fn when_every_number_is_taken_it_stays_not_ready_and_backs_off() {
     let mut now = Instant::now();
     let f = fixture().await;
     let (g1, g2, g3) = (generator(&f.clock), generator(&f.clock), generator(&f.clock));
-    let (mut k1, mut k2, mut k3) = (keeper(&f, &g1, 0..=1, "a"), keeper(&f, &g2, 0..=1, "b"), keeper(&f, &g3, 0..=1, "c"));
+    let (mut k1, mut k2, mut k3) =
+        (keeper(&f, &g1, 0..=1, "a"), keeper(&f, &g2, 0..=1, "b"), keeper(&f, &g3, 0..=1, "c"));
     assert!(matches!(k1.tick(now).await, Outcome::Claimed { .. }));
     assert!(matches!(k2.tick(now).await, Outcome::Claimed { .. }));
     let mut delays = Vec::new();

@@ -6,11 +6,11 @@
 //! on the same thread keeps ticking and the process uses a small fraction of a core. Reported as
 //! ratios (IDs/s against the cap, CPU time against wall time), measured in the same run.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idgen::core::{Generator, GeneratorConfig, Lease, Schedule, OPEN_HORIZON};
+use idgen::core::{Generator, GeneratorConfig, Lease, OPEN_HORIZON, Schedule};
 use idgen::{Clock, GeneratorMetrics, IdGenerator, SystemClock};
 
 fn cpu_time() -> Duration {
@@ -27,9 +27,16 @@ fn batches_reach_the_sequence_cap_without_burning_a_core() {
     runtime.block_on(async {
         let clock = Arc::new(SystemClock::new(false, 5));
         let now = clock.unix_ms();
-        let mut core = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
-        core.install_lease(Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 600_000, floor_unix_ms: now })
-            .unwrap();
+        let mut core =
+            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+        core.install_lease(Lease {
+            layout: "v1".into(),
+            machine: 1,
+            epoch: 1,
+            expiry_unix_ms: now + 600_000,
+            floor_unix_ms: now,
+        })
+        .unwrap();
         let metrics = Arc::new(GeneratorMetrics::default());
         let generator = Arc::new(IdGenerator::new(core, clock.clone(), metrics.clone()));
 
@@ -82,7 +89,10 @@ fn batches_reach_the_sequence_cap_without_burning_a_core() {
         );
         assert!(rate / cap > 0.8, "the sequence, not the waiting, should be the limit: {:.3} of cap", rate / cap);
         assert!(cpu_share < 0.5, "waiting must not spin a core: {cpu_share:.3}");
-        assert!(beats * 10 >= expected_beats * 8, "the runtime thread kept serving other tasks: {beats}/{expected_beats}");
+        assert!(
+            beats * 10 >= expected_beats * 8,
+            "the runtime thread kept serving other tasks: {beats}/{expected_beats}"
+        );
         assert!(metrics.sequence_spills.get() > 0);
     });
 }
