@@ -69,11 +69,9 @@ pub async fn renew_checks_holder_epoch_and_forward_expiry(factory: &dyn StoreFac
         Conditional::ConditionFailed,
         "wrong epoch"
     );
-    assert_eq!(
-        store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20).await.unwrap(),
-        Conditional::ConditionFailed,
-        "not forward"
-    );
+    // Renewing to the expiry the row already holds is idempotent: a retry that meets its own
+    // first attempt must not look like a lost lease.
+    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20).await.unwrap(), Conditional::Applied, "idempotent");
     assert_eq!(store.renew(9, "a", e, T0 + LEASE, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "backward");
     assert_eq!(
         store.renew(10, "a", 1, T0 + LEASE, T0 + 20).await.unwrap(),
@@ -82,7 +80,7 @@ pub async fn renew_checks_holder_epoch_and_forward_expiry(factory: &dyn StoreFac
     );
     assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10, "failed renewals change nothing");
     let failures = store.history(Some(9), T0, T0 + 100).await.unwrap();
-    assert_eq!(failures.iter().filter(|e| e.kind == AuditKind::RenewFailed).count(), 4);
+    assert_eq!(failures.iter().filter(|e| e.kind == AuditKind::RenewFailed).count(), 3);
 }
 
 pub async fn a_stale_holder_cannot_renew_after_a_takeover(factory: &dyn StoreFactory) {

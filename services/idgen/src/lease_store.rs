@@ -101,7 +101,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> Result<ClaimOutcome, StoreError>;
 
     /// `holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry` → set expiry.
-    /// A failed condition is recorded in the audit log.
+    /// `Applied` exactly when the row afterwards names us, our epoch and `new_expiry` — so a
+    /// retry that meets its own first attempt is `Applied`, not a lost lease. A failed condition
+    /// is recorded in the audit log.
     async fn renew(
         &self,
         machine: u32,

@@ -10,6 +10,7 @@
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod dynamodb;
 pub mod generator;
 pub mod keeper;
 pub mod lease_store;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod sqlite;
 
 pub use clock::{Clock, ManualClock, SyncStatus, SystemClock};
+pub use dynamodb::{DynamoDbLeaseStore, DynamoDbSettings};
 pub use generator::{Health, IdGenerator};
 pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, Outcome};
 pub use lease_store::{

@@ -196,6 +196,12 @@ impl LeaseStore for SqliteLeaseStore {
         if done.rows_affected() == 1 {
             return Ok(Conditional::Applied);
         }
+        let current = self.get(machine).await?;
+        if current.is_some_and(|row| {
+            row.holder == holder && row.lease_epoch == epoch && row.lease_expiry == new_expiry_unix_ms
+        }) {
+            return Ok(Conditional::Applied);
+        }
         let event = AuditEvent {
             machine_id: machine,
             kind: AuditKind::RenewFailed,

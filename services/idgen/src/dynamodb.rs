@@ -1,0 +1,570 @@
+//! The lease table on Amazon DynamoDB: the production backend.
+//!
+//! Every write uses exactly the condition expressions of SPEC §2, so the AWS CLI playbook in the
+//! design notes (scan, get-item, the quarantine update-item) works against these tables verbatim.
+//! `ConditionalCheckFailedException` is a typed outcome; throttling, timeouts and network errors
+//! are retried by the SDK (standard mode: exponential backoff with jitter) and, if they persist,
+//! surface as [`StoreError::Unavailable`] for the keeper to retry on its own schedule.
+//!
+//! A retried conditional write can meet its own first attempt (applied, but the answer lost).
+//! `ReturnValuesOnConditionCheckFailure = ALL_OLD` shows the row as it was: if it already holds
+//! exactly what we wrote, the write is ours and counts as applied.
+//!
+//! The audit log is a second table, `<table>-audit`: hash key `machine_id`, range key
+//! `event_key` (`<20-digit Unix ms>#<event>#<random>`), so one machine number's history in a time
+//! window is a single Query.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+};
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+
+use crate::lease_store::{
+    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
+    StoreError,
+};
+
+type Item = HashMap<String, AttributeValue>;
+
+/// Where the tables are and how patient to be with them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamoDbSettings {
+    pub region: String,
+    /// `None` for AWS itself; e.g. `http://127.0.0.1:5000` for a local DynamoDB-protocol server.
+    pub endpoint: Option<String>,
+    /// One attempt's limit; the SDK retries up to `max_attempts` within `operation_timeout`.
+    pub attempt_timeout: Duration,
+    pub operation_timeout: Duration,
+    pub max_attempts: u32,
+}
+
+impl Default for DynamoDbSettings {
+    fn default() -> Self {
+        DynamoDbSettings {
+            region: "us-east-1".into(),
+            endpoint: None,
+            attempt_timeout: Duration::from_millis(1_000),
+            operation_timeout: Duration::from_millis(3_000),
+            max_attempts: 3,
+        }
+    }
+}
+
+/// A DynamoDB client with rustls (ring) as its one TLS stack and the standard credential chain
+/// (environment, profile, web identity, ECS, EC2 instance metadata).
+pub async fn client(settings: &DynamoDbSettings) -> Client {
+    let http =
+        aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(CryptoMode::Ring)).build_https();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(settings.region.clone()))
+        .http_client(http)
+        .retry_config(RetryConfig::standard().with_max_attempts(settings.max_attempts))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(settings.attempt_timeout)
+                .operation_attempt_timeout(settings.attempt_timeout)
+                .operation_timeout(settings.operation_timeout)
+                .build(),
+        );
+    if let Some(endpoint) = &settings.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    Client::new(&loader.load().await)
+}
+
+#[derive(Clone)]
+pub struct DynamoDbLeaseStore {
+    client: Client,
+    table: String,
+    audit: String,
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+fn unavailable<E, R>(error: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let detail = match &error {
+        SdkError::ServiceError(service) => {
+            let e = service.err();
+            format!("{}: {}", e.code().unwrap_or("service error"), e.message().unwrap_or(""))
+        }
+        other => format!("{other}: {}", std::error::Error::source(other).map(|s| s.to_string()).unwrap_or_default()),
+    };
+    StoreError::Unavailable(detail)
+}
+
+fn number<T: std::str::FromStr>(item: &Item, name: &str) -> Result<T, StoreError> {
+    match item.get(name) {
+        Some(AttributeValue::N(text)) => text.parse().map_err(|_| StoreError::Invalid(format!("{name} = {text}"))),
+        other => Err(StoreError::Invalid(format!("{name} missing or not a number: {other:?}"))),
+    }
+}
+
+fn string(item: &Item, name: &str) -> Result<String, StoreError> {
+    match item.get(name) {
+        Some(AttributeValue::S(text)) => Ok(text.clone()),
+        other => Err(StoreError::Invalid(format!("{name} missing or not a string: {other:?}"))),
+    }
+}
+
+fn lease_row(item: &Item) -> Result<LeaseRow, StoreError> {
+    Ok(LeaseRow {
+        machine_id: number(item, "machine_id")?,
+        holder: string(item, "holder")?,
+        lease_expiry: number(item, "lease_expiry")?,
+        lease_epoch: number(item, "lease_epoch")?,
+    })
+}
+
+/// True when the row as it was before a failed condition already holds what we meant to write:
+/// a retry that met its own first attempt.
+fn already_ours(old: Option<&Item>, holder: &str, expiry: i64, epoch: Option<u64>) -> Option<LeaseRow> {
+    let row = lease_row(old?).ok()?;
+    (row.holder == holder && row.lease_expiry == expiry && epoch.is_none_or(|e| e == row.lease_epoch)).then_some(row)
+}
+
+impl DynamoDbLeaseStore {
+    /// A store on `table` (and its audit table `<table>-audit`). Does not create anything.
+    pub fn new(client: Client, table: &str) -> Self {
+        DynamoDbLeaseStore { client, table: table.to_owned(), audit: format!("{table}-audit") }
+    }
+
+    pub fn audit_table(&self) -> &str {
+        &self.audit
+    }
+
+    /// Creates the lease table and its audit table if they do not exist (on-demand capacity).
+    /// Idempotent: an existing table with the right key schema is left as it is; one with a
+    /// different key schema is an error.
+    pub async fn create_tables(&self) -> Result<(), StoreError> {
+        self.create_table(&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)]).await?;
+        self.create_table(
+            &self.audit,
+            &[
+                ("machine_id", ScalarAttributeType::N, KeyType::Hash),
+                ("event_key", ScalarAttributeType::S, KeyType::Range),
+            ],
+        )
+        .await
+    }
+
+    async fn create_table(&self, name: &str, keys: &[(&str, ScalarAttributeType, KeyType)]) -> Result<(), StoreError> {
+        let mut request = self.client.create_table().table_name(name).billing_mode(BillingMode::PayPerRequest);
+        for (attribute, kind, key) in keys {
+            request = request
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name(*attribute)
+                        .attribute_type(kind.clone())
+                        .build()
+                        .map_err(|e| StoreError::Invalid(e.to_string()))?,
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name(*attribute)
+                        .key_type(key.clone())
+                        .build()
+                        .map_err(|e| StoreError::Invalid(e.to_string()))?,
+                );
+        }
+        match request.send().await {
+            Ok(_) => {}
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_in_use_exception() => {}
+            Err(error) => return Err(unavailable(error)),
+        }
+        // Wait until ACTIVE (immediate on local servers; seconds on AWS) and check the key schema.
+        for _ in 0..120 {
+            let described = self.client.describe_table().table_name(name).send().await.map_err(unavailable)?;
+            let table = described.table().ok_or_else(|| StoreError::Invalid(format!("{name}: no description")))?;
+            let schema: Vec<(String, KeyType)> =
+                table.key_schema().iter().map(|k| (k.attribute_name().to_owned(), k.key_type().clone())).collect();
+            let wanted: Vec<(String, KeyType)> = keys.iter().map(|(a, _, k)| ((*a).to_owned(), k.clone())).collect();
+            if schema != wanted {
+                return Err(StoreError::Invalid(format!(
+                    "table {name} exists with key schema {schema:?}, expected {wanted:?}"
+                )));
+            }
+            if table.table_status().is_some_and(|s| s.as_str() == "ACTIVE") {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(StoreError::Unavailable(format!("table {name} did not become ACTIVE within a minute")))
+    }
+
+    async fn record(&self, event: AuditEvent) -> Result<(), StoreError> {
+        let key = format!("{:020}#{}#{:016x}", event.at_unix_ms.max(0), event.kind.as_str(), rand::random::<u64>());
+        self.client
+            .put_item()
+            .table_name(&self.audit)
+            .item("machine_id", n(event.machine_id))
+            .item("event_key", s(key))
+            .item("event", s(event.kind.as_str()))
+            .item("holder", s(event.holder))
+            .item("lease_epoch", n(event.lease_epoch))
+            .item("lease_expiry", n(event.lease_expiry))
+            .item("at_unix_ms", n(event.at_unix_ms))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The change itself has been applied; its audit record must not turn it into a failure
+    /// (the keeper would then act as if the claim or release had not happened). A lost record
+    /// is logged loudly instead.
+    async fn record_after_change(&self, event: AuditEvent) {
+        let what = format!("{} of machine {} by {}", event.kind.as_str(), event.machine_id, event.holder);
+        if let Err(error) = self.record(event).await {
+            tracing::error!(%error, table = %self.audit, "audit record lost: {what}");
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for DynamoDbLeaseStore {
+    fn describe(&self) -> String {
+        format!("dynamodb table {}", self.table)
+    }
+
+    async fn claim(
+        &self,
+        machine: u32,
+        holder: &str,
+        now_unix_ms: i64,
+        expiry_unix_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .update_expression(
+                "SET holder = :me, lease_expiry = :expiry, lease_epoch = if_not_exists(lease_epoch, :zero) + :one",
+            )
+            .condition_expression("attribute_not_exists(machine_id) OR lease_expiry < :now")
+            .expression_attribute_values(":me", s(holder))
+            .expression_attribute_values(":now", n(now_unix_ms))
+            .expression_attribute_values(":expiry", n(expiry_unix_ms))
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":one", n(1))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let row = match result {
+            Ok(output) => {
+                lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("claim returned no row".into()))?)?
+            }
+            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                let old = match e.err() {
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => {
+                        c.item()
+                    }
+                    _ => None,
+                };
+                match already_ours(old, holder, expiry_unix_ms, None) {
+                    Some(row) => row,
+                    None => return Ok(ClaimOutcome::Taken),
+                }
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        self.record_after_change(AuditEvent {
+            machine_id: machine,
+            kind: AuditKind::Claim,
+            holder: holder.to_owned(),
+            lease_epoch: row.lease_epoch,
+            lease_expiry: expiry_unix_ms,
+            at_unix_ms: now_unix_ms,
+        })
+        .await;
+        Ok(ClaimOutcome::Claimed(row))
+    }
+
+    async fn renew(
+        &self,
+        machine: u32,
+        holder: &str,
+        epoch: u64,
+        new_expiry_unix_ms: i64,
+        now_unix_ms: i64,
+    ) -> Result<Conditional, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .update_expression("SET lease_expiry = :new_expiry")
+            .condition_expression("holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry")
+            .expression_attribute_values(":me", s(holder))
+            .expression_attribute_values(":my_epoch", n(epoch))
+            .expression_attribute_values(":new_expiry", n(new_expiry_unix_ms))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Conditional::Applied),
+            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                let old = match e.err() {
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => {
+                        c.item()
+                    }
+                    _ => None,
+                };
+                if already_ours(old, holder, new_expiry_unix_ms, Some(epoch)).is_some() {
+                    return Ok(Conditional::Applied);
+                }
+                self.record(AuditEvent {
+                    machine_id: machine,
+                    kind: AuditKind::RenewFailed,
+                    holder: holder.to_owned(),
+                    lease_epoch: epoch,
+                    lease_expiry: new_expiry_unix_ms,
+                    at_unix_ms: now_unix_ms,
+                })
+                .await
+                .unwrap_or_else(|error| tracing::error!(%error, machine, "audit record of a failed renewal lost"));
+                Ok(Conditional::ConditionFailed)
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn release(
+        &self,
+        machine: u32,
+        holder: &str,
+        epoch: u64,
+        expiry_unix_ms: i64,
+        now_unix_ms: i64,
+    ) -> Result<Conditional, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .update_expression("SET lease_expiry = :expiry")
+            .condition_expression("holder = :me AND lease_epoch = :my_epoch")
+            .expression_attribute_values(":me", s(holder))
+            .expression_attribute_values(":my_epoch", n(epoch))
+            .expression_attribute_values(":expiry", n(expiry_unix_ms))
+            .send()
+            .await;
+        match result {
+            Ok(_) => {}
+            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                return Ok(Conditional::ConditionFailed);
+            }
+            Err(error) => return Err(unavailable(error)),
+        }
+        self.record_after_change(AuditEvent {
+            machine_id: machine,
+            kind: AuditKind::Release,
+            holder: holder.to_owned(),
+            lease_epoch: epoch,
+            lease_expiry: expiry_unix_ms,
+            at_unix_ms: now_unix_ms,
+        })
+        .await;
+        Ok(Conditional::Applied)
+    }
+
+    async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError> {
+        // The playbook's command 3, as the SDK sends it.
+        let output = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .update_expression("SET #h = :q, lease_expiry = :far ADD lease_epoch :one")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_values(":q", s(QUARANTINED))
+            .expression_attribute_values(":far", n(QUARANTINE_EXPIRY_UNIX_MS))
+            .expression_attribute_values(":one", n(1))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let row =
+            lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("quarantine returned no row".into()))?)?;
+        self.record_after_change(AuditEvent {
+            machine_id: machine,
+            kind: AuditKind::Quarantine,
+            holder: operator.to_owned(),
+            lease_epoch: row.lease_epoch,
+            lease_expiry: row.lease_expiry,
+            at_unix_ms: now_unix_ms,
+        })
+        .await;
+        Ok(row)
+    }
+
+    async fn release_quarantine(
+        &self,
+        machine: u32,
+        operator: &str,
+        expiry_unix_ms: i64,
+        now_unix_ms: i64,
+    ) -> Result<Conditional, StoreError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .update_expression("SET #h = :released, lease_expiry = :expiry ADD lease_epoch :one")
+            .condition_expression("#h = :q")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_values(":released", s(format!("released-by:{operator}")))
+            .expression_attribute_values(":expiry", n(expiry_unix_ms))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":q", s(QUARANTINED))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        let row = match result {
+            Ok(output) => {
+                lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("release returned no row".into()))?)?
+            }
+            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                return Ok(Conditional::ConditionFailed);
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        self.record_after_change(AuditEvent {
+            machine_id: machine,
+            kind: AuditKind::ReleaseQuarantine,
+            holder: operator.to_owned(),
+            lease_epoch: row.lease_epoch,
+            lease_expiry: expiry_unix_ms,
+            at_unix_ms: now_unix_ms,
+        })
+        .await;
+        Ok(Conditional::Applied)
+    }
+
+    async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        output.item().map(lease_row).transpose()
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        let mut rows = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let output = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for item in output.items() {
+                rows.push(lease_row(item)?);
+            }
+            match output.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => break,
+            }
+        }
+        rows.sort_by_key(|row| row.machine_id);
+        Ok(rows)
+    }
+
+    async fn history(
+        &self,
+        machine: Option<u32>,
+        from_unix_ms: i64,
+        to_unix_ms: i64,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        let mut events = Vec::new();
+        let mut start: Option<Item> = None;
+        let (from, to) = (from_unix_ms.max(0), to_unix_ms.max(0));
+        loop {
+            let (items, last) = match machine {
+                Some(machine) => {
+                    let output = self
+                        .client
+                        .query()
+                        .table_name(&self.audit)
+                        .key_condition_expression("machine_id = :m AND event_key BETWEEN :from AND :to")
+                        .expression_attribute_values(":m", n(machine))
+                        .expression_attribute_values(":from", s(format!("{from:020}")))
+                        .expression_attribute_values(":to", s(format!("{to:020}~")))
+                        .consistent_read(true)
+                        .set_exclusive_start_key(start.take())
+                        .send()
+                        .await
+                        .map_err(unavailable)?;
+                    (output.items().to_vec(), output.last_evaluated_key().cloned())
+                }
+                None => {
+                    let output = self
+                        .client
+                        .scan()
+                        .table_name(&self.audit)
+                        .filter_expression("at_unix_ms BETWEEN :from AND :to")
+                        .expression_attribute_values(":from", n(from))
+                        .expression_attribute_values(":to", n(to))
+                        .consistent_read(true)
+                        .set_exclusive_start_key(start.take())
+                        .send()
+                        .await
+                        .map_err(unavailable)?;
+                    (output.items().to_vec(), output.last_evaluated_key().cloned())
+                }
+            };
+            for item in &items {
+                let kind = string(item, "event")?;
+                events.push((
+                    string(item, "event_key")?,
+                    AuditEvent {
+                        machine_id: number(item, "machine_id")?,
+                        kind: AuditKind::parse(&kind)
+                            .ok_or_else(|| StoreError::Invalid(format!("audit event {kind:?}")))?,
+                        holder: string(item, "holder")?,
+                        lease_epoch: number(item, "lease_epoch")?,
+                        lease_expiry: number(item, "lease_expiry")?,
+                        at_unix_ms: number(item, "at_unix_ms")?,
+                    },
+                ));
+            }
+            match last {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        // Oldest first; within a millisecond, by event key (stable, not necessarily write order).
+        events.sort_by(|a, b| (a.1.at_unix_ms, &a.0).cmp(&(b.1.at_unix_ms, &b.0)));
+        Ok(events.into_iter().map(|(_, event)| event).collect())
+    }
+}
