@@ -1,6 +1,7 @@
 //! `idgen`: the one operator binary. `up` starts the local platform; `worker` runs one fleet
 //! worker; `decode` takes IDs apart. Human-readable output by default, JSON with `--json`.
 
+mod leases;
 mod up;
 
 use std::collections::HashMap;
@@ -26,7 +27,12 @@ enum Command {
         /// TOML configuration file; IDGEN_WORKER_… environment variables override it.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Create missing lease tables first (development; production runs `idgen leases init`).
+        #[arg(long)]
+        create_tables: bool,
     },
+    /// Inspect and operate the lease table: init, list, get, history, quarantine, release-quarantine.
+    Leases(leases::LeasesArgs),
     /// Decode IDs (63-bit or UUIDv7) with the default layout schedule.
     Decode {
         #[arg(required = true)]
@@ -40,11 +46,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(up::run(args))),
-        Command::Worker { config } => {
+        Command::Worker { config, create_tables } => {
             idgen_worker::init_tracing();
-            WorkerConfig::load(config.as_deref())
-                .and_then(|config| runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config))))
+            WorkerConfig::load(config.as_deref()).and_then(|mut config| {
+                config.lease.create_tables |= create_tables;
+                runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config)))
+            })
         }
+        Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
         Command::Decode { ids, json } => return decode(&ids, json),
     };
     match result {

@@ -34,6 +34,44 @@ pub struct WorkerConfig {
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     Sqlite,
+    Dynamodb,
+}
+
+/// Where the DynamoDB lease tables are.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DynamoDbSection {
+    pub region: String,
+    /// Unset for AWS; e.g. `http://127.0.0.1:5000` for a local DynamoDB-protocol server.
+    pub endpoint: Option<String>,
+    pub attempt_timeout_ms: u64,
+    pub operation_timeout_ms: u64,
+    pub max_attempts: u32,
+}
+
+impl Default for DynamoDbSection {
+    fn default() -> Self {
+        let defaults = idgen::DynamoDbSettings::default();
+        DynamoDbSection {
+            region: defaults.region,
+            endpoint: defaults.endpoint,
+            attempt_timeout_ms: defaults.attempt_timeout.as_millis() as u64,
+            operation_timeout_ms: defaults.operation_timeout.as_millis() as u64,
+            max_attempts: defaults.max_attempts,
+        }
+    }
+}
+
+impl DynamoDbSection {
+    pub fn settings(&self) -> idgen::DynamoDbSettings {
+        idgen::DynamoDbSettings {
+            region: self.region.clone(),
+            endpoint: self.endpoint.clone(),
+            attempt_timeout: std::time::Duration::from_millis(self.attempt_timeout_ms),
+            operation_timeout: std::time::Duration::from_millis(self.operation_timeout_ms),
+            max_attempts: self.max_attempts,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -41,6 +79,10 @@ pub enum StoreKind {
 pub struct LeaseSection {
     pub store: StoreKind,
     pub sqlite_path: PathBuf,
+    pub dynamodb: DynamoDbSection,
+    /// Create missing lease and audit tables at start-up (development; production creates them
+    /// once with `idgen leases init`).
+    pub create_tables: bool,
     /// Lease table per layout.
     pub tables: BTreeMap<String, String>,
     pub lease_ms: i64,
@@ -82,6 +124,8 @@ impl Default for LeaseSection {
         LeaseSection {
             store: StoreKind::Sqlite,
             sqlite_path: PathBuf::from(".idgen/leases.db"),
+            dynamodb: DynamoDbSection::default(),
+            create_tables: false,
             tables: BTreeMap::from([("v1".into(), "idgen-leases".into()), ("v2".into(), "idgen-leases-v2".into())]),
             lease_ms: defaults.lease_ms,
             renew_interval_ms: defaults.renew_interval_ms,
@@ -138,6 +182,18 @@ impl WorkerConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        if self.lease.store == StoreKind::Dynamodb {
+            let d = &self.lease.dynamodb;
+            if d.region.trim().is_empty()
+                || d.attempt_timeout_ms == 0
+                || d.operation_timeout_ms < d.attempt_timeout_ms
+                || d.max_attempts == 0
+            {
+                bail!(
+                    "lease.dynamodb needs a region, attempt_timeout_ms > 0, operation_timeout_ms ≥ attempt_timeout_ms and max_attempts ≥ 1"
+                );
+            }
+        }
         if self.region.trim().is_empty() {
             bail!("region must not be empty");
         }
@@ -198,6 +254,15 @@ mod tests {
 
         std::fs::write(&path, "[lease]\nlast_machine = 1024\n").unwrap();
         assert!(WorkerConfig::load(Some(&path)).is_err(), "machine 1024 does not fit v1");
+
+        std::fs::write(
+            &path,
+            "[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nendpoint = \"http://127.0.0.1:5000\"\n",
+        )
+        .unwrap();
+        let config = WorkerConfig::load(Some(&path)).unwrap();
+        assert_eq!(config.lease.store, StoreKind::Dynamodb);
+        assert_eq!(config.lease.dynamodb.settings().endpoint.as_deref(), Some("http://127.0.0.1:5000"));
 
         std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
         assert!(WorkerConfig::load(Some(&path)).is_err(), "typos are errors, not silently ignored");

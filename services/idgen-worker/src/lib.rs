@@ -20,7 +20,9 @@ use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
 use idgen::core::{Generator, GeneratorConfig, Timestamp};
-use idgen::{Clock, GeneratorMetrics, IdGenerator, LeaseKeeper, LeaseStore, SqliteLeaseStore, SystemClock};
+use idgen::{
+    Clock, DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseKeeper, LeaseStore, SqliteLeaseStore, SystemClock,
+};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -73,6 +75,37 @@ pub async fn run(
     }
 }
 
+/// The lease table of `layout` as the configuration describes it (created first when
+/// `lease.create_tables` is set, or always for SQLite, whose tables are part of its file).
+pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    let table =
+        config.lease.tables.get(layout).with_context(|| format!("lease.tables has no table for layout {layout}"))?;
+    Ok(match config.lease.store {
+        StoreKind::Sqlite => {
+            let path = &config.lease.sqlite_path;
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            }
+            Arc::new(
+                SqliteLeaseStore::open(path, table)
+                    .await
+                    .with_context(|| format!("opening lease table {table} in {}", path.display()))?,
+            )
+        }
+        StoreKind::Dynamodb => {
+            let client = idgen::dynamodb::client(&config.lease.dynamodb.settings()).await;
+            let store = DynamoDbLeaseStore::new(client, table);
+            if config.lease.create_tables {
+                store
+                    .create_tables()
+                    .await
+                    .with_context(|| format!("creating DynamoDB tables {table} and {}", store.audit_table()))?;
+            }
+            Arc::new(store)
+        }
+    })
+}
+
 /// Everything a running worker is made of, built from its configuration.
 pub struct Worker {
     pub state: AppState,
@@ -106,17 +139,7 @@ impl Worker {
         // registry, issue 4.)
         let now = Timestamp::from_unix_ms(clock.unix_ms()).context("the wall clock is outside the ID range")?;
         let layout = schedule.entry_at(now).layout.name().to_owned();
-        let table = &config.lease.tables[&layout];
-        let store: Arc<dyn LeaseStore> = match config.lease.store {
-            StoreKind::Sqlite => {
-                if let Some(parent) = config.lease.sqlite_path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-                }
-                Arc::new(SqliteLeaseStore::open(&config.lease.sqlite_path, table).await.with_context(|| {
-                    format!("opening lease table {table} in {}", config.lease.sqlite_path.display())
-                })?)
-            }
-        };
+        let store = open_lease_store(config, &layout).await?;
         let keeper = LeaseKeeper::new(&layout, store, generator.clone(), config.lease_config(), holder.clone())?;
 
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
