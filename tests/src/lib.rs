@@ -26,11 +26,24 @@ pub fn idgen_bin() -> PathBuf {
     bin
 }
 
+/// Which lease table a worker uses.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Sqlite(PathBuf),
+    /// A DynamoDB-protocol endpoint and a table name (created by the worker if missing).
+    Dynamodb {
+        endpoint: String,
+        table: String,
+    },
+}
+
 /// Settings for one worker process, written to its TOML file.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
     pub name: String,
-    pub sqlite_path: PathBuf,
+    pub store: Store,
+    /// Extra environment for the process (e.g. libfaketime).
+    pub env: Vec<(String, String)>,
     pub lease_ms: i64,
     pub renew_interval_ms: i64,
     pub fence_ms: i64,
@@ -41,9 +54,14 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     /// A short test lease (3 s, renewed every second, 500 ms fence) on a shared SQLite file.
     pub fn short_lease(name: &str, sqlite_path: &Path) -> Self {
+        Self::short_lease_on(name, Store::Sqlite(sqlite_path.into()))
+    }
+
+    pub fn short_lease_on(name: &str, store: Store) -> Self {
         WorkerSpec {
             name: name.into(),
-            sqlite_path: sqlite_path.into(),
+            store,
+            env: Vec::new(),
             lease_ms: 3_000,
             renew_interval_ms: 1_000,
             fence_ms: 500,
@@ -52,13 +70,32 @@ impl WorkerSpec {
         }
     }
 
-    fn toml(&self) -> String {
+    pub fn toml(&self) -> String {
+        let store = match &self.store {
+            Store::Sqlite(path) => {
+                format!(
+                    "store = \"sqlite\"\nsqlite_path = {}\n",
+                    serde_json::to_string(&path.to_string_lossy()).unwrap()
+                )
+            }
+            Store::Dynamodb { table, .. } => format!(
+                "store = \"dynamodb\"\ncreate_tables = true\ntables = {{ v1 = {t}, v2 = {t2} }}\n",
+                t = serde_json::to_string(table).unwrap(),
+                t2 = serde_json::to_string(&format!("{table}-v2")).unwrap(),
+            ),
+        };
+        let dynamodb = match &self.store {
+            Store::Dynamodb { endpoint, .. } => format!(
+                "[lease.dynamodb]\nendpoint = {}\nattempt_timeout_ms = 500\noperation_timeout_ms = 1000\nmax_attempts = 2\n",
+                serde_json::to_string(endpoint).unwrap()
+            ),
+            Store::Sqlite(_) => String::new(),
+        };
         format!(
             "listen = \"127.0.0.1:0\"\nregion = \"test-region\"\nshutdown_grace_ms = 2000\n\
-             [lease]\nstore = \"sqlite\"\nsqlite_path = {path}\nlease_ms = {lease}\nrenew_interval_ms = {renew}\n\
+             [lease]\n{store}lease_ms = {lease}\nrenew_interval_ms = {renew}\n\
              fence_ms = {fence}\nfirst_machine = {first}\nlast_machine = {last}\nmax_backoff_ms = {backoff}\n\
-             [clock]\nrequire_sync = false\n",
-            path = serde_json::to_string(&self.sqlite_path.to_string_lossy()).unwrap(),
+             {dynamodb}[clock]\nrequire_sync = false\n",
             lease = self.lease_ms,
             renew = self.renew_interval_ms,
             fence = self.fence_ms,
@@ -86,6 +123,7 @@ impl WorkerProcess {
             .arg("--config")
             .arg(config.path())
             .env("RUST_LOG", "warn")
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -224,4 +262,87 @@ pub fn assert_no_duplicates(ids: &mut [u64]) -> usize {
         panic!("duplicate ID {} (Unix ms {ms}, machine {machine}, sequence {sequence})", pair[0]);
     }
     ids.len()
+}
+
+/// The shared DynamoDB-protocol server `./scripts/test` started. Missing: the test fails.
+pub fn shared_dynamodb_endpoint() -> String {
+    std::env::var("IDGEN_DYNAMODB_ENDPOINT")
+        .expect("IDGEN_DYNAMODB_ENDPOINT is not set: run the tests through ./scripts/test, which starts moto")
+}
+
+/// A table name no other test uses.
+pub fn unique_table(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A moto server of a test's own, so the test can stop it (SIGSTOP) without disturbing others.
+pub struct MotoServer {
+    pub endpoint: String,
+    child: Child,
+}
+
+impl MotoServer {
+    pub async fn start() -> anyhow::Result<MotoServer> {
+        let python =
+            std::env::var("IDGEN_MOTO_PYTHON").context("IDGEN_MOTO_PYTHON is not set (./scripts/test sets it)")?;
+        let script =
+            std::env::var("IDGEN_MOTO_SCRIPT").context("IDGEN_MOTO_SCRIPT is not set (./scripts/test sets it)")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(python)
+            .arg(script)
+            .arg("--host")
+            .arg("127.0.0.1")
+            .arg("--port")
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting moto")?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while client.get(format!("{endpoint}/moto-api/")).send().await.is_err() {
+            if tokio::time::Instant::now() > deadline {
+                bail!("moto did not start on {endpoint}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(MotoServer { endpoint, child })
+    }
+
+    pub fn signal(&self, signal: i32) {
+        let pid = self.child.id().expect("moto is running") as i32;
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+}
+
+/// Runs the `idgen` binary with arguments and returns its stdout (fails on a non-zero exit).
+pub async fn idgen(args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(idgen_bin()).args(args).output().await?;
+    if !output.status.success() {
+        bail!("idgen {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// Unix ms by this process's clock.
+pub fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// The lease table a worker with this store uses, opened from the test (for audit checks).
+pub async fn open_store(store: &Store) -> anyhow::Result<std::sync::Arc<dyn idgen::LeaseStore>> {
+    Ok(match store {
+        Store::Sqlite(path) => std::sync::Arc::new(idgen::SqliteLeaseStore::open(path, "idgen-leases").await?),
+        Store::Dynamodb { endpoint, table } => {
+            let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
+            std::sync::Arc::new(idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, table))
+        }
+    })
 }

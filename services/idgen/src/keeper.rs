@@ -113,6 +113,17 @@ pub enum Outcome {
         error: StoreError,
         retry_in: Duration,
     },
+    /// The renewal's new expiry was not past the stored one (the clock went back); the row still
+    /// names us, so the lease is kept as it is and renewed again shortly.
+    NotForward {
+        machine: u32,
+        stored_expiry_unix_ms: i64,
+    },
+    /// No claim while the clock is unsynchronized: a claim's `:now` is this clock, and a clock
+    /// running ahead would take numbers whose holders are still alive.
+    ClockUnsynchronized {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -191,8 +202,11 @@ impl LeaseKeeper {
     pub async fn tick(&mut self, now: Instant) -> Outcome {
         let clock = self.generator.clock().clone();
         let sync = clock.sync_status().refusal();
-        self.generator.with_core(|core| core.set_clock_unsynchronized(sync));
+        self.generator.with_core(|core| core.set_clock_unsynchronized(sync.clone()));
         match self.state.clone() {
+            State::Unclaimed { retry_at, .. } if retry_at.is_none_or(|at| now >= at) && sync.is_some() => {
+                Outcome::ClockUnsynchronized { reason: sync.unwrap_or_default() }
+            }
             State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) => {
                 self.claim(now, failures).await
             }
@@ -212,6 +226,18 @@ impl LeaseKeeper {
                 Outcome::Renewed { machine, expiry_unix_ms: new_expiry }
             }
             Ok(Conditional::ConditionFailed) => {
+                // The condition also fails when this clock went back, so the new expiry is not
+                // past the stored one. If the row still names us and our epoch, nobody else has
+                // the number: keep it (the generator stops at its fence as always) and retry.
+                if let Ok(Some(row)) = self.store.get(machine).await
+                    && row.holder == self.holder
+                    && row.lease_epoch == epoch
+                {
+                    self.generator.metrics().lease_event(&self.layout, "renew_not_forward");
+                    let retry_in = Duration::from_secs(1).min(ms(self.config.renew_interval_ms));
+                    self.state = State::Held { machine, epoch, renew_at: now + retry_in };
+                    return Outcome::NotForward { machine, stored_expiry_unix_ms: row.lease_expiry };
+                }
                 // Stop issuing first, then look for another number.
                 self.generator.with_core(|core| core.drop_lease(&self.layout));
                 self.generator.metrics().lease_event(&self.layout, "renew_lost");

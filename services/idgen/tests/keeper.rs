@@ -137,7 +137,8 @@ async fn an_unsynchronized_clock_refuses_until_it_recovers() {
     let g = generator(&f.clock);
     let mut k = keeper(&f, &g, 0..=63, "a");
     f.clock.set_sync_status(SyncStatus::Unsynchronized("STA_UNSYNC".into()));
-    k.tick(now).await;
+    assert!(matches!(k.tick(now).await, Outcome::ClockUnsynchronized { .. }), "no claim with an unsynchronized clock");
+    assert_eq!(k.machine(), None);
     assert!(matches!(g.next_id().await, Err(Refusal::ClockUnsynchronized { .. })));
     assert!(matches!(g.next_uuids(1), Err(Refusal::ClockUnsynchronized { .. })));
     f.clock.set_sync_status(SyncStatus::Synchronized { estimated_error_us: 800 });
@@ -221,5 +222,26 @@ async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
     now += Duration::from_millis(1_000);
     let outcome = k.tick(now).await;
     assert!(matches!(outcome, Outcome::Renewed { .. }), "{outcome:?}");
+    assert!(g.next_id().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_clock_step_back_does_not_lose_the_lease() {
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 0..=63, "a");
+    let Outcome::Claimed { machine, expiry_unix_ms, .. } = k.tick(now).await else { panic!() };
+    g.next_id().await.unwrap();
+    // One second later the clock has stepped back two: the renewal's expiry is behind the row's.
+    now += Duration::from_millis(1_000);
+    f.clock.set(T0 - 1_000);
+    assert_eq!(k.tick(now).await, Outcome::NotForward { machine, stored_expiry_unix_ms: expiry_unix_ms });
+    assert_eq!(k.machine(), Some(machine), "the number is still ours");
+    assert!(matches!(g.next_id().await, Err(Refusal::ClockBehind { .. })), "and the generator waits for its clock");
+    // Once the clock is past where it was, renewals move the expiry forward again.
+    now += Duration::from_millis(1_000);
+    f.clock.set(T0 + 1_500);
+    assert_eq!(k.tick(now).await, Outcome::Renewed { machine, expiry_unix_ms: T0 + 4_500 });
     assert!(g.next_id().await.is_ok());
 }

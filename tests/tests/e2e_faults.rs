@@ -1,0 +1,551 @@
+//! The fault matrix (SPEC §2–§3), end to end: real `idgen worker` processes, the lease table on a
+//! DynamoDB-protocol server on loopback (moto) — and, for the freeze, on SQLite too — broken with
+//! real signals, a stopped table, a quarantine, a stepped clock (libfaketime) and a full range.
+//! Every test collects every ID issued during it and asserts that none repeats.
+
+use std::time::{Duration, Instant};
+
+use idgen_e2e::{
+    Issued, MotoServer, Store, WorkerProcess, WorkerSpec, assert_no_duplicates, idgen, now_unix_ms, open_store,
+    post_ids, shared_dynamodb_endpoint, unique_table, v1_fields,
+};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+fn dynamodb(prefix: &str) -> Store {
+    Store::Dynamodb { endpoint: shared_dynamodb_endpoint(), table: unique_table(prefix) }
+}
+
+async fn issue_ok(client: &reqwest::Client, worker: &WorkerProcess, count: u32) -> Vec<u64> {
+    match post_ids(client, &worker.url, count).await.unwrap() {
+        Issued::Ids(ids) => ids,
+        Issued::Refused { status, code } => panic!("{} refused: {status} {code}", worker.name),
+    }
+}
+
+/// Polls until `/healthz` says 503 with this reason and no lease held.
+async fn wait_refusing_without_lease(client: &reqwest::Client, worker: &WorkerProcess, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (status, health) = worker.health(client).await.unwrap();
+        if status == 503 && health["reason"] == "lease" && health["leases"].as_array().is_some_and(|l| l.is_empty()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} never dropped its lease: {status} {health}", worker.name);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker freezes past its lease.
+
+async fn frozen_worker_scenario(store: Store) {
+    let client = client();
+    let mut all_ids: Vec<u64> = Vec::new();
+
+    // Two workers share the numbers 10 and 11, so that once the frozen worker has lost its
+    // number it cannot claim another until the second worker leaves: on waking it can only refuse.
+    let pair = |name: &str| WorkerSpec { machines: (10, 11), ..WorkerSpec::short_lease_on(name, store.clone()) };
+    let frozen = WorkerProcess::start(&pair("frozen")).await.unwrap();
+    let machine = frozen.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let other = WorkerProcess::start(&pair("other")).await.unwrap();
+    let other_machine = other.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    assert_ne!(machine, other_machine);
+
+    let mut frozen_ids = Vec::new();
+    for _ in 0..50 {
+        frozen_ids.extend(issue_ok(&client, &frozen, 100).await);
+    }
+    assert!(frozen_ids.iter().all(|id| v1_fields(*id).1 == machine));
+
+    // Freeze it until its lease has expired and another worker holds the number.
+    frozen.freeze().await.unwrap();
+    // Requests sent to the frozen worker wait in its socket backlog until it wakes.
+    let queued: Vec<_> = (0..16)
+        .map(|i| {
+            let url = frozen.url.clone();
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+            tokio::spawn(async move { post_ids(&client, &url, if i % 2 == 0 { 1 } else { 50 }).await.unwrap() })
+        })
+        .collect();
+
+    // A fourth worker, restricted to the frozen worker's number, claims it once the lease expires.
+    let successor_spec =
+        WorkerSpec { machines: (machine, machine), ..WorkerSpec::short_lease_on("successor", store.clone()) };
+    let successor = WorkerProcess::start(&successor_spec).await.unwrap();
+    assert_eq!(successor.wait_ready(&client, Duration::from_secs(15)).await.unwrap(), machine);
+    let mut successor_ids = Vec::new();
+    for _ in 0..50 {
+        successor_ids.extend(issue_ok(&client, &successor, 100).await);
+    }
+
+    // Wake the frozen worker: every request refuses; none is issued under the lost number.
+    frozen.signal(libc::SIGCONT);
+    for task in queued {
+        match task.await.unwrap() {
+            Issued::Refused { status, code } => assert_eq!((status, code.as_str()), (503, "lease")),
+            Issued::Ids(ids) => panic!("the woken worker issued {} IDs (machine {})", ids.len(), v1_fields(ids[0]).1),
+        }
+    }
+    // Its next renewal fails: it drops the number and, finding none free, stays not-ready.
+    wait_refusing_without_lease(&client, &frozen, Duration::from_secs(10)).await;
+
+    // Once the other worker leaves (releasing its number), the woken worker claims it and serves.
+    assert!(other.stop().await.unwrap().success());
+    let new_machine = frozen.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(new_machine, other_machine);
+    let mut after_wake = Vec::new();
+    for _ in 0..20 {
+        let ids = issue_ok(&client, &frozen, 100).await;
+        assert!(ids.iter().all(|id| v1_fields(*id).1 == new_machine));
+        after_wake.extend(ids);
+    }
+
+    // The two holders of the number never share a timestamp.
+    let last_frozen_ms = frozen_ids.iter().map(|id| v1_fields(*id).0).max().unwrap();
+    let first_successor_ms = successor_ids.iter().map(|id| v1_fields(*id).0).min().unwrap();
+    assert!(last_frozen_ms < first_successor_ms, "{last_frozen_ms} < {first_successor_ms}");
+
+    all_ids.extend(frozen_ids);
+    all_ids.extend(successor_ids);
+    all_ids.extend(after_wake);
+    let checked = assert_no_duplicates(&mut all_ids);
+    println!(
+        "freeze ({store:?}): machine {machine} taken over while frozen; 16 of 16 queued requests refused on wake; \
+         re-claimed {new_machine}; {checked} IDs, no duplicates"
+    );
+
+    // The audit log shows the takeover and the failed renewal.
+    let history = open_store(&store).await.unwrap().history(Some(machine), 0, i64::MAX).await.unwrap();
+    assert!(history.iter().filter(|e| e.kind == idgen::AuditKind::Claim).count() >= 2, "{history:?}");
+    assert!(history.iter().any(|e| e.kind == idgen::AuditKind::RenewFailed), "{history:?}");
+    successor.stop().await.unwrap();
+    frozen.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_freeze_past_the_lease_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    frozen_worker_scenario(Store::Sqlite(dir.path().join("leases.db"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_freeze_past_the_lease_on_dynamodb() {
+    frozen_worker_scenario(dynamodb("freeze")).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker killed (SIGKILL) and restarted at once.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_killed_and_restarted_worker_is_a_new_holder() {
+    let client = client();
+    let store = dynamodb("kill9");
+    let spec = WorkerSpec { machines: (20, 20), ..WorkerSpec::short_lease_on("first", store.clone()) };
+    let first = WorkerProcess::start(&spec).await.unwrap();
+    assert_eq!(first.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 20);
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        ids.extend(issue_ok(&client, &first, 100).await);
+    }
+    let first_holder = first.health(&client).await.unwrap().1["holder"].as_str().unwrap().to_owned();
+    let mut first = first;
+    first.signal(libc::SIGKILL);
+    first.child.wait().await.unwrap();
+    let table = open_store(&store).await.unwrap();
+    let stored = table.get(20).await.unwrap().unwrap();
+    assert_eq!(stored.holder, first_holder, "a killed process cannot release");
+
+    // Restarted at once: a new process is a new holder and must wait out the stored expiry.
+    let second = WorkerProcess::start(&WorkerSpec { name: "second".into(), ..spec.clone() }).await.unwrap();
+    let (status, health) = second.health(&client).await.unwrap();
+    if now_unix_ms() < stored.lease_expiry {
+        assert_eq!((status, health["reason"].as_str()), (503, Some("lease")), "{health}");
+    }
+    assert_eq!(second.wait_ready(&client, Duration::from_secs(15)).await.unwrap(), 20);
+    let claimed = table.get(20).await.unwrap().unwrap();
+    assert_ne!(claimed.holder, first_holder);
+    assert_eq!(claimed.lease_epoch, stored.lease_epoch + 1);
+    let mut second_ids = Vec::new();
+    for _ in 0..30 {
+        second_ids.extend(issue_ok(&client, &second, 100).await);
+    }
+    let first_second_ms = second_ids.iter().map(|id| v1_fields(*id).0).min().unwrap();
+    assert!(first_second_ms > stored.lease_expiry, "the new holder starts after the stored expiry");
+    ids.extend(second_ids);
+    let checked = assert_no_duplicates(&mut ids);
+    println!("kill -9: restarted process waited for expiry {}; {checked} IDs, no duplicates", stored.lease_expiry);
+    second.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The clock steps back 3 ms and 2 s (libfaketime, offset file changed while the worker runs).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_clock_steps_back() {
+    let client = client();
+    let lib = std::env::var("IDGEN_FAKETIME_LIB")
+        .expect("IDGEN_FAKETIME_LIB is not set (./scripts/test installs libfaketime)");
+    let lib = lib.replace("libfaketime.so.1", "libfaketimeMT.so.1");
+    let offset = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(offset.path(), "+0\n").unwrap();
+    let mut spec = WorkerSpec::short_lease_on("stepped", dynamodb("clock"));
+    (spec.lease_ms, spec.renew_interval_ms, spec.fence_ms) = (60_000, 1_000, 500);
+    spec.env = vec![
+        ("LD_PRELOAD".into(), lib),
+        ("FAKETIME_TIMESTAMP_FILE".into(), offset.path().to_string_lossy().into_owned()),
+        ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    let machine = worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+
+    // A stream of requests, one after another, so every answer must be above the one before.
+    let mut stream: Vec<u64> = Vec::new();
+    let mut refusals = 0;
+    let mut take = |issued: Issued, refusals: &mut u32| match issued {
+        Issued::Ids(ids) => {
+            assert!(stream.last().is_none_or(|last| *last < ids[0]), "IDs went backwards after a clock step");
+            stream.extend(ids);
+        }
+        Issued::Refused { status, code } => {
+            assert_eq!((status, code.as_str()), (503, "clock_behind"));
+            *refusals += 1;
+        }
+    };
+    for _ in 0..20 {
+        take(post_ids(&client, &worker.url, 10).await.unwrap(), &mut refusals);
+    }
+    // 3 ms back, several times: waited out, never refused.
+    for step in 1..=5 {
+        std::fs::write(offset.path(), format!("-{:.3}\n", 0.003 * step as f64)).unwrap();
+        for _ in 0..20 {
+            take(post_ids(&client, &worker.url, 10).await.unwrap(), &mut refusals);
+        }
+    }
+    assert_eq!(refusals, 0, "a step back of 3 ms is waited out, not refused");
+
+    // 2 s back: 503 until the clock has caught up, then it serves again.
+    std::fs::write(offset.path(), "-2.015\n").unwrap();
+    let stepped_at = Instant::now();
+    let mut served_again = None;
+    while stepped_at.elapsed() < Duration::from_secs(6) {
+        let before = refusals;
+        take(post_ids(&client, &worker.url, 10).await.unwrap(), &mut refusals);
+        if refusals == before && before > 0 {
+            served_again = Some(stepped_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served_again = served_again.expect("the worker refused after the 2 s step and served again once caught up");
+    assert!(
+        served_again >= Duration::from_millis(1_900),
+        "refused until caught up, not just briefly: {served_again:?}"
+    );
+    let (_, health) = worker.health(&client).await.unwrap();
+    assert_eq!(health["leases"][0]["machine"], machine, "a clock step back does not cost the lease: {health}");
+    let metrics = client.get(format!("{}/metrics", worker.url)).send().await.unwrap().text().await.unwrap();
+    let behind_events: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("idgen_clock_behind_events_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("clock-behind metric");
+    assert!(behind_events >= refusals as f64 && behind_events > 0.0, "{behind_events}");
+    let checked = assert_no_duplicates(&mut stream);
+    println!(
+        "clock steps: 5 steps of 3 ms waited out; a 2 s step refused {refusals} requests for {served_again:?}; \
+         {behind_events} clock-behind events counted; {checked} IDs, strictly increasing, no duplicates"
+    );
+    worker.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lease table goes down while the worker serves.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_lease_table_down_issues_until_the_fence_then_recovers() {
+    let client = client();
+    let moto = MotoServer::start().await.unwrap();
+    let spec = WorkerSpec::short_lease_on(
+        "outage",
+        Store::Dynamodb { endpoint: moto.endpoint.clone(), table: unique_table("down") },
+    );
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    let machine = worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let mut ids = Vec::new();
+    ids.extend(issue_ok(&client, &worker, 100).await);
+
+    // Stop the table (SIGSTOP: connections hang, as with a network partition).
+    moto.signal(libc::SIGSTOP);
+    let down_at = Instant::now();
+    let (mut served_while_down, mut first_refusal) = (0, None);
+    while down_at.elapsed() < Duration::from_secs(8) {
+        match post_ids(&client, &worker.url, 10).await.unwrap() {
+            Issued::Ids(batch) => {
+                assert!(first_refusal.is_none(), "issued again inside the fence while the table is down");
+                served_while_down += batch.len();
+                ids.extend(batch);
+            }
+            Issued::Refused { status, code } => {
+                assert_eq!((status, code.as_str()), (503, "lease"));
+                first_refusal.get_or_insert(down_at.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_refusal = first_refusal.expect("inside the fence the worker must refuse");
+    assert!(served_while_down > 0, "it keeps issuing until the fence");
+    // The fence is lease (3 s) − fence (0.5 s) after the last renewal, which is at most 1 s old.
+    assert!(
+        first_refusal >= Duration::from_millis(1_400) && first_refusal <= Duration::from_millis(2_700),
+        "{first_refusal:?}"
+    );
+
+    // The table returns: the worker renews (nobody else took the number) or re-claims, and serves.
+    moto.signal(libc::SIGCONT);
+    let recovered_machine = worker.wait_ready(&client, Duration::from_secs(15)).await.unwrap();
+    for _ in 0..10 {
+        ids.extend(issue_ok(&client, &worker, 100).await);
+    }
+    let checked = assert_no_duplicates(&mut ids);
+    println!(
+        "table down: served {served_while_down} IDs, refused from {first_refusal:?} (fence), recovered on machine \
+         {recovered_machine} (was {machine}); {checked} IDs, no duplicates"
+    );
+    worker.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lease is stolen by a quarantine (`idgen leases quarantine N`).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_quarantine_takes_the_number_from_a_live_worker() {
+    let client = client();
+    let store = dynamodb("quarantine");
+    let spec = WorkerSpec::short_lease_on("live", store.clone());
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    let machine = worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let mut ids = issue_ok(&client, &worker, 500).await;
+
+    // The operator's command, against the worker's own configuration file.
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml()).unwrap();
+    let config_path = config.path().to_str().unwrap();
+    let out = idgen(&["leases", "--config", config_path, "quarantine", &machine.to_string(), "--operator", "oncall"])
+        .await
+        .unwrap();
+    assert!(out.contains("quarantined"), "{out}");
+    let quarantined_at = now_unix_ms();
+
+    // Its next renewal (≤ 1 s) fails: it stops issuing under the number and claims another.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new_machine = loop {
+        let (status, health) = worker.health(&client).await.unwrap();
+        let held = health["leases"][0]["machine"].as_u64().map(|m| m as u32);
+        if status == 200 && held.is_some_and(|m| m != machine) {
+            break held.unwrap();
+        }
+        assert!(Instant::now() < deadline, "never moved off the quarantined number: {health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for _ in 0..10 {
+        let batch = issue_ok(&client, &worker, 100).await;
+        assert!(batch.iter().all(|id| v1_fields(*id).1 == new_machine));
+        ids.extend(batch);
+    }
+    let listed = idgen(&["leases", "--config", config_path, "--json", "get", &machine.to_string()]).await.unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed[0]["state"], "quarantined", "{listed}");
+    let history = idgen(&["leases", "--config", config_path, "--json", "history", &machine.to_string()]).await.unwrap();
+    let events: Vec<String> = serde_json::from_str::<serde_json::Value>(&history)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(events.contains(&"quarantine".to_owned()) && events.contains(&"renew_failed".to_owned()), "{events:?}");
+    let stale: Vec<_> = ids
+        .iter()
+        .map(|id| v1_fields(*id))
+        .filter(|(ms, m, _)| *m == machine && *ms > quarantined_at + 1_500)
+        .collect();
+    assert!(stale.is_empty(), "issued under the quarantined number after its renewal failed: {stale:?}");
+    let checked = assert_no_duplicates(&mut ids);
+    println!(
+        "quarantine: machine {machine} quarantined, worker moved to {new_machine}; events {events:?}; {checked} IDs, no duplicates"
+    );
+    worker.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every number is taken: a range of 2, three workers.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_all_numbers_taken_the_third_worker_waits() {
+    let client = client();
+    let store = dynamodb("full");
+    let spec = |name: &str| WorkerSpec { machines: (30, 31), ..WorkerSpec::short_lease_on(name, store.clone()) };
+    let a = WorkerProcess::start(&spec("a")).await.unwrap();
+    let b = WorkerProcess::start(&spec("b")).await.unwrap();
+    a.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    b.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let c = WorkerProcess::start(&spec("c")).await.unwrap();
+    let mut ids = Vec::new();
+    let watch = Instant::now();
+    let mut refusals = 0;
+    while watch.elapsed() < Duration::from_secs(4) {
+        match post_ids(&client, &c.url, 10).await.unwrap() {
+            Issued::Refused { status, code } => {
+                assert_eq!((status, code.as_str()), (503, "lease"));
+                refusals += 1;
+            }
+            Issued::Ids(batch) => panic!("the third worker issued {} IDs without a number", batch.len()),
+        }
+        ids.extend(issue_ok(&client, &a, 10).await);
+        ids.extend(issue_ok(&client, &b, 10).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, health) = c.health(&client).await.unwrap();
+    assert_eq!((status, health["reason"].as_str()), (503, Some("lease")));
+    let metrics = client.get(format!("{}/metrics", c.url)).send().await.unwrap().text().await.unwrap();
+    let retries: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"idgen_lease_events_total{layout="v1",event="claim_all_taken"} "#))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(retries >= 3.0, "it retries with backoff: {retries} attempts\n{metrics}");
+
+    // One leaves: the third claims its number and serves.
+    let freed = a.wait_ready(&client, Duration::from_secs(1)).await.unwrap();
+    a.stop().await.unwrap();
+    assert_eq!(c.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), freed);
+    ids.extend(issue_ok(&client, &c, 100).await);
+    let checked = assert_no_duplicates(&mut ids);
+    println!(
+        "all taken: third worker refused {refusals} requests over 4 s with {retries} claim rounds, then took {freed}; {checked} IDs, no duplicates"
+    );
+    b.stop().await.unwrap();
+    c.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The AWS CLI playbook (design notes R3.9, commands 1–3) works verbatim against our tables.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
+    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
+    // A server of its own: the playbook names the production table, `idgen-leases-v2`.
+    let moto = MotoServer::start().await.unwrap();
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(
+        config.path(),
+        format!(
+            "[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\nendpoint = \"{}\"\n",
+            moto.endpoint
+        ),
+    )
+    .unwrap();
+    let config_path = config.path().to_str().unwrap();
+    let out = idgen(&["leases", "--config", config_path, "--layout", "v2", "init"]).await.unwrap();
+    assert!(out.contains("idgen-leases-v2"), "{out}");
+    // A worker's claim of machine 170, through the store.
+    let settings = idgen::DynamoDbSettings {
+        region: "eu-west-1".into(),
+        endpoint: Some(moto.endpoint.clone()),
+        ..Default::default()
+    };
+    let store = idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, "idgen-leases-v2");
+    use idgen::LeaseStore;
+    let now = now_unix_ms();
+    let idgen::ClaimOutcome::Claimed(row) =
+        store.claim(170, "i-0a1b2c3d4e5f67890/pid-4121/1", now, now + 300_000).await.unwrap()
+    else {
+        panic!("claim")
+    };
+
+    let run = |args: &'static str| {
+        let aws = aws.clone();
+        let endpoint = moto.endpoint.clone();
+        async move {
+            // The playbook line, verbatim, pointed at the local endpoint.
+            let line = format!("{aws} --endpoint-url {endpoint} {args}");
+            let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
+            assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
+            serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap_or(serde_json::Value::Null)
+        }
+    };
+    // 1. Who holds which machine number in a region right now
+    let scan = run(r##"dynamodb scan --region eu-west-1 --table-name idgen-leases-v2 --projection-expression "machine_id, #h, lease_expiry, lease_epoch" --expression-attribute-names '{"#h": "holder"}'"##).await;
+    assert_eq!(scan["Items"][0]["machine_id"]["N"], "170", "{scan}");
+    assert_eq!(scan["Items"][0]["holder"]["S"], "i-0a1b2c3d4e5f67890/pid-4121/1", "{scan}");
+    // 2. One machine number's lease
+    let item = run(
+        r##"dynamodb get-item --region eu-west-1 --table-name idgen-leases-v2 --key '{"machine_id": {"N": "170"}}'"##,
+    )
+    .await;
+    assert_eq!(item["Item"]["lease_epoch"]["N"], row.lease_epoch.to_string(), "{item}");
+    // 3. Quarantine machine number 170
+    run(r##"dynamodb update-item --region eu-west-1 --table-name idgen-leases-v2 --key '{"machine_id": {"N": "170"}}' --update-expression "SET #h = :q, lease_expiry = :far ADD lease_epoch :one" --expression-attribute-names '{"#h": "holder"}' --expression-attribute-values '{":q": {"S": "QUARANTINED"}, ":far": {"N": "4102444800000"}, ":one": {"N": "1"}}'"##).await;
+    let after = store.get(170).await.unwrap().unwrap();
+    assert_eq!(
+        (after.holder.as_str(), after.lease_expiry, after.lease_epoch),
+        ("QUARANTINED", 4_102_444_800_000, row.lease_epoch + 1)
+    );
+    // Our own tools see the same row, and the old holder can no longer renew.
+    let listed = idgen(&["leases", "--config", config_path, "--layout", "v2", "list"]).await.unwrap();
+    assert!(listed.contains("quarantined"), "{listed}");
+    let renewed =
+        store.renew(170, "i-0a1b2c3d4e5f67890/pid-4121/1", row.lease_epoch, now + 600_000, now).await.unwrap();
+    assert_eq!(renewed, idgen::Conditional::ConditionFailed);
+    println!("playbook: scan, get-item and the quarantine update-item ran verbatim against idgen-leases-v2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Production mode follows the kernel's NTP state.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_production_mode_follows_the_kernel_clock_state() {
+    let client = client();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = WorkerSpec::short_lease("production", &dir.path().join("leases.db"));
+    let toml = spec.toml().replace("require_sync = false", "require_sync = true");
+    let config = dir.path().join("worker.toml");
+    std::fs::write(&config, toml).unwrap();
+    let mut child = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["worker", "--config", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let line = lines.next_line().await.unwrap().unwrap();
+    let url = line.split_whitespace().nth(3).unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let kernel = idgen::clock::kernel_sync_status(5_000);
+    let health: serde_json::Value = client.get(format!("{url}/healthz")).send().await.unwrap().json().await.unwrap();
+    let issued = client.post(format!("{url}/v1/ids")).send().await.unwrap();
+    match kernel {
+        idgen::SyncStatus::Unsynchronized(reason) => {
+            assert_eq!(health["reason"], "clock_unsynchronized", "{health}");
+            assert_eq!(health["clock"]["synchronized"], false);
+            assert!(health["leases"].as_array().unwrap().is_empty(), "no claim with an unsynchronized clock: {health}");
+            assert_eq!(issued.status(), 503);
+            let body: serde_json::Value = issued.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "clock_unsynchronized");
+            println!("clock sync: kernel says unsynchronized ({reason}); the worker refuses: {health}");
+        }
+        other => {
+            assert_eq!(health["clock"]["synchronized"], true, "{health}");
+            assert_eq!(issued.status(), 200);
+            println!("clock sync: kernel says {other:?}; the worker issues");
+        }
+    }
+    child.kill().await.unwrap();
+}
