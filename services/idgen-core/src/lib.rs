@@ -17,4 +17,4 @@ pub use generator::{
 };
 pub use layout::{DecodedId, FieldError, Layout, MachineNumber, RegionNumber, Sequence};
 pub use schedule::{DEFAULT_V2_FROM, DecodeError, OPEN_HORIZON, Schedule, ScheduleEntry, ScheduleError};
-pub use time::{EPOCH_UNIX_MS, MAX_TIMESTAMP, Timestamp, TimestampError, format_unix_ms};
+pub use time::{EPOCH_UNIX_MS, MAX_TIMESTAMP, Timestamp, TimestampError, format_unix_ms, parse_rfc3339_ms};

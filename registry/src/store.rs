@@ -1,0 +1,397 @@
+//! The registry's storage: PostgreSQL in production, SQLite as the embedded default, one
+//! implementation over sqlx's `Any` driver with SQL both databases accept, and the same store
+//! test suite run on both (`tests/store.rs`).
+
+use std::str::FromStr;
+
+use idgen_core::{Layout, MAX_TIMESTAMP};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use thiserror::Error;
+
+static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/registry/sqlite");
+static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/registry/postgres");
+
+/// A never-exhausted horizon: past the last representable timestamp.
+pub const OPEN_HORIZON_MS: u64 = MAX_TIMESTAMP + 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionStatus {
+    Active,
+    Retired,
+}
+
+impl RegionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RegionStatus::Active => "active",
+            RegionStatus::Retired => "retired",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Region {
+    pub name: String,
+    pub number: u32,
+    pub status: RegionStatus,
+    pub created_at_ms: i64,
+    pub retired_at_ms: Option<i64>,
+}
+
+/// A scheduled layout: in force from `from_ms` (ms since the idgen epoch) on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledLayout {
+    pub layout: Layout,
+    pub from_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleView {
+    pub layouts: Vec<ScheduledLayout>,
+    /// ms since the idgen epoch; no cutover before it.
+    pub horizon_ms: u64,
+    pub home_region: String,
+}
+
+impl ScheduleView {
+    /// Region numbers the newest layout can carry (1 if it has no region field).
+    pub fn region_capacity(&self) -> u32 {
+        self.layouts.last().map_or(1, |l| 1u32 << l.layout.region_bits())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRow {
+    pub at_ms: i64,
+    pub actor: String,
+    pub action: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("a region named {0:?} already exists")]
+    NameExists(String),
+    #[error("no region number is left: all {capacity} numbers have been used (retired numbers are never reused)")]
+    NoNumberLeft { capacity: u32 },
+    #[error("no active region named {0:?}")]
+    UnknownRegion(String),
+    #[error("a layout named {0:?} is already scheduled")]
+    LayoutExists(String),
+    #[error("{what}")]
+    ScheduleConflict { what: String },
+    #[error("storage: {0}")]
+    Storage(#[from] sqlx::Error),
+    #[error("storage holds an invalid row: {0}")]
+    Invalid(String),
+}
+
+/// What an empty registry starts with.
+#[derive(Debug, Clone)]
+pub struct InitialSchedule {
+    pub layouts: Vec<ScheduledLayout>,
+    pub home_region: String,
+}
+
+impl InitialSchedule {
+    /// SPEC §1: v1 from the epoch, v2 from 2028-01-01T00:00:00Z.
+    pub fn spec_default(home_region: &str) -> Self {
+        InitialSchedule {
+            layouts: vec![
+                ScheduledLayout { layout: Layout::v1(), from_ms: 0 },
+                ScheduledLayout { layout: Layout::v2(), from_ms: idgen_core::DEFAULT_V2_FROM },
+            ],
+            home_region: home_region.to_owned(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RegistryStore {
+    pool: AnyPool,
+}
+
+fn region_row(row: &AnyRow) -> Result<Region, RegistryError> {
+    let status: String = row.try_get("status")?;
+    let number: i64 = row.try_get("number")?;
+    Ok(Region {
+        name: row.try_get("name")?,
+        number: u32::try_from(number).map_err(|_| RegistryError::Invalid(format!("region number {number}")))?,
+        status: match status.as_str() {
+            "active" => RegionStatus::Active,
+            "retired" => RegionStatus::Retired,
+            other => return Err(RegistryError::Invalid(format!("region status {other:?}"))),
+        },
+        created_at_ms: row.try_get("created_at_ms")?,
+        retired_at_ms: row.try_get("retired_at_ms")?,
+    })
+}
+
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
+}
+
+impl RegistryStore {
+    /// Connects (`postgres://…` or `sqlite://…`), applies the migrations for that database, and
+    /// seeds the schedule if the registry is new.
+    pub async fn connect(url: &str, initial: &InitialSchedule) -> Result<Self, RegistryError> {
+        sqlx::any::install_default_drivers();
+        let sqlite = url.starts_with("sqlite:");
+        let pool = if sqlite {
+            // One connection: SQLite serializes writers anyway, and this keeps read-then-write
+            // transactions from failing with SQLITE_BUSY under concurrent requests.
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                .busy_timeout(std::time::Duration::from_secs(5));
+            let sqlite_pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
+            SQLITE.run(&sqlite_pool).await.map_err(|e| RegistryError::Storage(e.into()))?;
+            sqlite_pool.close().await;
+            AnyPoolOptions::new().max_connections(1).connect(url).await?
+        } else {
+            let pool = AnyPoolOptions::new().max_connections(8).connect(url).await?;
+            let pg = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?;
+            POSTGRES.run(&pg).await.map_err(|e| RegistryError::Storage(e.into()))?;
+            pg.close().await;
+            pool
+        };
+        let store = RegistryStore { pool };
+        store.seed(initial).await?;
+        Ok(store)
+    }
+
+    async fn seed(&self, initial: &InitialSchedule) -> Result<(), RegistryError> {
+        let mut tx = self.pool.begin().await?;
+        let seeded: i64 = sqlx::query("SELECT COUNT(*) AS n FROM schedule_state").fetch_one(&mut *tx).await?.try_get("n")?;
+        if seeded == 0 {
+            sqlx::query("INSERT INTO schedule_state (id, horizon_ms, home_region) VALUES (1, 0, $1)")
+                .bind(&initial.home_region)
+                .execute(&mut *tx)
+                .await?;
+            for entry in &initial.layouts {
+                insert_layout(&mut tx, entry, 0).await?;
+            }
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(()),
+            // Another registry instance seeded it first: fine.
+            Err(error) if is_unique_violation(&error) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub async fn regions(&self) -> Result<Vec<Region>, RegistryError> {
+        let rows = sqlx::query("SELECT name, number, status, created_at_ms, retired_at_ms FROM regions ORDER BY number")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(region_row).collect()
+    }
+
+    /// Hands out the lowest number never used. Retried when a concurrent add took the same
+    /// number first (the primary key refuses the second).
+    pub async fn add_region(&self, name: &str, capacity: u32, actor: &str, now_ms: i64) -> Result<Region, RegistryError> {
+        for _ in 0..50 {
+            let mut tx = self.pool.begin().await?;
+            let active: i64 = sqlx::query("SELECT COUNT(*) AS n FROM regions WHERE name = $1 AND status = 'active'")
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("n")?;
+            if active > 0 {
+                return Err(RegistryError::NameExists(name.to_owned()));
+            }
+            let used: Vec<i64> = sqlx::query("SELECT number FROM regions ORDER BY number")
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|row| row.try_get("number"))
+                .collect::<Result<_, _>>()?;
+            let Some(number) = (0..i64::from(capacity)).find(|n| !used.contains(n)) else {
+                return Err(RegistryError::NoNumberLeft { capacity });
+            };
+            let inserted = sqlx::query(
+                "INSERT INTO regions (number, name, status, created_at_ms) VALUES ($1, $2, 'active', $3)",
+            )
+            .bind(number)
+            .bind(name)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await;
+            match inserted {
+                Ok(_) => {}
+                Err(error) if is_unique_violation(&error) => continue,
+                Err(error) => return Err(error.into()),
+            }
+            audit(&mut tx, now_ms, actor, "add_region", &format!("{name} = {number}")).await?;
+            match tx.commit().await {
+                Ok(()) => {
+                    return Ok(Region {
+                        name: name.to_owned(),
+                        number: number as u32,
+                        status: RegionStatus::Active,
+                        created_at_ms: now_ms,
+                        retired_at_ms: None,
+                    });
+                }
+                Err(error) if is_unique_violation(&error) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(RegistryError::ScheduleConflict { what: "too much contention adding a region; try again".into() })
+    }
+
+    /// Retires the active region of that name. Its number is never handed out again.
+    pub async fn retire_region(&self, name: &str, actor: &str, now_ms: i64) -> Result<Region, RegistryError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "UPDATE regions SET status = 'retired', retired_at_ms = $1 WHERE name = $2 AND status = 'active' \
+             RETURNING name, number, status, created_at_ms, retired_at_ms",
+        )
+        .bind(now_ms)
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let region = region_row(&row.ok_or_else(|| RegistryError::UnknownRegion(name.to_owned()))?)?;
+        audit(&mut tx, now_ms, actor, "retire_region", &format!("{name} = {}", region.number)).await?;
+        tx.commit().await?;
+        Ok(region)
+    }
+
+    /// The schedule, with the horizon advanced to at least `now + lead` (and stored, so it never
+    /// moves backwards, whatever the next reader's clock or configuration says).
+    pub async fn schedule(&self, now_unix_ms: i64, lead_ms: i64) -> Result<ScheduleView, RegistryError> {
+        let wanted = horizon_for(now_unix_ms, lead_ms);
+        sqlx::query("UPDATE schedule_state SET horizon_ms = $1 WHERE id = 1 AND horizon_ms < $1")
+            .bind(wanted as i64)
+            .execute(&self.pool)
+            .await?;
+        let state = sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1").fetch_one(&self.pool).await?;
+        let rows = sqlx::query("SELECT name, region_bits, machine_bits, sequence_bits, from_ms FROM layouts ORDER BY from_ms")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut layouts = Vec::new();
+        for row in &rows {
+            let bits = |name: &str| -> Result<u8, RegistryError> {
+                let value: i64 = row.try_get(name)?;
+                u8::try_from(value).map_err(|_| RegistryError::Invalid(format!("{name} = {value}")))
+            };
+            let layout = Layout::new(row.try_get::<String, _>("name")?, bits("region_bits")?, bits("machine_bits")?, bits("sequence_bits")?)
+                .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+            let from_ms: i64 = row.try_get("from_ms")?;
+            layouts.push(ScheduledLayout { layout, from_ms: from_ms as u64 });
+        }
+        let horizon_ms: i64 = state.try_get("horizon_ms")?;
+        Ok(ScheduleView { layouts, horizon_ms: horizon_ms as u64, home_region: state.try_get("home_region")? })
+    }
+
+    /// Schedules a new layout. It must start at or after the published horizon, strictly after
+    /// the last layout, inside the 41-bit range, and carry every active region's number.
+    pub async fn add_layout(
+        &self,
+        entry: ScheduledLayout,
+        actor: &str,
+        now_unix_ms: i64,
+        lead_ms: i64,
+    ) -> Result<ScheduledLayout, RegistryError> {
+        let current = self.schedule(now_unix_ms, lead_ms).await?;
+        let conflict = |what: String| Err(RegistryError::ScheduleConflict { what });
+        if current.layouts.iter().any(|l| l.layout.name() == entry.layout.name()) {
+            return Err(RegistryError::LayoutExists(entry.layout.name().to_owned()));
+        }
+        if entry.from_ms > MAX_TIMESTAMP {
+            return conflict(format!("from {} ms is past the last representable timestamp", entry.from_ms));
+        }
+        if entry.from_ms < current.horizon_ms {
+            return conflict(format!(
+                "from {} must be at or after the published horizon {}",
+                idgen_core::format_unix_ms(entry.from_ms as i64 + idgen_core::EPOCH_UNIX_MS),
+                idgen_core::format_unix_ms(current.horizon_ms.min(MAX_TIMESTAMP) as i64 + idgen_core::EPOCH_UNIX_MS)
+            ));
+        }
+        if let Some(last) = current.layouts.last().filter(|last| entry.from_ms <= last.from_ms) {
+            return conflict(format!("from must be strictly after the last layout {} (from_ms {})", last.layout.name(), last.from_ms));
+        }
+        if entry.layout.region_bits() > 0 {
+            let max = entry.layout.max_region();
+            if let Some(region) = self.regions().await?.iter().find(|r| r.status == RegionStatus::Active && r.number > max) {
+                return conflict(format!("active region {} has number {}, which {} bits of region cannot carry", region.name, region.number, entry.layout.region_bits()));
+            }
+        }
+        let mut tx = self.pool.begin().await?;
+        match insert_layout(&mut tx, &entry, now_unix_ms).await {
+            Ok(()) => {}
+            Err(RegistryError::Storage(error)) if is_unique_violation(&error) => {
+                return Err(RegistryError::LayoutExists(entry.layout.name().to_owned()));
+            }
+            Err(error) => return Err(error),
+        }
+        let l = &entry.layout;
+        let detail = format!("{} = {}+{}+{} from_ms {}", l.name(), l.region_bits(), l.machine_bits(), l.sequence_bits(), entry.from_ms);
+        audit(&mut tx, now_unix_ms, actor, "add_layout", &detail).await?;
+        tx.commit().await?;
+        Ok(entry)
+    }
+
+    /// The newest audit records first.
+    pub async fn audit_log(&self, limit: i64) -> Result<Vec<AuditRow>, RegistryError> {
+        let rows = sqlx::query("SELECT at_ms, actor, action, detail FROM registry_audit ORDER BY seq DESC LIMIT $1")
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(AuditRow {
+                    at_ms: row.try_get("at_ms")?,
+                    actor: row.try_get("actor")?,
+                    action: row.try_get("action")?,
+                    detail: row.try_get("detail")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `now + lead` as ms since the idgen epoch, capped at the open horizon.
+pub fn horizon_for(now_unix_ms: i64, lead_ms: i64) -> u64 {
+    let since_epoch = now_unix_ms.saturating_add(lead_ms).saturating_sub(idgen_core::EPOCH_UNIX_MS).max(0) as u64;
+    since_epoch.min(OPEN_HORIZON_MS)
+}
+
+async fn insert_layout(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    entry: &ScheduledLayout,
+    now_ms: i64,
+) -> Result<(), RegistryError> {
+    let l = &entry.layout;
+    sqlx::query(
+        "INSERT INTO layouts (name, region_bits, machine_bits, sequence_bits, from_ms, created_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(l.name())
+    .bind(i64::from(l.region_bits()))
+    .bind(i64::from(l.machine_bits()))
+    .bind(i64::from(l.sequence_bits()))
+    .bind(entry.from_ms as i64)
+    .bind(now_ms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn audit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    at_ms: i64,
+    actor: &str,
+    action: &str,
+    detail: &str,
+) -> Result<(), RegistryError> {
+    sqlx::query("INSERT INTO registry_audit (at_ms, actor, action, detail) VALUES ($1, $2, $3, $4)")
+        .bind(at_ms)
+        .bind(actor)
+        .bind(action)
+        .bind(detail)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
