@@ -163,7 +163,8 @@ impl RegistryStore {
 
     async fn seed(&self, initial: &InitialSchedule) -> Result<(), RegistryError> {
         let mut tx = self.pool.begin().await?;
-        let seeded: i64 = sqlx::query("SELECT COUNT(*) AS n FROM schedule_state").fetch_one(&mut *tx).await?.try_get("n")?;
+        let seeded: i64 =
+            sqlx::query("SELECT COUNT(*) AS n FROM schedule_state").fetch_one(&mut *tx).await?.try_get("n")?;
         if seeded == 0 {
             sqlx::query("INSERT INTO schedule_state (id, horizon_ms, home_region) VALUES (1, 0, $1)")
                 .bind(&initial.home_region)
@@ -182,15 +183,22 @@ impl RegistryStore {
     }
 
     pub async fn regions(&self) -> Result<Vec<Region>, RegistryError> {
-        let rows = sqlx::query("SELECT name, number, status, created_at_ms, retired_at_ms FROM regions ORDER BY number")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT name, number, status, created_at_ms, retired_at_ms FROM regions ORDER BY number")
+                .fetch_all(&self.pool)
+                .await?;
         rows.iter().map(region_row).collect()
     }
 
     /// Hands out the lowest number never used. Retried when a concurrent add took the same
     /// number first (the primary key refuses the second).
-    pub async fn add_region(&self, name: &str, capacity: u32, actor: &str, now_ms: i64) -> Result<Region, RegistryError> {
+    pub async fn add_region(
+        &self,
+        name: &str,
+        capacity: u32,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<Region, RegistryError> {
         for _ in 0..50 {
             let mut tx = self.pool.begin().await?;
             let active: i64 = sqlx::query("SELECT COUNT(*) AS n FROM regions WHERE name = $1 AND status = 'active'")
@@ -210,14 +218,13 @@ impl RegistryStore {
             let Some(number) = (0..i64::from(capacity)).find(|n| !used.contains(n)) else {
                 return Err(RegistryError::NoNumberLeft { capacity });
             };
-            let inserted = sqlx::query(
-                "INSERT INTO regions (number, name, status, created_at_ms) VALUES ($1, $2, 'active', $3)",
-            )
-            .bind(number)
-            .bind(name)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await;
+            let inserted =
+                sqlx::query("INSERT INTO regions (number, name, status, created_at_ms) VALUES ($1, $2, 'active', $3)")
+                    .bind(number)
+                    .bind(name)
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await;
             match inserted {
                 Ok(_) => {}
                 Err(error) if is_unique_violation(&error) => continue,
@@ -266,18 +273,26 @@ impl RegistryStore {
             .bind(wanted as i64)
             .execute(&self.pool)
             .await?;
-        let state = sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1").fetch_one(&self.pool).await?;
-        let rows = sqlx::query("SELECT name, region_bits, machine_bits, sequence_bits, from_ms FROM layouts ORDER BY from_ms")
-            .fetch_all(&self.pool)
+        let state = sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1")
+            .fetch_one(&self.pool)
             .await?;
+        let rows =
+            sqlx::query("SELECT name, region_bits, machine_bits, sequence_bits, from_ms FROM layouts ORDER BY from_ms")
+                .fetch_all(&self.pool)
+                .await?;
         let mut layouts = Vec::new();
         for row in &rows {
             let bits = |name: &str| -> Result<u8, RegistryError> {
                 let value: i64 = row.try_get(name)?;
                 u8::try_from(value).map_err(|_| RegistryError::Invalid(format!("{name} = {value}")))
             };
-            let layout = Layout::new(row.try_get::<String, _>("name")?, bits("region_bits")?, bits("machine_bits")?, bits("sequence_bits")?)
-                .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+            let layout = Layout::new(
+                row.try_get::<String, _>("name")?,
+                bits("region_bits")?,
+                bits("machine_bits")?,
+                bits("sequence_bits")?,
+            )
+            .map_err(|e| RegistryError::Invalid(e.to_string()))?;
             let from_ms: i64 = row.try_get("from_ms")?;
             layouts.push(ScheduledLayout { layout, from_ms: from_ms as u64 });
         }
@@ -310,12 +325,23 @@ impl RegistryStore {
             ));
         }
         if let Some(last) = current.layouts.last().filter(|last| entry.from_ms <= last.from_ms) {
-            return conflict(format!("from must be strictly after the last layout {} (from_ms {})", last.layout.name(), last.from_ms));
+            return conflict(format!(
+                "from must be strictly after the last layout {} (from_ms {})",
+                last.layout.name(),
+                last.from_ms
+            ));
         }
         if entry.layout.region_bits() > 0 {
             let max = entry.layout.max_region();
-            if let Some(region) = self.regions().await?.iter().find(|r| r.status == RegionStatus::Active && r.number > max) {
-                return conflict(format!("active region {} has number {}, which {} bits of region cannot carry", region.name, region.number, entry.layout.region_bits()));
+            if let Some(region) =
+                self.regions().await?.iter().find(|r| r.status == RegionStatus::Active && r.number > max)
+            {
+                return conflict(format!(
+                    "active region {} has number {}, which {} bits of region cannot carry",
+                    region.name,
+                    region.number,
+                    entry.layout.region_bits()
+                ));
             }
         }
         let mut tx = self.pool.begin().await?;
@@ -327,7 +353,14 @@ impl RegistryStore {
             Err(error) => return Err(error),
         }
         let l = &entry.layout;
-        let detail = format!("{} = {}+{}+{} from_ms {}", l.name(), l.region_bits(), l.machine_bits(), l.sequence_bits(), entry.from_ms);
+        let detail = format!(
+            "{} = {}+{}+{} from_ms {}",
+            l.name(),
+            l.region_bits(),
+            l.machine_bits(),
+            l.sequence_bits(),
+            entry.from_ms
+        );
         audit(&mut tx, now_unix_ms, actor, "add_layout", &detail).await?;
         tx.commit().await?;
         Ok(entry)

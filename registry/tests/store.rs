@@ -143,8 +143,14 @@ async fn layouts_are_validated(db: Db) {
     let v2_from = idgen_core::DEFAULT_V2_FROM;
     let v3 = |from_ms| ScheduledLayout { layout: Layout::new("v3", 4, 8, 10).unwrap(), from_ms };
     // Before the horizon, or not after the last layout (v2 at 2028): refused, nothing changed.
-    assert!(matches!(store.add_layout(v3(horizon - 1), "alice", NOW, 30 * DAY).await, Err(RegistryError::ScheduleConflict { .. })));
-    assert!(matches!(store.add_layout(v3(v2_from), "alice", NOW, 30 * DAY).await, Err(RegistryError::ScheduleConflict { .. })));
+    assert!(matches!(
+        store.add_layout(v3(horizon - 1), "alice", NOW, 30 * DAY).await,
+        Err(RegistryError::ScheduleConflict { .. })
+    ));
+    assert!(matches!(
+        store.add_layout(v3(v2_from), "alice", NOW, 30 * DAY).await,
+        Err(RegistryError::ScheduleConflict { .. })
+    ));
     assert!(matches!(
         store.add_layout(v3(idgen_core::MAX_TIMESTAMP + 1), "alice", NOW, 30 * DAY).await,
         Err(RegistryError::ScheduleConflict { .. })
@@ -156,7 +162,10 @@ async fn layouts_are_validated(db: Db) {
         store.add_region(&format!("r{n}"), 8, "alice", NOW).await.unwrap();
     }
     let narrow = ScheduledLayout { layout: Layout::new("narrow", 2, 10, 10).unwrap(), from_ms: v2_from * 2 };
-    assert!(matches!(store.add_layout(narrow, "alice", NOW, 30 * DAY).await, Err(RegistryError::ScheduleConflict { .. })));
+    assert!(matches!(
+        store.add_layout(narrow, "alice", NOW, 30 * DAY).await,
+        Err(RegistryError::ScheduleConflict { .. })
+    ));
     assert_eq!(store.schedule(NOW, 30 * DAY).await.unwrap().layouts.len(), 2, "refusals changed nothing");
     // A valid one.
     store.add_layout(v3(v2_from * 2), "alice", NOW, 30 * DAY).await.unwrap();

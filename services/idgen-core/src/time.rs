@@ -85,7 +85,13 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     };
     let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
     let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    if !(1..=12).contains(&month) || day < 1 || day > month_days[month as usize - 1] || hour > 23 || minute > 59 || second > 59 {
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > month_days[month as usize - 1]
+        || hour > 23
+        || minute > 59
+        || second > 59
+    {
         return None;
     }
     let days = days_from_civil(year, month as u32, day as u32);
@@ -134,7 +140,15 @@ mod tests {
         }
         assert_eq!(parse_rfc3339_ms("2028-01-01T00:00:00Z"), Some(EPOCH_UNIX_MS + 63_072_000_000));
         assert_eq!(parse_rfc3339_ms("2026-09-26T12:00:00.5Z"), Some(1_790_424_000_500));
-        for bad in ["2026-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-01-01 00:00:00Z", "2026-01-01T00:00:00+01:00", "", "tomorrow", "2026-01-01T00:00:00.1234Z"] {
+        for bad in [
+            "2026-02-29T00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2026-01-01 00:00:00Z",
+            "2026-01-01T00:00:00+01:00",
+            "",
+            "tomorrow",
+            "2026-01-01T00:00:00.1234Z",
+        ] {
             assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
         }
     }

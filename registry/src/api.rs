@@ -1,0 +1,298 @@
+//! The registry's HTTP/JSON endpoints (SPEC §5). Reads are open; writes need an operator token
+//! (`Authorization: Bearer …`) and are recorded with the operator's name.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idgen_core::{EPOCH_UNIX_MS, Layout, MAX_TIMESTAMP, format_unix_ms, parse_rfc3339_ms};
+use serde_json::{Map, Value, json};
+
+use crate::store::{Region, RegistryError, RegistryStore, ScheduleView, ScheduledLayout};
+
+const MAX_BODY_BYTES: usize = 4 * 1024;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<RegistryStore>,
+    /// Operator tokens → operator names.
+    pub operators: Arc<HashMap<String, String>>,
+    pub horizon_lead_ms: i64,
+    pub now: fn() -> i64,
+}
+
+pub fn system_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(error: RegistryError) -> Self {
+        match error {
+            RegistryError::NameExists(_) => ApiError::new(StatusCode::CONFLICT, "name_exists", error.to_string()),
+            RegistryError::NoNumberLeft { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "no_number_left", error.to_string())
+            }
+            RegistryError::UnknownRegion(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_region", error.to_string())
+            }
+            RegistryError::LayoutExists(_) => ApiError::new(StatusCode::CONFLICT, "layout_exists", error.to_string()),
+            RegistryError::ScheduleConflict { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "schedule_conflict", error.to_string())
+            }
+            RegistryError::Storage(_) | RegistryError::Invalid(_) => {
+                tracing::error!(%error, "registry storage");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_unavailable",
+                    "the registry's database is unavailable",
+                )
+            }
+        }
+    }
+}
+
+/// The operator's name, if the request carries a configured token.
+fn operator(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    let unauthorized = || {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "writes need an operator token: Authorization: Bearer <token>",
+        )
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(unauthorized)?;
+    // Compare against every token in full, so timing does not reveal a matching prefix.
+    let mut found = None;
+    for (candidate, name) in state.operators.iter() {
+        let same = candidate.len() == token.len()
+            && candidate.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if same {
+            found = Some(name.clone());
+        }
+    }
+    found.ok_or_else(unauthorized)
+}
+
+async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::bad_request(format!("request body is larger than {MAX_BODY_BYTES} bytes")))?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(ApiError::bad_request("request body must be a JSON object")),
+    }
+}
+
+fn only_fields(body: &Map<String, Value>, allowed: &[&str]) -> Result<(), ApiError> {
+    match body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(field) => Err(ApiError::bad_request(format!("unknown field {field:?}; accepted: {allowed:?}"))),
+        None => Ok(()),
+    }
+}
+
+/// Region names: 1–63 characters of a–z, 0–9 and '-', starting with a letter.
+pub fn valid_region_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn region_json(region: &Region) -> Value {
+    let mut value = json!({
+        "name": region.name,
+        "number": region.number,
+        "status": region.status.as_str(),
+        "created_at": format_unix_ms(region.created_at_ms),
+    });
+    if let Some(retired) = region.retired_at_ms {
+        value["retired_at"] = json!(format_unix_ms(retired));
+    }
+    value
+}
+
+fn epoch_ms_text(ms: u64) -> String {
+    format_unix_ms(ms.min(MAX_TIMESTAMP + 1) as i64 + EPOCH_UNIX_MS)
+}
+
+fn layouts_json(view: &ScheduleView) -> Value {
+    let layouts: Vec<Value> = view
+        .layouts
+        .iter()
+        .map(|l| {
+            json!({
+                "name": l.layout.name(),
+                "region_bits": l.layout.region_bits(),
+                "machine_bits": l.layout.machine_bits(),
+                "sequence_bits": l.layout.sequence_bits(),
+                "from": epoch_ms_text(l.from_ms),
+                "from_ms": l.from_ms,
+            })
+        })
+        .collect();
+    json!({
+        "layouts": layouts,
+        "horizon": epoch_ms_text(view.horizon_ms),
+        "horizon_ms": view.horizon_ms,
+        "home_region": view.home_region,
+    })
+}
+
+pub async fn list_regions(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let regions = state.store.regions().await?;
+    let view = state.store.schedule((state.now)(), state.horizon_lead_ms).await?;
+    let total = view.region_capacity();
+    let left = (0..total).filter(|n| !regions.iter().any(|r| r.number == *n)).count();
+    Ok(Json(json!({
+        "regions": regions.iter().map(region_json).collect::<Vec<_>>(),
+        "numbers_left": left,
+        "numbers_total": total,
+    })))
+}
+
+pub async fn add_region(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let actor = operator(&state, &headers)?;
+    let body = json_object(body).await?;
+    only_fields(&body, &["name"])?;
+    let name = body
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("\"name\" (a string) is required"))?;
+    if !valid_region_name(name) {
+        return Err(ApiError::bad_request(format!(
+            "region name {name:?} must be 1–63 of a–z, 0–9, '-', starting with a letter"
+        )));
+    }
+    let now = (state.now)();
+    let capacity = state.store.schedule(now, state.horizon_lead_ms).await?.region_capacity();
+    let region = state.store.add_region(name, capacity, &actor, now).await?;
+    tracing::info!(%actor, name, number = region.number, "region added");
+    Ok((StatusCode::CREATED, Json(region_json(&region))).into_response())
+}
+
+/// `POST /v1/regions/{name}:retire`
+pub async fn region_action(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(segment) = path.map_err(|_| ApiError::bad_request("the region name in the path is not valid UTF-8"))?;
+    let Some(name) = segment.strip_suffix(":retire") else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the only region action is POST /v1/regions/{name}:retire",
+        ));
+    };
+    let actor = operator(&state, &headers)?;
+    if !valid_region_name(name) {
+        return Err(ApiError::bad_request(format!("{name:?} is not a region name")));
+    }
+    let region = state.store.retire_region(name, &actor, (state.now)()).await?;
+    tracing::info!(%actor, name, number = region.number, "region retired; its number is never reused");
+    Ok(Json(region_json(&region)))
+}
+
+pub async fn get_layouts(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let view = state.store.schedule((state.now)(), state.horizon_lead_ms).await?;
+    Ok(Json(layouts_json(&view)))
+}
+
+pub async fn add_layout(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let actor = operator(&state, &headers)?;
+    let body = json_object(body).await?;
+    only_fields(&body, &["name", "region_bits", "machine_bits", "sequence_bits", "from", "from_ms"])?;
+    let name = body
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("\"name\" (a string) is required"))?;
+    let bits = |field: &str| -> Result<u8, ApiError> {
+        body.get(field)
+            .and_then(Value::as_u64)
+            .filter(|b| *b <= 22)
+            .map(|b| b as u8)
+            .ok_or_else(|| ApiError::bad_request(format!("\"{field}\" must be an integer from 0 to 22")))
+    };
+    let layout = Layout::new(name, bits("region_bits")?, bits("machine_bits")?, bits("sequence_bits")?)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let from_ms = match (body.get("from"), body.get("from_ms")) {
+        (Some(from), None) => {
+            let unix = from
+                .as_str()
+                .and_then(parse_rfc3339_ms)
+                .ok_or_else(|| ApiError::bad_request("\"from\" must be a UTC time like 2029-01-01T00:00:00Z"))?;
+            u64::try_from(unix - EPOCH_UNIX_MS)
+                .map_err(|_| ApiError::bad_request("\"from\" is before the epoch 2026-01-01"))?
+        }
+        (None, Some(ms)) => ms
+            .as_u64()
+            .ok_or_else(|| ApiError::bad_request("\"from_ms\" must be a non-negative integer (ms since 2026-01-01)"))?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of \"from\" (RFC 3339, UTC) or \"from_ms\" (ms since the epoch)",
+            ));
+        }
+    };
+    let added = state
+        .store
+        .add_layout(ScheduledLayout { layout, from_ms }, &actor, (state.now)(), state.horizon_lead_ms)
+        .await?;
+    tracing::info!(%actor, name, from_ms, "layout scheduled");
+    let view = state.store.schedule((state.now)(), state.horizon_lead_ms).await?;
+    let mut created = layouts_json(&view);
+    created["added"] = json!(added.layout.name());
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+pub async fn audit(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    operator(&state, &headers)?;
+    let rows = state.store.audit_log(1000).await?;
+    Ok(Json(
+        json!({"writes": rows.iter().map(|r| json!({"at": format_unix_ms(r.at_ms), "actor": r.actor, "action": r.action, "detail": r.detail})).collect::<Vec<_>>()}),
+    ))
+}
+
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    match state.store.regions().await {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(error) => ApiError::from(error).into_response(),
+    }
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not accept that method")
+}

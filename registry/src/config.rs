@@ -1,0 +1,108 @@
+//! The registry's configuration: a TOML file plus `IDGEN_REGISTRY_…` environment variables.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use idgen_core::{DEFAULT_V2_FROM, Layout};
+use serde::Deserialize;
+
+use crate::store::{InitialSchedule, ScheduledLayout};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    pub listen: SocketAddr,
+    /// `postgres://…` in production; `sqlite://…` as the embedded default.
+    pub database_url: String,
+    /// The one region allowed to issue under layouts without a region field (v1).
+    pub home_region: String,
+    /// The horizon is kept at least this far ahead of now (no cutover is ever scheduled closer).
+    pub horizon_lead_ms: i64,
+    /// Operator name → bearer token, for writes.
+    pub operators: BTreeMap<String, String>,
+    /// A file holding one more token (for the operator named `operator`), e.g. the one `idgen up` writes.
+    pub operator_token_file: Option<PathBuf>,
+    /// For a new registry only: when v2 starts (ms since the epoch). Default: SPEC's 2028-01-01.
+    pub initial_v2_from_ms: Option<u64>,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
+            database_url: "sqlite://.idgen/registry.db".into(),
+            home_region: "us-east-1".into(),
+            horizon_lead_ms: 30 * 86_400_000,
+            operators: BTreeMap::new(),
+            operator_token_file: None,
+            initial_v2_from_ms: None,
+        }
+    }
+}
+
+impl RegistryConfig {
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        let config: RegistryConfig = builder
+            .add_source(
+                config::Environment::with_prefix("IDGEN_REGISTRY")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .context("reading the registry configuration")?
+            .try_deserialize()
+            .context("parsing the registry configuration")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !crate::api::valid_region_name(&self.home_region) {
+            bail!("home_region {:?} is not a region name", self.home_region);
+        }
+        if self.horizon_lead_ms < 0 {
+            bail!("horizon_lead_ms must not be negative");
+        }
+        if self.operators.values().any(|t| t.len() < 16) {
+            bail!("operator tokens must be at least 16 characters");
+        }
+        Ok(())
+    }
+
+    /// token → operator name.
+    pub fn operator_tokens(&self) -> anyhow::Result<HashMap<String, String>> {
+        let mut tokens: HashMap<String, String> =
+            self.operators.iter().map(|(name, token)| (token.clone(), name.clone())).collect();
+        if let Some(file) = &self.operator_token_file {
+            let token = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            let token = token.trim();
+            if token.len() < 16 {
+                bail!("the token in {} is shorter than 16 characters", file.display());
+            }
+            tokens.insert(token.to_owned(), "operator".into());
+        }
+        if tokens.is_empty() {
+            tracing::warn!("no operator token configured: every write will be refused (401)");
+        }
+        Ok(tokens)
+    }
+
+    pub fn initial_schedule(&self) -> anyhow::Result<InitialSchedule> {
+        let mut initial = InitialSchedule::spec_default(&self.home_region);
+        if let Some(from) = self.initial_v2_from_ms {
+            if from == 0 {
+                bail!("initial_v2_from_ms must be after the epoch");
+            }
+            initial.layouts[1] = ScheduledLayout { layout: Layout::v2(), from_ms: from };
+        }
+        debug_assert_eq!(InitialSchedule::spec_default("x").layouts[1].from_ms, DEFAULT_V2_FROM);
+        Ok(initial)
+    }
+}

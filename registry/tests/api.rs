@@ -1,0 +1,208 @@
+//! The registry's endpoints in-process: every write path with good and bad input (400, 401, 404,
+//! 409), and proof that a refused request changed nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use idgen_registry::store::{InitialSchedule, RegistryStore};
+use idgen_registry::{AppState, router};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const TOKEN: &str = "test-operator-token-0123456789";
+
+fn fixed_now() -> i64 {
+    1_795_000_000_000
+}
+
+async fn state() -> (AppState, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
+    let store = RegistryStore::connect(&url, &InitialSchedule::spec_default("us-east-1")).await.unwrap();
+    let state = AppState {
+        store: Arc::new(store),
+        operators: Arc::new(HashMap::from([(TOKEN.to_owned(), "alice".to_owned())])),
+        horizon_lead_ms: 30 * 86_400_000,
+        now: fixed_now,
+    };
+    (state, dir)
+}
+
+async fn call(state: &AppState, method: Method, uri: &str, token: Option<&str>, body: &str) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let response = router(state.clone()).oneshot(request.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+fn assert_error(got: (StatusCode, Value), status: StatusCode, code: &str) {
+    assert_eq!(got.0, status, "{}", got.1);
+    assert_eq!(got.1["error"]["code"], code, "{}", got.1);
+}
+
+#[tokio::test]
+async fn regions_are_added_listed_and_retired() {
+    let (s, _dir) = state().await;
+    let (status, body) = call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        (body["name"].clone(), body["number"].clone(), body["status"].clone()),
+        (json!("us-east-1"), json!(0), json!("active"))
+    );
+    assert_eq!(body["created_at"], "2026-11-18T11:06:40.000Z");
+    call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "eu-west-1"}"#).await;
+    let (status, body) = call(&s, Method::POST, "/v1/regions/eu-west-1:retire", Some(TOKEN), "").await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::OK, json!("retired")));
+    let (status, body) = call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "eu-west-1"}"#).await;
+    assert_eq!((status, body["number"].clone()), (StatusCode::CREATED, json!(2)), "a retired number is never reused");
+    let (status, body) = call(&s, Method::GET, "/v1/regions", None, "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["regions"].as_array().unwrap().len(), 3);
+    assert_eq!((body["numbers_left"].clone(), body["numbers_total"].clone()), (json!(5), json!(8)));
+    let (_, audit) = call(&s, Method::GET, "/v1/audit", Some(TOKEN), "").await;
+    assert_eq!(audit["writes"].as_array().unwrap().len(), 4);
+    assert!(audit["writes"].as_array().unwrap().iter().all(|w| w["actor"] == "alice"));
+}
+
+#[tokio::test]
+async fn bad_region_requests_change_nothing() {
+    let (s, _dir) = state().await;
+    call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await;
+    let before = call(&s, Method::GET, "/v1/regions", None, "").await.1;
+    assert_error(
+        call(&s, Method::POST, "/v1/regions", None, r#"{"name": "x-1"}"#).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/regions", Some("wrong-token-wrong-token"), r#"{"name": "x-1"}"#).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    for bad in [
+        "",
+        "garbage",
+        "[]",
+        r#"{"name": 5}"#,
+        r#"{"name": ""}"#,
+        r#"{"name": "Bad Name"}"#,
+        r#"{"name": "x", "extra": 1}"#,
+        r#"{}"#,
+    ] {
+        assert_error(
+            call(&s, Method::POST, "/v1/regions", Some(TOKEN), bad).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        );
+    }
+    let huge = format!(r#"{{"name": "{}"}}"#, "a".repeat(10_000));
+    assert_error(
+        call(&s, Method::POST, "/v1/regions", Some(TOKEN), &huge).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await,
+        StatusCode::CONFLICT,
+        "name_exists",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/regions/nowhere-1:retire", Some(TOKEN), "").await,
+        StatusCode::NOT_FOUND,
+        "unknown_region",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/regions/us-east-1:retire", None, "").await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/regions/us-east-1:delete", Some(TOKEN), "").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+    assert_error(
+        call(&s, Method::DELETE, "/v1/regions", Some(TOKEN), "").await,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1, before, "nothing changed");
+    // All eight numbers used: the ninth region is refused.
+    for n in 1..8 {
+        call(&s, Method::POST, "/v1/regions", Some(TOKEN), &format!(r#"{{"name": "r{n}"}}"#)).await;
+    }
+    assert_error(
+        call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "r8"}"#).await,
+        StatusCode::CONFLICT,
+        "no_number_left",
+    );
+}
+
+#[tokio::test]
+async fn the_schedule_is_published_and_validated() {
+    let (s, _dir) = state().await;
+    let (status, body) = call(&s, Method::GET, "/v1/layouts", None, "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["layouts"][0],
+        json!({"name": "v1", "region_bits": 0, "machine_bits": 10, "sequence_bits": 12, "from": "2026-01-01T00:00:00.000Z", "from_ms": 0})
+    );
+    assert_eq!(body["layouts"][1]["from"], "2028-01-01T00:00:00.000Z");
+    assert_eq!(body["layouts"][1]["from_ms"], 63_072_000_000u64);
+    assert_eq!(body["horizon"], "2026-12-18T11:06:40.000Z", "now + 30 days");
+    assert_eq!(body["home_region"], "us-east-1");
+    let before = body;
+
+    let v3 = |from: &str| {
+        format!(r#"{{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "{from}"}}"#)
+    };
+    assert_error(
+        call(&s, Method::POST, "/v1/layouts", None, &v3("2030-01-01T00:00:00Z")).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    for bad in [
+        "garbage".to_owned(),
+        r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 11, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
+        r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10}"#.to_owned(),
+        r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z", "from_ms": 5}"#.to_owned(),
+        r#"{"name": "v3", "region_bits": -1, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
+        r#"{"name": "V 3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
+        v3("2030-01-01"),
+        v3("2025-06-01T00:00:00Z"),
+    ] {
+        assert_error(call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &bad).await, StatusCode::BAD_REQUEST, "invalid_request");
+    }
+    assert_error(
+        call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2026-12-01T00:00:00Z")).await,
+        StatusCode::CONFLICT,
+        "schedule_conflict",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2027-06-01T00:00:00Z")).await,
+        StatusCode::CONFLICT,
+        "schedule_conflict",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2096-01-01T00:00:00Z")).await,
+        StatusCode::CONFLICT,
+        "schedule_conflict",
+    );
+    assert_eq!(call(&s, Method::GET, "/v1/layouts", None, "").await.1, before, "nothing changed");
+
+    let (status, body) = call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2040-01-01T00:00:00Z")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["layouts"][2]["name"], "v3");
+    assert_error(
+        call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2050-01-01T00:00:00Z")).await,
+        StatusCode::CONFLICT,
+        "layout_exists",
+    );
+}
