@@ -143,6 +143,14 @@ pub struct LeaseView {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ScheduleChange {
+    #[error("the offered schedule's horizon {offered} is before the held one {held}")]
+    HorizonBackwards { held: u64, offered: u64 },
+    #[error("the offered schedule changes layouts that start before the held horizon")]
+    RewritesThePast,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum InstallError {
     #[error("layout {0} is not in the schedule")]
     UnknownLayout(String),
@@ -196,6 +204,27 @@ impl Generator {
 
     pub fn region(&self) -> u32 {
         self.region
+    }
+
+    pub fn home_region(&self) -> bool {
+        self.home_region
+    }
+
+    /// Takes a newer copy of the schedule. The past cannot change: every entry that starts
+    /// before the current horizon must be the same in both, and the horizon never moves back.
+    pub fn set_schedule(&mut self, schedule: Schedule) -> Result<(), ScheduleChange> {
+        let horizon = self.schedule.horizon();
+        if schedule.horizon() < horizon {
+            return Err(ScheduleChange::HorizonBackwards { held: horizon, offered: schedule.horizon() });
+        }
+        let settled = |s: &Schedule| -> Vec<crate::schedule::ScheduleEntry> {
+            s.entries().iter().filter(|e| e.from.millis() < horizon).cloned().collect()
+        };
+        if settled(&schedule) != settled(&self.schedule) {
+            return Err(ScheduleChange::RewritesThePast);
+        }
+        self.schedule = schedule;
+        Ok(())
     }
 
     /// `None` when the clock is synchronized (or the check is off); otherwise the reason it is not.
@@ -467,6 +496,29 @@ mod tests {
         let mut other = Generator::new(GeneratorConfig::default(), schedule, 3, false);
         other.install_lease(lease(1, 1, EPOCH_UNIX_MS, EPOCH_UNIX_MS + 300_000)).unwrap();
         assert!(matches!(other.issue(EPOCH_UNIX_MS + 10, 1), Err(NotNow::Refuse(Refusal::NotHomeRegion { .. }))));
+    }
+
+    #[test]
+    fn a_newer_schedule_extends_but_never_rewrites() {
+        let mut g = Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(1_000).unwrap(), 0, true);
+        assert!(g.set_schedule(Schedule::default_with_horizon(2_000).unwrap()).is_ok());
+        assert!(matches!(
+            g.set_schedule(Schedule::default_with_horizon(1_500).unwrap()),
+            Err(ScheduleChange::HorizonBackwards { .. })
+        ));
+        let moved_v2 = Schedule::new(
+            vec![
+                crate::schedule::ScheduleEntry { layout: crate::Layout::v1(), from: Timestamp::ZERO },
+                crate::schedule::ScheduleEntry {
+                    layout: crate::Layout::v2(),
+                    from: Timestamp::from_millis(1_500).unwrap(),
+                },
+            ],
+            3_000,
+        )
+        .unwrap();
+        assert_eq!(g.set_schedule(moved_v2), Err(ScheduleChange::RewritesThePast), "v2 moved into the settled past");
+        assert_eq!(g.schedule().horizon(), 2_000);
     }
 
     #[test]

@@ -13,7 +13,8 @@ pub mod time;
 pub mod uuid;
 
 pub use generator::{
-    Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, WaitCause,
+    Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, ScheduleChange,
+    WaitCause,
 };
 pub use layout::{DecodedId, FieldError, Layout, MachineNumber, RegionNumber, Sequence};
 pub use schedule::{DEFAULT_V2_FROM, DecodeError, OPEN_HORIZON, Schedule, ScheduleEntry, ScheduleError};

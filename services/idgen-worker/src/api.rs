@@ -24,7 +24,7 @@ pub const MAX_BATCH: u64 = 1_000;
 pub struct AppState {
     pub generator: Arc<IdGenerator>,
     /// Region names by number, for decoding (until the registry supplies them).
-    pub region_names: Arc<HashMap<u32, String>>,
+    pub region_names: Arc<std::sync::RwLock<HashMap<u32, String>>>,
     pub region: Arc<str>,
     pub region_number: u32,
     pub holder: Arc<str>,
@@ -127,7 +127,8 @@ pub async fn decode(
 ) -> Result<Json<Value>, ApiError> {
     let Path(text) = path.map_err(|_| ApiError::bad_request("invalid_id", "the ID in the path is not valid UTF-8"))?;
     let schedule = state.generator.with_core(|core| core.schedule().clone());
-    decode_to_json(&text, &schedule, &state.region_names).map(Json)
+    let names = state.region_names.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+    decode_to_json(&text, &schedule, &names).map(Json)
 }
 
 /// The decode answer for a 63-bit ID or a UUIDv7, as the endpoint and `idgen decode` give it.

@@ -26,6 +26,15 @@ pub struct WorkerConfig {
     pub holder: Option<String>,
     /// How long to let in-flight requests finish on shutdown before releasing the lease anyway.
     pub shutdown_grace_ms: u64,
+    /// The region registry. When set, the region number, the schedule and the home region come
+    /// from it (and `region_number`/`home_region` above are ignored); when unset, the worker
+    /// uses those and the default schedule.
+    pub registry_url: Option<String>,
+    /// The last good copy of the registry's answer (default `.idgen/schedule-<region>.json`).
+    pub schedule_cache: Option<PathBuf>,
+    pub registry_refresh_ms: u64,
+    /// How long before a cutover to claim a machine number under the next layout.
+    pub preclaim_ms: i64,
     pub lease: LeaseSection,
     pub clock: ClockSection,
 }
@@ -112,6 +121,10 @@ impl Default for WorkerConfig {
             home_region: true,
             holder: None,
             shutdown_grace_ms: 10_000,
+            registry_url: None,
+            schedule_cache: None,
+            registry_refresh_ms: 30_000,
+            preclaim_ms: 7 * 86_400_000,
             lease: LeaseSection::default(),
             clock: ClockSection::default(),
         }
@@ -171,6 +184,15 @@ impl WorkerConfig {
         Schedule::default_with_horizon(OPEN_HORIZON).expect("the default schedule is valid")
     }
 
+    pub fn schedule_cache_path(&self) -> PathBuf {
+        self.schedule_cache.clone().unwrap_or_else(|| PathBuf::from(format!(".idgen/schedule-{}.json", self.region)))
+    }
+
+    /// The lease table of a layout: configured, or `idgen-leases-<layout>` for layouts added later.
+    pub fn table_for(&self, layout: &str) -> String {
+        self.lease.tables.get(layout).cloned().unwrap_or_else(|| format!("idgen-leases-{layout}"))
+    }
+
     pub fn lease_config(&self) -> LeaseConfig {
         LeaseConfig {
             lease_ms: self.lease.lease_ms,
@@ -196,6 +218,9 @@ impl WorkerConfig {
         }
         if self.region.trim().is_empty() {
             bail!("region must not be empty");
+        }
+        if self.registry_refresh_ms < 100 || self.preclaim_ms < 0 {
+            bail!("registry_refresh_ms must be at least 100 and preclaim_ms not negative");
         }
         if !(0..=1_000).contains(&self.clock.max_wait_behind_ms) || !(0..=10_000).contains(&self.clock.max_error_ms) {
             bail!("clock.max_wait_behind_ms must be 0–1000 and clock.max_error_ms 0–10000");

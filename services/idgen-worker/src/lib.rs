@@ -10,6 +10,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod http_metrics;
+pub mod supervisor;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,10 +20,8 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use idgen::core::{Generator, GeneratorConfig, Timestamp};
-use idgen::{
-    Clock, DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseKeeper, LeaseStore, SqliteLeaseStore, SystemClock,
-};
+use idgen::core::{Generator, GeneratorConfig};
+use idgen::{Clock, DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, SystemClock};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -109,7 +108,7 @@ pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Re
 /// Everything a running worker is made of, built from its configuration.
 pub struct Worker {
     pub state: AppState,
-    pub keepers: Vec<LeaseKeeper>,
+    pub supervisor: supervisor::Supervisor,
     pub listener: TcpListener,
     grace: Duration,
 }
@@ -121,12 +120,25 @@ impl Worker {
         if !config.clock.require_sync {
             tracing::warn!("clock synchronization check is OFF: for development only, never in production");
         }
-        let schedule = config.schedule();
+        let (schedule, region_number, home_region, names) = match &config.registry_url {
+            Some(url) => {
+                let snapshot = supervisor::initial_snapshot(config, url).await?;
+                let number = snapshot.region_number(&config.region)?;
+                tracing::info!(region = %config.region, number, horizon = %supervisor::describe_ms(snapshot.horizon_ms), "schedule from the registry");
+                (snapshot.schedule()?, number, snapshot.home_region == config.region, snapshot.region_names())
+            }
+            None => (
+                config.schedule(),
+                config.region_number,
+                config.home_region,
+                HashMap::from([(config.region_number, config.region.clone())]),
+            ),
+        };
         let core = Generator::new(
             GeneratorConfig { fence_ms: config.lease.fence_ms, max_wait_behind_ms: config.clock.max_wait_behind_ms },
-            schedule.clone(),
-            config.region_number,
-            config.home_region,
+            schedule,
+            region_number,
+            home_region,
         );
         let mut registry = Registry::default();
         let generator_metrics = Arc::new(GeneratorMetrics::default());
@@ -134,40 +146,35 @@ impl Worker {
         let http_metrics = http_metrics::HttpMetrics::register(&mut registry);
         let generator = Arc::new(IdGenerator::new(core, clock.clone(), generator_metrics));
         let holder = config.holder.clone().unwrap_or_else(|| idgen::default_holder(process_start_unix_ms));
-
-        // The layout in force now gets a keeper. (Claiming ahead of a cutover arrives with the
-        // registry, issue 4.)
-        let now = Timestamp::from_unix_ms(clock.unix_ms()).context("the wall clock is outside the ID range")?;
-        let layout = schedule.entry_at(now).layout.name().to_owned();
-        let store = open_lease_store(config, &layout).await?;
-        let keeper = LeaseKeeper::new(&layout, store, generator.clone(), config.lease_config(), holder.clone())?;
+        let region_names = Arc::new(std::sync::RwLock::new(names));
+        let mut supervisor =
+            supervisor::Supervisor::new(config.clone(), generator.clone(), holder.clone(), region_names.clone());
+        // Open the lease tables now, so a misconfigured store fails the start, not a tick later.
+        supervisor.step().await?;
 
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         let state = AppState {
             generator,
-            region_names: Arc::new(HashMap::from([(config.region_number, config.region.clone())])),
+            region_names,
             region: config.region.as_str().into(),
-            region_number: config.region_number,
+            region_number,
             holder: holder.into(),
             registry: Arc::new(registry),
             http_metrics,
         };
-        Ok(Worker { state, keepers: vec![keeper], listener, grace: Duration::from_millis(config.shutdown_grace_ms) })
+        Ok(Worker { state, supervisor, listener, grace: Duration::from_millis(config.shutdown_grace_ms) })
     }
 
     /// Serves until `shutdown` resolves; then finishes in-flight requests and releases the leases.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let keepers: Vec<_> =
-            self.keepers.into_iter().map(|keeper| tokio::spawn(keeper.run(stop_rx.clone()))).collect();
+        let supervisor = tokio::spawn(self.supervisor.run(stop_rx));
         let served = run(self.listener, self.state, shutdown, self.grace).await;
         let _ = stop_tx.send(true);
-        for keeper in keepers {
-            match keeper.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::error!(%error, "releasing the lease failed; it expires on its own"),
-                Err(error) => tracing::error!(%error, "lease keeper task failed"),
-            }
+        match supervisor.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "lease supervisor"),
+            Err(error) => tracing::error!(%error, "lease supervisor task failed"),
         }
         served
     }

@@ -39,7 +39,7 @@ fn fixture() -> Fixture {
     let generator = Arc::new(IdGenerator::new(core, clock.clone(), metrics));
     let state = AppState {
         generator,
-        region_names: Arc::new(HashMap::from([(2, "eu-west-1".to_owned())])),
+        region_names: Arc::new(std::sync::RwLock::new(HashMap::from([(2, "eu-west-1".to_owned())]))),
         region: "eu-west-1".into(),
         region_number: 2,
         holder: "test/pid-1/1".into(),

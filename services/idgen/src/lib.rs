@@ -15,6 +15,7 @@ pub mod generator;
 pub mod keeper;
 pub mod lease_store;
 pub mod metrics;
+pub mod registry;
 pub mod sqlite;
 
 pub use clock::{Clock, ManualClock, SyncStatus, SystemClock};
@@ -26,6 +27,7 @@ pub use lease_store::{
     StoreError,
 };
 pub use metrics::GeneratorMetrics;
+pub use registry::RegistrySnapshot;
 pub use sqlite::SqliteLeaseStore;
 
 pub use idgen_core as core;

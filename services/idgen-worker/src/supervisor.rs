@@ -1,0 +1,176 @@
+//! Keeps the generator's schedule and leases in step with time and the registry.
+//!
+//! Once a second it works out which layouts the generator may need — the one in force now, and
+//! the next one from `preclaim_ms` before its cutover, so that at the cutover the generator
+//! switches without a pause — and runs one [`LeaseKeeper`] per such layout, each on that layout's
+//! lease table. A layout whose time is over has its keeper stopped, which releases its number.
+//! Layouts without a region field are skipped outside the home region. Every
+//! `registry_refresh_ms` it fetches the registry; a good answer replaces the schedule and the disk
+//! copy, a failure changes nothing (the horizon will make the generator refuse if it lasts).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use idgen::core::Timestamp;
+use idgen::{IdGenerator, LeaseKeeper, RegistrySnapshot, StoreError};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::WorkerConfig;
+
+struct Running {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), StoreError>>,
+}
+
+pub struct Supervisor {
+    config: WorkerConfig,
+    generator: Arc<IdGenerator>,
+    holder: String,
+    region_names: Arc<RwLock<HashMap<u32, String>>>,
+    keepers: HashMap<String, Running>,
+    next_refresh: tokio::time::Instant,
+}
+
+impl Supervisor {
+    pub fn new(
+        config: WorkerConfig,
+        generator: Arc<IdGenerator>,
+        holder: String,
+        region_names: Arc<RwLock<HashMap<u32, String>>>,
+    ) -> Self {
+        let next_refresh = tokio::time::Instant::now() + Duration::from_millis(config.registry_refresh_ms);
+        Supervisor { config, generator, holder, region_names, keepers: HashMap::new(), next_refresh }
+    }
+
+    /// Which layouts need a lease at `now_unix_ms`.
+    pub fn needed_layouts(&self, now_unix_ms: i64) -> Vec<String> {
+        let home = self.generator.with_core(|core| core.home_region());
+        let schedule = self.generator.with_core(|core| core.schedule().clone());
+        let entries = schedule.entries();
+        let since_epoch = |unix: i64| unix - idgen::core::EPOCH_UNIX_MS;
+        let now = since_epoch(now_unix_ms);
+        let mut needed = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let start = entry.from.millis() as i64;
+            let end = entries.get(i + 1).map_or(i64::MAX, |next| next.from.millis() as i64);
+            let soon = start <= now.saturating_add(self.config.preclaim_ms);
+            let not_over = end > now.saturating_sub(1_000);
+            let before_horizon = (start as u64) < schedule.horizon();
+            let allowed = entry.layout.region_bits() > 0 || home;
+            if soon && not_over && before_horizon && allowed {
+                needed.push(entry.layout.name().to_owned());
+            }
+        }
+        needed
+    }
+
+    /// Starts and stops keepers as needed. Returns the layouts now kept.
+    pub async fn step(&mut self) -> anyhow::Result<Vec<String>> {
+        if let Some(url) = self.config.registry_url.clone()
+            && tokio::time::Instant::now() >= self.next_refresh
+        {
+            self.next_refresh = tokio::time::Instant::now() + Duration::from_millis(self.config.registry_refresh_ms);
+            self.refresh(&url).await;
+        }
+        let now = self.generator.clock().unix_ms();
+        let needed = self.needed_layouts(now);
+        for layout in &needed {
+            if !self.keepers.contains_key(layout) {
+                let store = crate::open_lease_store(&self.config, layout).await?;
+                let keeper = LeaseKeeper::new(
+                    layout,
+                    store,
+                    self.generator.clone(),
+                    self.config.lease_config(),
+                    self.holder.clone(),
+                )?;
+                let (stop, stop_rx) = watch::channel(false);
+                tracing::info!(layout, "starting the lease keeper");
+                self.keepers.insert(layout.clone(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
+            }
+        }
+        let finished: Vec<String> = self.keepers.keys().filter(|k| !needed.contains(k)).cloned().collect();
+        for layout in finished {
+            tracing::info!(%layout, "layout is over: releasing its machine number");
+            if let Some(running) = self.keepers.remove(&layout) {
+                stop(running, &layout).await;
+            }
+        }
+        Ok(needed)
+    }
+
+    async fn refresh(&mut self, url: &str) {
+        match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
+            Ok(snapshot) => {
+                let applied = snapshot.schedule().map_err(anyhow::Error::from).and_then(|schedule| {
+                    self.generator.with_core(|core| core.set_schedule(schedule)).map_err(anyhow::Error::from)
+                });
+                match applied {
+                    Ok(()) => {
+                        *self.region_names.write().unwrap_or_else(|p| p.into_inner()) = snapshot.region_names();
+                        if let Err(error) = snapshot.save(&self.config.schedule_cache_path()) {
+                            tracing::warn!(%error, "could not save the registry copy");
+                        }
+                    }
+                    Err(error) => tracing::error!(%error, "the registry's schedule was refused"),
+                }
+            }
+            Err(error) => tracing::warn!(%error, "registry refresh failed; keeping the copy held"),
+        }
+    }
+
+    /// Ticks until `shutdown`, then stops every keeper (each releases its number).
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            if let Err(error) = self.step().await {
+                tracing::error!(%error, "lease supervisor");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                changed = shutdown.changed() => if changed.is_err() { break },
+            }
+        }
+        for (layout, running) in std::mem::take(&mut self.keepers) {
+            stop(running, &layout).await;
+        }
+        Ok(())
+    }
+}
+
+async fn stop(running: Running, layout: &str) {
+    let _ = running.stop.send(true);
+    match running.task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(%error, layout, "releasing the lease failed; it expires on its own"),
+        Err(error) => tracing::error!(%error, layout, "lease keeper task failed"),
+    }
+}
+
+/// The registry's answer now, or the last good copy on disk.
+pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Result<RegistrySnapshot> {
+    let cache = config.schedule_cache_path();
+    match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
+        Ok(snapshot) => {
+            if let Err(error) = snapshot.save(&cache) {
+                tracing::warn!(%error, "could not save the registry copy");
+            }
+            Ok(snapshot)
+        }
+        Err(error) => {
+            tracing::warn!(%error, cache = %cache.display(), "registry unreachable at start-up: using the last good copy");
+            RegistrySnapshot::load(&cache).map_err(|cached| {
+                anyhow::anyhow!("the registry is unreachable ({error}) and there is no usable copy ({cached})")
+            })
+        }
+    }
+}
+
+/// Timestamp helper for logs.
+pub fn describe_ms(ms_since_epoch: u64) -> String {
+    Timestamp::from_millis(ms_since_epoch).map_or_else(|| "never".into(), |t| idgen::core::format_unix_ms(t.unix_ms()))
+}

@@ -1,0 +1,143 @@
+//! What a generator needs from the region registry: its region number, the layout schedule with
+//! its horizon, and who the home region is. Fetched at start-up and refreshed periodically; the
+//! last good copy is kept on local disk, so a restart during a registry outage still works (until
+//! the copy's horizon passes: then the generator refuses, it never guesses).
+
+use std::path::Path;
+use std::time::Duration;
+
+use idgen_core::{Layout, Schedule, ScheduleEntry, Timestamp};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutWire {
+    pub name: String,
+    pub region_bits: u8,
+    pub machine_bits: u8,
+    pub sequence_bits: u8,
+    /// ms since the idgen epoch.
+    pub from_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionWire {
+    pub name: String,
+    pub number: u32,
+    pub status: String,
+}
+
+/// One consistent copy of what the registry publishes (the wire shapes of SPEC §5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrySnapshot {
+    pub layouts: Vec<LayoutWire>,
+    pub horizon_ms: u64,
+    pub home_region: String,
+    pub regions: Vec<RegionWire>,
+}
+
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("registry unreachable: {0}")]
+    Unreachable(String),
+    #[error("registry answered something that is not a valid schedule: {0}")]
+    Invalid(String),
+    #[error("region {0:?} is not an active region in the registry")]
+    UnknownRegion(String),
+    #[error("schedule cache {path}: {error}")]
+    Cache { path: String, error: String },
+}
+
+#[derive(Deserialize)]
+struct LayoutsResponse {
+    layouts: Vec<LayoutWire>,
+    horizon_ms: u64,
+    home_region: String,
+}
+
+#[derive(Deserialize)]
+struct RegionsResponse {
+    regions: Vec<RegionWire>,
+}
+
+impl RegistrySnapshot {
+    /// Fetches `GET /v1/layouts` and `GET /v1/regions`.
+    pub async fn fetch(base_url: &str, timeout: Duration) -> Result<Self, RegistryError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| RegistryError::Unreachable(e.to_string()))?;
+        let get = |path: &'static str| {
+            let request = http.get(format!("{}{path}", base_url.trim_end_matches('/')));
+            async move {
+                let response = request.send().await.map_err(|e| RegistryError::Unreachable(e.to_string()))?;
+                if !response.status().is_success() {
+                    return Err(RegistryError::Unreachable(format!("{path}: HTTP {}", response.status())));
+                }
+                response.bytes().await.map_err(|e| RegistryError::Unreachable(e.to_string()))
+            }
+        };
+        let layouts: LayoutsResponse =
+            serde_json::from_slice(&get("/v1/layouts").await?).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let regions: RegionsResponse =
+            serde_json::from_slice(&get("/v1/regions").await?).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let snapshot = RegistrySnapshot {
+            layouts: layouts.layouts,
+            horizon_ms: layouts.horizon_ms,
+            home_region: layouts.home_region,
+            regions: regions.regions,
+        };
+        snapshot.schedule()?;
+        Ok(snapshot)
+    }
+
+    pub fn schedule(&self) -> Result<Schedule, RegistryError> {
+        let entries = self
+            .layouts
+            .iter()
+            .map(|l| {
+                let layout = Layout::new(l.name.clone(), l.region_bits, l.machine_bits, l.sequence_bits)
+                    .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+                let from = Timestamp::from_millis(l.from_ms)
+                    .ok_or_else(|| RegistryError::Invalid(format!("from_ms {}", l.from_ms)))?;
+                Ok(ScheduleEntry { layout, from })
+            })
+            .collect::<Result<Vec<_>, RegistryError>>()?;
+        Schedule::new(entries, self.horizon_ms).map_err(|e| RegistryError::Invalid(e.to_string()))
+    }
+
+    /// This region's number, if it is active.
+    pub fn region_number(&self, name: &str) -> Result<u32, RegistryError> {
+        self.regions
+            .iter()
+            .find(|r| r.name == name && r.status == "active")
+            .map(|r| r.number)
+            .ok_or_else(|| RegistryError::UnknownRegion(name.to_owned()))
+    }
+
+    /// Every region's name by number (retired ones too: their IDs still decode).
+    pub fn region_names(&self) -> std::collections::HashMap<u32, String> {
+        self.regions.iter().map(|r| (r.number, r.name.clone())).collect()
+    }
+
+    /// Writes the copy atomically (temporary file, then rename).
+    pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
+        let cache_error =
+            |error: std::io::Error| RegistryError::Cache { path: path.display().to_string(), error: error.to_string() };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(cache_error)?;
+        }
+        let temporary = path.with_extension("tmp");
+        let text = serde_json::to_vec_pretty(self).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        std::fs::write(&temporary, text).map_err(cache_error)?;
+        std::fs::rename(&temporary, path).map_err(cache_error)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, RegistryError> {
+        let cache_error = |error: String| RegistryError::Cache { path: path.display().to_string(), error };
+        let text = std::fs::read(path).map_err(|e| cache_error(e.to_string()))?;
+        let snapshot: RegistrySnapshot = serde_json::from_slice(&text).map_err(|e| cache_error(e.to_string()))?;
+        snapshot.schedule()?;
+        Ok(snapshot)
+    }
+}
