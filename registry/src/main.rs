@@ -17,7 +17,12 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let config = idgen_registry::RegistryConfig::load(Args::parse().config.as_deref())?;
     idgen_registry::serve(config, async {
-        let _ = tokio::signal::ctrl_c().await;
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
     })
     .await
 }

@@ -20,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start the local platform: three fleet workers on one SQLite lease table under ./.idgen/.
+    /// Start the local platform: the registry and three workers per region, on SQLite under ./.idgen/.
     Up(up::UpArgs),
     /// Run one fleet worker (the same as the `idgen-worker` binary).
     Worker {
@@ -30,6 +30,12 @@ enum Command {
         /// Create missing lease tables first (development; production runs `idgen leases init`).
         #[arg(long)]
         create_tables: bool,
+    },
+    /// Run the region registry (the same as the `idgen-registry` binary).
+    Registry {
+        /// TOML configuration file; IDGEN_REGISTRY_… environment variables override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Inspect and operate the lease table: init, list, get, history, quarantine, release-quarantine.
     Leases(leases::LeasesArgs),
@@ -51,6 +57,12 @@ fn main() -> ExitCode {
             WorkerConfig::load(config.as_deref()).and_then(|mut config| {
                 config.lease.create_tables |= create_tables;
                 runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config)))
+            })
+        }
+        Command::Registry { config } => {
+            idgen_worker::init_tracing();
+            idgen_registry::RegistryConfig::load(config.as_deref()).and_then(|config| {
+                runtime().and_then(|rt| rt.block_on(idgen_registry::serve(config, idgen_worker::shutdown_signal())))
             })
         }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),

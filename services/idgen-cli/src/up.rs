@@ -1,10 +1,12 @@
 //! `idgen up`: the local platform in one command.
 //!
-//! Starts three fleet workers of one region as child processes of this binary (`idgen worker`),
-//! each on its own port and all sharing one SQLite lease table under `./.idgen/`, prints the
-//! endpoints, and on Ctrl-C (or SIGTERM) stops them; each worker finishes its in-flight requests
-//! and releases its lease before it exits. The workers run in their own process group and die
-//! with this process, so nothing is left behind.
+//! Starts the region registry (port P, SQLite under `./.idgen/`), registers the regions, and for
+//! each region a fleet of three workers (P+1…P+3 for the first region, P+11…P+13 for the second,
+//! …), each region with its own SQLite lease tables; all are child processes of this binary
+//! (`idgen registry`, `idgen worker`). It prints the endpoints and the operator token, and on
+//! Ctrl-C (or SIGTERM) stops the workers — each finishes its in-flight requests and releases its
+//! lease — and then the registry. The children run in their own process group and die with this
+//! process, so nothing is left behind.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -17,21 +19,40 @@ use tokio::process::{Child, Command};
 
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
-    /// Moves every default port: workers listen on P+1, P+2, P+3 (default 8701–8703).
+    /// Moves every default port: the registry listens on P, the first region's workers on
+    /// P+1…P+3, the second region's on P+11…P+13, and so on (default P = 8700).
     #[arg(long, default_value_t = 8700)]
     pub base_port: u16,
-    /// Where the lease table, worker configs and the operator token live.
+    /// Where the databases, configs, schedule copies and the operator token live.
     #[arg(long, default_value = ".idgen")]
     pub dir: PathBuf,
-    /// The region these workers serve.
-    #[arg(long, default_value = "us-east-1")]
-    pub region: String,
-    /// How many workers (machine numbers 0–63 are shared among them).
+    /// The regions, comma-separated; the first is the home region (the one that issues v1).
+    #[arg(long, default_value = "us-east-1", value_delimiter = ',')]
+    pub regions: Vec<String>,
+    /// Schedule the v2 cutover this far ahead (e.g. 60s, 5m), to watch the switch. Starts a fresh
+    /// registry database, since a schedule's past can never change.
+    #[arg(long, value_parser = parse_duration)]
+    pub cutover_in: Option<Duration>,
+    /// Workers per region (machine numbers 0–63 are shared among them).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     pub workers: u16,
     /// Require a kernel-synchronized clock, as production does. Off by default for development.
     #[arg(long)]
     pub require_clock_sync: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?}: expected a number and a unit, like 60s"))?;
+    let ms = match unit {
+        "ms" => number,
+        "s" | "" => number * 1_000,
+        "m" => number * 60_000,
+        "h" => number * 3_600_000,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
+    };
+    Ok(Duration::from_millis(ms))
 }
 
 struct Running {
@@ -40,7 +61,33 @@ struct Running {
     child: Child,
 }
 
+fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The operator token: reused from `<dir>/operator-token`, or made and written there.
+fn operator_token(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join("operator-token");
+    if let Ok(token) = std::fs::read_to_string(&path) {
+        let token = token.trim().to_owned();
+        if token.len() >= 16 {
+            return Ok(token);
+        }
+    }
+    let token: String = (0..32).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
+    std::fs::write(&path, format!("{token}\n")).with_context(|| format!("writing {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(token)
+}
+
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    if args.regions.is_empty() || args.regions.len() > 8 {
+        bail!("--regions takes 1 to 8 region names");
+    }
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize().with_context(|| format!("resolving {}", args.dir.display()))?;
     let exe = std::env::current_exe().context("locating the idgen binary")?;
@@ -49,42 +96,47 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             "idgen up: clock synchronization check is OFF (development). Production workers refuse to issue without it."
         );
     }
+    let token = operator_token(&dir)?;
+    let registry_db = dir.join("registry.db");
+    if args.cutover_in.is_some() {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", registry_db.display()));
+        }
+    }
 
     let mut running: Vec<Running> = Vec::new();
-    for index in 1..=args.workers {
-        let port = args.base_port.checked_add(index).context("--base-port too high for the worker ports")?;
-        let name = format!("worker-{index}");
-        let config_path = dir.join(format!("{name}.toml"));
-        std::fs::write(&config_path, worker_config(&args, &dir, port))
-            .with_context(|| format!("writing {}", config_path.display()))?;
-        match start_worker(&exe, &name, &config_path).await {
-            Ok(worker) => running.push(worker),
-            Err(error) => {
-                stop_all(&mut running).await;
-                return Err(error);
-            }
-        }
+    let result = start_all(&args, &dir, &exe, &token, &registry_db, &mut running).await;
+    if let Err(error) = result {
+        stop_all(&mut running).await;
+        return Err(error);
     }
 
     println!();
     println!(
-        "idgen is up: region {} with {} workers, leases in {}",
-        args.region,
-        running.len(),
-        dir.join("leases.db").display()
+        "idgen is up ({} region(s), {} workers each); data in {}",
+        args.regions.len(),
+        args.workers,
+        dir.display()
     );
-    for worker in &running {
-        println!("  {:<9} {}", worker.name, worker.url);
+    for process in &running {
+        println!("  {:<22} {}", process.name, process.url);
     }
-    if let Some(first) = running.first() {
+    println!("  operator token         {} (in {})", token, dir.join("operator-token").display());
+    if let Some(cutover) = args.cutover_in {
+        println!(
+            "  v2 cutover             in {} s: IDs before it are v1 (home region only), after it v2 with each region's number",
+            cutover.as_secs()
+        );
+    }
+    if let Some(worker) = running.get(1) {
         println!();
-        println!("  try:  curl -s -X POST {}/v1/ids", first.url);
-        println!("        curl -s -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", first.url);
-        println!("        curl -s {}/v1/ids/97301141913751557/decode", first.url);
-        println!("        curl -s {}/healthz", first.url);
+        println!("  try:  curl -s -X POST {}/v1/ids", worker.url);
+        println!("        curl -s -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", worker.url);
+        println!("        curl -s {}/v1/ids/97301141913751557/decode", worker.url);
+        println!("        curl -s {}/v1/layouts", running[0].url);
     }
     println!();
-    println!("Ctrl-C stops the workers and releases their leases.");
+    println!("Ctrl-C stops everything and releases the leases.");
 
     let exited = tokio::select! {
         _ = idgen_worker::shutdown_signal() => None,
@@ -103,18 +155,90 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
 }
 
+async fn start_all(
+    args: &UpArgs,
+    dir: &Path,
+    exe: &Path,
+    token: &str,
+    registry_db: &Path,
+    running: &mut Vec<Running>,
+) -> anyhow::Result<()> {
+    let registry_config = dir.join("registry.toml");
+    let mut registry_toml = format!(
+        "# Written by `idgen up`; rewritten on every start.\nlisten = {listen}\ndatabase_url = {db}\nhome_region = {home}\noperator_token_file = {token_file}\n",
+        listen = toml_string(&format!("127.0.0.1:{}", args.base_port)),
+        db = toml_string(&format!("sqlite://{}", registry_db.display())),
+        home = toml_string(&args.regions[0]),
+        token_file = toml_string(&dir.join("operator-token").to_string_lossy()),
+    );
+    if let Some(cutover) = args.cutover_in {
+        let from = now_unix_ms() + cutover.as_millis() as i64 - idgen::core::EPOCH_UNIX_MS;
+        registry_toml += &format!("initial_v2_from_ms = {from}\n");
+    }
+    std::fs::write(&registry_config, registry_toml)?;
+    let registry = start_child(
+        exe,
+        "registry",
+        &["registry", "--config", &registry_config.to_string_lossy()],
+        "idgen-registry listening on ",
+    )
+    .await?;
+    let registry_url = registry.url.clone();
+    running.push(registry);
+
+    let http = reqwest::Client::new();
+    for region in &args.regions {
+        let response = http
+            .post(format!("{registry_url}/v1/regions"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "name": region }))
+            .send()
+            .await
+            .context("registering the regions")?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        if !(status.is_success() || body["error"]["code"] == "name_exists") {
+            bail!("registering region {region}: {status} {body}");
+        }
+    }
+
+    for (r, region) in args.regions.iter().enumerate() {
+        let region_dir = dir.join(region);
+        std::fs::create_dir_all(&region_dir)?;
+        for index in 1..=args.workers {
+            let port = u16::try_from(u32::from(args.base_port) + 10 * r as u32 + u32::from(index))
+                .context("--base-port too high for the worker ports")?;
+            let name = format!("{region}/worker-{index}");
+            let config_path = region_dir.join(format!("worker-{index}.toml"));
+            std::fs::write(&config_path, worker_config(args, &region_dir, region, &registry_url, index, port))
+                .with_context(|| format!("writing {}", config_path.display()))?;
+            running.push(
+                start_child(
+                    exe,
+                    &name,
+                    &["worker", "--config", &config_path.to_string_lossy()],
+                    "idgen-worker listening on ",
+                )
+                .await?,
+            );
+        }
+    }
+    Ok(())
+}
+
 fn toml_string(text: &str) -> String {
     // A JSON string literal is a valid TOML basic string.
     serde_json::to_string(text).expect("strings serialize")
 }
 
-fn worker_config(args: &UpArgs, dir: &Path, port: u16) -> String {
+fn worker_config(args: &UpArgs, region_dir: &Path, region: &str, registry_url: &str, index: u16, port: u16) -> String {
     format!(
         "# Written by `idgen up`; rewritten on every start.\n\
          listen = {listen}\n\
          region = {region}\n\
-         region_number = 0\n\
-         home_region = true\n\
+         registry_url = {registry}\n\
+         schedule_cache = {cache}\n\
+         registry_refresh_ms = 10000\n\
          shutdown_grace_ms = 5000\n\
          \n\
          [lease]\n\
@@ -124,22 +248,17 @@ fn worker_config(args: &UpArgs, dir: &Path, port: u16) -> String {
          [clock]\n\
          require_sync = {sync}\n",
         listen = toml_string(&format!("127.0.0.1:{port}")),
-        region = toml_string(&args.region),
-        path = toml_string(&dir.join("leases.db").to_string_lossy()),
+        region = toml_string(region),
+        registry = toml_string(registry_url),
+        cache = toml_string(&region_dir.join(format!("schedule-worker-{index}.json")).to_string_lossy()),
+        path = toml_string(&region_dir.join("leases.db").to_string_lossy()),
         sync = args.require_clock_sync,
     )
 }
 
-async fn start_worker(exe: &Path, name: &str, config: &Path) -> anyhow::Result<Running> {
+async fn start_child(exe: &Path, name: &str, args: &[&str], ready: &str) -> anyhow::Result<Running> {
     let mut command = Command::new(exe);
-    command
-        .arg("worker")
-        .arg("--config")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     #[cfg(unix)]
     {
         // Own process group: Ctrl-C reaches `up`, which stops the workers in order.
@@ -161,7 +280,7 @@ async fn start_worker(exe: &Path, name: &str, config: &Path) -> anyhow::Result<R
     let mut lines = BufReader::new(stdout).lines();
     let url = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await? {
-            if let Some(rest) = line.strip_prefix("idgen-worker listening on ") {
+            if let Some(rest) = line.strip_prefix(ready) {
                 return Ok::<_, std::io::Error>(Some(rest.split_whitespace().next().unwrap_or("").to_owned()));
             }
             println!("[{name}] {line}");
@@ -217,6 +336,7 @@ async fn futures_select_all<F: std::future::Future + Unpin>(mut futures: Vec<F>)
 
 /// SIGTERM to each worker, then wait: each finishes its requests and releases its lease.
 async fn stop_all(running: &mut [Running]) {
+    // SIGTERM to every child at once: each worker finishes its requests and releases its lease.
     for worker in running.iter() {
         if let Some(pid) = worker.child.id() {
             // SAFETY: kill only sends a signal to our own child process.
