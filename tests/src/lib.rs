@@ -44,6 +44,8 @@ pub struct WorkerSpec {
     pub store: Store,
     /// Extra environment for the process (e.g. libfaketime).
     pub env: Vec<(String, String)>,
+    /// Extra top-level TOML lines (e.g. `registry_url = "…"`, `region = "…"`).
+    pub extra: String,
     pub lease_ms: i64,
     pub renew_interval_ms: i64,
     pub fence_ms: i64,
@@ -62,6 +64,7 @@ impl WorkerSpec {
             name: name.into(),
             store,
             env: Vec::new(),
+            extra: String::new(),
             lease_ms: 3_000,
             renew_interval_ms: 1_000,
             fence_ms: 500,
@@ -92,7 +95,7 @@ impl WorkerSpec {
             Store::Sqlite(_) => String::new(),
         };
         format!(
-            "listen = \"127.0.0.1:0\"\nregion = \"test-region\"\nshutdown_grace_ms = 2000\n\
+            "listen = \"127.0.0.1:0\"\nshutdown_grace_ms = 2000\n{extra}\n\
              [lease]\n{store}lease_ms = {lease}\nrenew_interval_ms = {renew}\n\
              fence_ms = {fence}\nfirst_machine = {first}\nlast_machine = {last}\nmax_backoff_ms = {backoff}\n\
              {dynamodb}[clock]\nrequire_sync = false\n",
@@ -102,6 +105,11 @@ impl WorkerSpec {
             first = self.machines.0,
             last = self.machines.1,
             backoff = self.max_backoff_ms,
+            extra = if self.extra.contains("region =") {
+                self.extra.clone()
+            } else {
+                format!("region = \"test-region\"\n{}", self.extra)
+            },
         )
     }
 }
@@ -118,33 +126,12 @@ impl WorkerProcess {
     pub async fn start(spec: &WorkerSpec) -> anyhow::Result<WorkerProcess> {
         let config = tempfile::Builder::new().suffix(".toml").tempfile()?;
         std::fs::write(config.path(), spec.toml())?;
-        let mut child = Command::new(idgen_bin())
-            .arg("worker")
-            .arg("--config")
-            .arg(config.path())
-            .env("RUST_LOG", "warn")
-            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawning idgen worker")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let url = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(rest) = line.strip_prefix("idgen-worker listening on ") {
-                    return Ok::<_, std::io::Error>(rest.split_whitespace().next().map(str::to_owned));
-                }
-            }
-            Ok(None)
-        })
-        .await
-        .context("worker did not start within 30 s")??
-        .context("worker exited before listening")?;
-        // Keep draining stdout so the worker never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (child, url) = start_idgen(
+            &["worker", "--config", config.path().to_str().context("config path")?],
+            &spec.env,
+            "idgen-worker listening on ",
+        )
+        .await?;
         Ok(WorkerProcess { name: spec.name.clone(), url, child, _config: config })
     }
 
@@ -200,6 +187,81 @@ impl WorkerProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Starts `idgen <args>` and waits for the line `<ready><url> …` on its stdout.
+pub async fn start_idgen(args: &[&str], env: &[(String, String)], ready: &str) -> anyhow::Result<(Child, String)> {
+    let mut child = Command::new(idgen_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("spawning idgen {args:?}"))?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = ready.to_owned();
+    let url = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix(&ready) {
+                return Ok::<_, std::io::Error>(rest.split_whitespace().next().map(str::to_owned));
+            }
+        }
+        Ok(None)
+    })
+    .await
+    .context("did not start within 30 s")??
+    .with_context(|| format!("idgen {args:?} exited before listening"))?;
+    // Keep draining stdout so the process never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, url))
+}
+
+/// A running `idgen registry` process.
+pub struct RegistryProcess {
+    pub url: String,
+    pub child: Child,
+    pub token: String,
+    _config: tempfile::NamedTempFile,
+    _dir: tempfile::TempDir,
+}
+
+impl RegistryProcess {
+    /// A registry on a fresh SQLite file; `extra` adds TOML lines (e.g. `initial_v2_from_ms`).
+    pub async fn start(extra: &str) -> anyhow::Result<RegistryProcess> {
+        let dir = tempfile::tempdir()?;
+        let token = "e2e-operator-token-0123456789abcdef".to_owned();
+        let config = tempfile::Builder::new().suffix(".toml").tempfile()?;
+        std::fs::write(
+            config.path(),
+            format!(
+                "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\ne2e = \"{token}\"\n",
+                dir.path().join("registry.db").display()
+            ),
+        )?;
+        let (child, url) = start_idgen(
+            &["registry", "--config", config.path().to_str().context("path")?],
+            &[],
+            "idgen-registry listening on ",
+        )
+        .await?;
+        Ok(RegistryProcess { url, child, token, _config: config, _dir: dir })
+    }
+
+    pub async fn add_region(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<u32> {
+        let response = client
+            .post(format!("{}/v1/regions", self.url))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "name": name }))
+            .send()
+            .await?;
+        anyhow::ensure!(response.status() == 201, "adding {name}: {}", response.status());
+        let body: Value = response.json().await?;
+        Ok(body["number"].as_u64().context("number")? as u32)
     }
 }
 

@@ -1,0 +1,201 @@
+//! End to end with the region registry: two regions of three workers each switch from v1 to v2
+//! at a cutover a few seconds into the test while clients mint across it; and a worker whose copy
+//! of the schedule has gone stale (registry down, horizon passed) refuses instead of issuing.
+
+use std::time::{Duration, Instant};
+
+use idgen_e2e::{
+    Issued, RegistryProcess, Store, WorkerProcess, WorkerSpec, assert_no_duplicates, now_unix_ms, post_ids,
+};
+
+const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+fn worker_spec(name: &str, region: &str, registry: &str, dir: &std::path::Path, refresh_ms: u64) -> WorkerSpec {
+    let mut spec = WorkerSpec::short_lease_on(name, Store::Sqlite(dir.join(format!("{region}-leases.db"))));
+    (spec.lease_ms, spec.renew_interval_ms, spec.fence_ms) = (30_000, 1_000, 500);
+    spec.extra = format!(
+        "region = \"{region}\"\nregistry_url = \"{registry}\"\nregistry_refresh_ms = {refresh_ms}\nschedule_cache = \"{}\"\n",
+        dir.join(format!("{name}-schedule.json")).display()
+    );
+    spec
+}
+
+/// Polls until the worker holds a lease under `layout` (it may still be refusing for other reasons).
+async fn wait_for_lease(client: &reqwest::Client, worker: &WorkerProcess, layout: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (_, health) = worker.health(client).await.unwrap();
+        if health["leases"].as_array().is_some_and(|l| l.iter().any(|lease| lease["layout"] == layout)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} never claimed under {layout}: {health}", worker.name);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_two_regions_switch_to_v2_at_the_cutover() {
+    let client = client();
+    let dir = tempfile::tempdir().unwrap();
+    let cutover_unix_ms = now_unix_ms() + 8_000;
+    let registry =
+        RegistryProcess::start(&format!("initial_v2_from_ms = {}\n", cutover_unix_ms - EPOCH_UNIX_MS)).await.unwrap();
+    assert_eq!(registry.add_region(&client, "us-east-1").await.unwrap(), 0);
+    assert_eq!(registry.add_region(&client, "eu-west-1").await.unwrap(), 1);
+
+    // The published schedule reproduces SPEC §1's test vectors (v2 has moved, v1 has not).
+    let decoded: serde_json::Value =
+        client.get(format!("{}/v1/layouts", registry.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(decoded["layouts"][1]["from_ms"].as_i64().unwrap(), cutover_unix_ms - EPOCH_UNIX_MS);
+
+    let regions = [("us-east-1", 0u32), ("eu-west-1", 1u32)];
+    let mut fleets: Vec<Vec<WorkerProcess>> = Vec::new();
+    for (region, _) in regions {
+        let mut fleet = Vec::new();
+        for i in 1..=3 {
+            let spec = worker_spec(&format!("{region}-{i}"), region, &registry.url, dir.path(), 1_000);
+            fleet.push(WorkerProcess::start(&spec).await.unwrap());
+        }
+        fleets.push(fleet);
+    }
+    // Before the cutover every worker has claimed its number in the v2 lease table too.
+    for fleet in &fleets {
+        for worker in fleet {
+            wait_for_lease(&client, worker, "v2", Duration::from_secs(10)).await;
+        }
+    }
+    for worker in &fleets[0] {
+        wait_for_lease(&client, worker, "v1", Duration::from_secs(10)).await;
+    }
+    assert!(now_unix_ms() < cutover_unix_ms - 1_000, "the fleet took too long to start for this test");
+
+    // Clients mint continuously in both regions until 3 s past the cutover.
+    let stop_at = cutover_unix_ms + 3_000;
+    let mut tasks = Vec::new();
+    for (r, fleet) in fleets.iter().enumerate() {
+        for t in 0..3 {
+            let urls: Vec<String> = fleet.iter().map(|w| w.url.clone()).collect();
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut issued: Vec<(usize, Vec<u64>)> = Vec::new();
+                let mut refusals: Vec<(i64, String)> = Vec::new();
+                let mut n = 0usize;
+                while now_unix_ms() < stop_at {
+                    let worker = (t + n) % urls.len();
+                    let count = if n % 3 == 0 { 1 } else { 1 + (n as u32 * 37) % 200 };
+                    let started = now_unix_ms();
+                    match post_ids(&client, &urls[worker], count).await.unwrap() {
+                        Issued::Ids(ids) => issued.push((worker, ids)),
+                        Issued::Refused { code, .. } => refusals.push((started, code)),
+                    }
+                    n += 1;
+                }
+                (r, issued, refusals)
+            }));
+        }
+    }
+
+    let mut all = Vec::new();
+    let (mut before, mut after) = (0usize, 0usize);
+    for task in tasks {
+        let (r, issued, refusals) = task.await.unwrap();
+        let (region, number) = regions[r];
+        for (started, code) in &refusals {
+            // Only a region without v1 rights may refuse, and only before the cutover.
+            assert!(
+                r == 1 && code == "schedule" && *started < cutover_unix_ms,
+                "{region} refused at {started} ({code}); cutover {cutover_unix_ms}"
+            );
+        }
+        let mut last_by_worker = [0u64; 3];
+        for (worker, ids) in issued {
+            assert!(ids[0] > last_by_worker[worker] && ids.windows(2).all(|w| w[0] < w[1]), "{region}: not increasing");
+            last_by_worker[worker] = *ids.last().unwrap();
+            for id in ids {
+                let unix_ms = (id >> 22) as i64 + EPOCH_UNIX_MS;
+                if unix_ms < cutover_unix_ms {
+                    assert_eq!(r, 0, "only the home region issues v1");
+                    before += 1;
+                } else {
+                    assert_eq!((id >> 19) & 0x7, u64::from(number), "{region}'s v2 IDs carry its region number");
+                    after += 1;
+                }
+                all.push(id);
+            }
+        }
+    }
+    assert!(before > 0 && after > 0, "IDs on both sides of the cutover: {before} before, {after} after");
+
+    // The official decoder agrees, including the region's name.
+    let sample = *all.iter().max().unwrap();
+    let decoded: serde_json::Value =
+        client.get(format!("{}/v1/ids/{sample}/decode", fleets[0][0].url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(decoded["layout"], "v2");
+    assert!(decoded["region"] == "us-east-1" || decoded["region"] == "eu-west-1", "{decoded}");
+
+    let checked = assert_no_duplicates(&mut all);
+    println!(
+        "cutover: {checked} IDs ({before} v1 before the cutover, {after} v2 after) from 2 regions × 3 workers; no duplicates"
+    );
+    for fleet in fleets {
+        for worker in fleet {
+            worker.stop().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_stale_schedule_refuses_instead_of_issuing() {
+    let client = client();
+    let dir = tempfile::tempdir().unwrap();
+    // A horizon only 5 s ahead: a copy of the schedule goes stale 5 s after the registry is gone.
+    let mut registry = RegistryProcess::start("horizon_lead_ms = 5000\n").await.unwrap();
+    registry.add_region(&client, "us-east-1").await.unwrap();
+    let spec = worker_spec("stale", "us-east-1", &registry.url, dir.path(), 300);
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let mut ids = Vec::new();
+    let Issued::Ids(batch) = post_ids(&client, &worker.url, 100).await.unwrap() else { panic!("refused") };
+    ids.extend(batch);
+
+    // The registry goes away; the worker restarts during the outage from its disk copy.
+    registry.child.kill().await.unwrap();
+    let stopped_at = now_unix_ms();
+    worker.stop().await.unwrap();
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let Issued::Ids(batch) = post_ids(&client, &worker.url, 100).await.unwrap() else {
+        panic!("refused after a restart from the disk copy")
+    };
+    ids.extend(batch);
+
+    // Once the copy's horizon has passed, it refuses (503 schedule) — never issues.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let refused_at = loop {
+        match post_ids(&client, &worker.url, 10).await.unwrap() {
+            Issued::Ids(batch) => ids.extend(batch),
+            Issued::Refused { status, code } => {
+                assert_eq!((status, code.as_str()), (503, "schedule"));
+                break now_unix_ms();
+            }
+        }
+        assert!(Instant::now() < deadline, "still issuing long after the horizon");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let newest = ids.iter().map(|id| (id >> 22) as i64 + EPOCH_UNIX_MS).max().unwrap();
+    let (status, health) = worker.health(&client).await.unwrap();
+    assert_eq!((status, health["reason"].as_str()), (503, Some("schedule")), "{health}");
+    for _ in 0..5 {
+        assert!(matches!(post_ids(&client, &worker.url, 5).await.unwrap(), Issued::Refused { status: 503, .. }));
+    }
+    let checked = assert_no_duplicates(&mut ids);
+    println!(
+        "stale schedule: registry gone at {stopped_at}, restart from the disk copy served, refused from {refused_at} \
+         (newest ID at {newest}); {checked} IDs, no duplicates"
+    );
+    worker.stop().await.unwrap();
+}
