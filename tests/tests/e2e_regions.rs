@@ -86,7 +86,7 @@ async fn e2e_two_regions_switch_to_v2_at_the_cutover() {
                 let mut n = 0usize;
                 while now_unix_ms() < stop_at {
                     let worker = (t + n) % urls.len();
-                    let count = if n % 3 == 0 { 1 } else { 1 + (n as u32 * 37) % 200 };
+                    let count = if n.is_multiple_of(3) { 1 } else { 1 + (n as u32 * 37) % 200 };
                     let started = now_unix_ms();
                     match post_ids(&client, &urls[worker], count).await.unwrap() {
                         Issued::Ids(ids) => issued.push((worker, ids)),
