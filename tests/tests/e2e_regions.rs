@@ -199,3 +199,75 @@ async fn e2e_a_stale_schedule_refuses_instead_of_issuing() {
     );
     worker.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_operator_commands_against_the_registry() {
+    let registry = RegistryProcess::start("").await.unwrap();
+    let url = registry.url.as_str();
+    let token = registry.token.as_str();
+    let run = |args: Vec<&str>| {
+        let mut full = vec!["--registry", url, "--token", token];
+        full.extend(args);
+        full.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let idgen = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        idgen_e2e::idgen(&args).await.unwrap()
+    };
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["add", "us-east-1"]));
+    assert!(idgen(args).await.contains("number 0"));
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["add", "eu-west-1"]));
+    assert!(idgen(args).await.contains("number 1"));
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["retire", "eu-west-1"]));
+    assert!(idgen(args).await.contains("never be reused"));
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["add", "eu-west-1"]));
+    assert!(idgen(args).await.contains("number 2"), "a retired number is not handed out again");
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["--json", "list"]));
+    let listed: serde_json::Value = serde_json::from_str(&idgen(args).await).unwrap();
+    assert_eq!(listed["numbers_left"], 5);
+
+    let mut args = vec!["layouts".to_owned()];
+    args.extend(run(vec![
+        "schedule",
+        "v3",
+        "--region-bits",
+        "4",
+        "--machine-bits",
+        "8",
+        "--sequence-bits",
+        "10",
+        "--from",
+        "2040-01-01T00:00:00Z",
+    ]));
+    idgen(args).await;
+    let mut args = vec!["layouts".to_owned()];
+    args.extend(run(vec!["show"]));
+    let shown = idgen(args).await;
+    assert!(
+        shown.contains("v3") && shown.contains("2040-01-01T00:00:00.000Z") && shown.contains("home region us-east-1"),
+        "{shown}"
+    );
+
+    // Decoding with the registry's schedule names the region.
+    let decoded = idgen_e2e::idgen(&["decode", "--registry", url, "--json", "683244571854022659"]).await.unwrap();
+    let decoded: serde_json::Value = serde_json::from_str(&decoded).unwrap();
+    assert_eq!(
+        (decoded["region"].as_str(), decoded["region_number"].as_u64()),
+        (Some("eu-west-1"), Some(2)),
+        "{decoded}"
+    );
+    // A write without the token is refused.
+    let refused = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["regions", "--registry", url, "--token", "not-the-token-not-the-token", "add", "x-1"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+    println!("operator commands: regions add/retire/list, layouts schedule/show and decode --registry all worked");
+}

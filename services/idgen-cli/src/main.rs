@@ -1,6 +1,7 @@
 //! `idgen`: the one operator binary. `up` starts the local platform; `worker` runs one fleet
 //! worker; `decode` takes IDs apart. Human-readable output by default, JSON with `--json`.
 
+mod control;
 mod leases;
 mod up;
 
@@ -39,12 +40,30 @@ enum Command {
     },
     /// Inspect and operate the lease table: init, list, get, history, quarantine, release-quarantine.
     Leases(leases::LeasesArgs),
-    /// Decode IDs (63-bit or UUIDv7) with the default layout schedule.
+    /// Decode IDs (63-bit or UUIDv7): with the registry's schedule and region names when
+    /// `--registry` is given, else with the default schedule.
     Decode {
         #[arg(required = true)]
         ids: Vec<String>,
         #[arg(long)]
         json: bool,
+        /// The registry's base URL, e.g. http://127.0.0.1:8700.
+        #[arg(long, env = "IDGEN_REGISTRY_URL")]
+        registry: Option<String>,
+    },
+    /// The registry's regions: list, add, retire.
+    Regions {
+        #[command(flatten)]
+        registry: control::Registry,
+        #[command(subcommand)]
+        command: control::RegionsCommand,
+    },
+    /// The registry's layout schedule: show, schedule.
+    Layouts {
+        #[command(flatten)]
+        registry: control::Registry,
+        #[command(subcommand)]
+        command: control::LayoutsCommand,
     },
 }
 
@@ -66,7 +85,9 @@ fn main() -> ExitCode {
             })
         }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
-        Command::Decode { ids, json } => return decode(&ids, json),
+        Command::Decode { ids, json, registry } => return decode(&ids, json, registry.as_deref()),
+        Command::Regions { registry, command } => runtime().and_then(|rt| rt.block_on(registry.regions(command))),
+        Command::Layouts { registry, command } => runtime().and_then(|rt| rt.block_on(registry.layouts(command))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -81,11 +102,26 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn decode(ids: &[String], json: bool) -> ExitCode {
-    let schedule = WorkerConfig::default().schedule();
+fn decode(ids: &[String], json: bool, registry: Option<&str>) -> ExitCode {
+    let (schedule, names) = match registry {
+        None => (WorkerConfig::default().schedule(), HashMap::new()),
+        Some(url) => {
+            let fetched = runtime().and_then(|rt| {
+                rt.block_on(idgen::RegistrySnapshot::fetch(url, std::time::Duration::from_secs(5)))
+                    .map_err(anyhow::Error::from)
+            });
+            match fetched.and_then(|s| Ok((s.schedule()?, s.region_names()))) {
+                Ok(found) => found,
+                Err(error) => {
+                    eprintln!("idgen: {error:#}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let mut failed = false;
     for text in ids {
-        match idgen_worker::api::decode_to_json(text, &schedule, &HashMap::new()) {
+        match idgen_worker::api::decode_to_json(text, &schedule, &names) {
             Ok(decoded) if json => println!("{decoded}"),
             Ok(decoded) => println!("{}", human(&decoded)),
             Err(error) => {

@@ -1,0 +1,159 @@
+//! `idgen regions …` and `idgen layouts …`: the registry's operator commands, over its HTTP API.
+//! Reads need nothing; writes send the operator token (`--token`, `IDGEN_OPERATOR_TOKEN`, or the
+//! file `idgen up` writes, `./.idgen/operator-token`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+#[derive(Args, Debug)]
+pub struct Registry {
+    /// The registry's base URL.
+    #[arg(long, global = true, env = "IDGEN_REGISTRY_URL", default_value = "http://127.0.0.1:8700")]
+    pub registry: String,
+    /// Operator token for writes (default: IDGEN_OPERATOR_TOKEN, then ./.idgen/operator-token).
+    #[arg(long, global = true, env = "IDGEN_OPERATOR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long, global = true, default_value = ".idgen/operator-token")]
+    token_file: PathBuf,
+    /// JSON instead of human-readable output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RegionsCommand {
+    /// Every region with its number and status, and how many numbers are left.
+    List,
+    /// Register a region: it gets the lowest number never used.
+    Add { name: String },
+    /// Retire a region. Its number is never handed out again.
+    Retire { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LayoutsCommand {
+    /// The schedule: layouts, when each starts, the horizon and the home region.
+    Show,
+    /// Schedule a new layout; its start must be at or after the horizon.
+    Schedule {
+        name: String,
+        #[arg(long)]
+        region_bits: u8,
+        #[arg(long)]
+        machine_bits: u8,
+        #[arg(long)]
+        sequence_bits: u8,
+        /// When it starts, UTC, e.g. 2030-01-01T00:00:00Z.
+        #[arg(long)]
+        from: String,
+    },
+}
+
+impl Registry {
+    fn token(&self) -> anyhow::Result<String> {
+        if let Some(token) = &self.token {
+            return Ok(token.clone());
+        }
+        let text = std::fs::read_to_string(&self.token_file).with_context(|| {
+            format!("no --token or IDGEN_OPERATOR_TOKEN, and {} cannot be read", self.token_file.display())
+        })?;
+        Ok(text.trim().to_owned())
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let http = reqwest::Client::new();
+        let mut request = http.request(method.clone(), format!("{}{path}", self.registry.trim_end_matches('/')));
+        if method != reqwest::Method::GET {
+            request = request.bearer_auth(self.token()?);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.with_context(|| format!("reaching the registry at {}", self.registry))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{status}: {}", body["error"]["message"].as_str().unwrap_or("(no message)"));
+        }
+        Ok(body)
+    }
+
+    pub async fn regions(&self, command: RegionsCommand) -> anyhow::Result<()> {
+        let body = match &command {
+            RegionsCommand::List => self.call(reqwest::Method::GET, "/v1/regions", None).await?,
+            RegionsCommand::Add { name } => {
+                self.call(reqwest::Method::POST, "/v1/regions", Some(json!({ "name": name }))).await?
+            }
+            RegionsCommand::Retire { name } => {
+                self.call(reqwest::Method::POST, &format!("/v1/regions/{name}:retire"), None).await?
+            }
+        };
+        if self.json {
+            println!("{body}");
+            return Ok(());
+        }
+        match command {
+            RegionsCommand::List => {
+                println!("{:>6}  {:<9}  {:<24}  NAME", "NUMBER", "STATUS", "CREATED");
+                for region in body["regions"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:>6}  {:<9}  {:<24}  {}",
+                        region["number"],
+                        region["status"].as_str().unwrap_or(""),
+                        region["created_at"].as_str().unwrap_or(""),
+                        region["name"].as_str().unwrap_or("")
+                    );
+                }
+                println!(
+                    "{} of {} region numbers left (retired numbers are never reused)",
+                    body["numbers_left"], body["numbers_total"]
+                );
+            }
+            RegionsCommand::Add { .. } => {
+                println!("region {} has number {}", body["name"].as_str().unwrap_or(""), body["number"])
+            }
+            RegionsCommand::Retire { .. } => {
+                println!(
+                    "region {} retired; number {} will never be reused",
+                    body["name"].as_str().unwrap_or(""),
+                    body["number"]
+                )
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn layouts(&self, command: LayoutsCommand) -> anyhow::Result<()> {
+        let body = match command {
+            LayoutsCommand::Show => self.call(reqwest::Method::GET, "/v1/layouts", None).await?,
+            LayoutsCommand::Schedule { name, region_bits, machine_bits, sequence_bits, from } => {
+                let request = json!({"name": name, "region_bits": region_bits, "machine_bits": machine_bits, "sequence_bits": sequence_bits, "from": from});
+                self.call(reqwest::Method::POST, "/v1/layouts", Some(request)).await?
+            }
+        };
+        if self.json {
+            println!("{body}");
+            return Ok(());
+        }
+        println!("{:<8}  {:>6}  {:>7}  {:>8}  FROM", "LAYOUT", "REGION", "MACHINE", "SEQUENCE");
+        for layout in body["layouts"].as_array().into_iter().flatten() {
+            println!(
+                "{:<8}  {:>6}  {:>7}  {:>8}  {}",
+                layout["name"].as_str().unwrap_or(""),
+                layout["region_bits"],
+                layout["machine_bits"],
+                layout["sequence_bits"],
+                layout["from"].as_str().unwrap_or("")
+            );
+        }
+        println!(
+            "horizon {} (no cutover before it); home region {}",
+            body["horizon"].as_str().unwrap_or(""),
+            body["home_region"].as_str().unwrap_or("")
+        );
+        Ok(())
+    }
+}
