@@ -133,7 +133,7 @@ async fn init(config: &WorkerConfig, layout: &str, json: bool) -> anyhow::Result
     let audit = format!("{table}-audit");
     match config.lease.store {
         StoreKind::Dynamodb => {
-            let client = idgen::dynamodb::client(&config.lease.dynamodb.settings()).await;
+            let client = idgen::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
             idgen::DynamoDbLeaseStore::new(client, table).create_tables().await?;
         }
         StoreKind::Sqlite => {

@@ -92,15 +92,15 @@ pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Re
             )
         }
         StoreKind::Dynamodb => {
-            let client = idgen::dynamodb::client(&config.lease.dynamodb.settings()).await;
-            let store = DynamoDbLeaseStore::new(client, table);
+            let settings = config.lease.dynamodb.settings();
             if config.lease.create_tables {
-                store
+                let creator = DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings.patient()).await, table);
+                creator
                     .create_tables()
                     .await
-                    .with_context(|| format!("creating DynamoDB tables {table} and {}", store.audit_table()))?;
+                    .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
             }
-            Arc::new(store)
+            Arc::new(DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, table))
         }
     })
 }

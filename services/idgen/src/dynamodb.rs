@@ -60,6 +60,18 @@ impl Default for DynamoDbSettings {
     }
 }
 
+impl DynamoDbSettings {
+    /// The same place with patient timeouts, for one-off administrative calls (table creation)
+    /// that can take far longer than a lease write.
+    pub fn patient(&self) -> Self {
+        DynamoDbSettings {
+            attempt_timeout: self.attempt_timeout.max(Duration::from_secs(10)),
+            operation_timeout: self.operation_timeout.max(Duration::from_secs(30)),
+            ..self.clone()
+        }
+    }
+}
+
 /// A DynamoDB client with rustls (ring) as its one TLS stack and the standard credential chain
 /// (environment, profile, web identity, ECS, EC2 instance metadata).
 pub async fn client(settings: &DynamoDbSettings) -> Client {
