@@ -158,6 +158,29 @@ async fn the_schedule_is_published_and_validated() {
     assert_eq!(body["layouts"][1]["from_ms"], 63_072_000_000u64);
     assert_eq!(body["horizon"], "2026-12-18T11:06:40.000Z", "now + 30 days");
     assert_eq!(body["home_region"], "us-east-1");
+    // SPEC §1's test vectors decode exactly through the published schedule.
+    let entries = body["layouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| idgen_core::ScheduleEntry {
+            layout: idgen_core::Layout::new(
+                l["name"].as_str().unwrap(),
+                l["region_bits"].as_u64().unwrap() as u8,
+                l["machine_bits"].as_u64().unwrap() as u8,
+                l["sequence_bits"].as_u64().unwrap() as u8,
+            )
+            .unwrap(),
+            from: idgen_core::Timestamp::from_millis(l["from_ms"].as_u64().unwrap()).unwrap(),
+        })
+        .collect();
+    let schedule = idgen_core::Schedule::new(entries, body["horizon_ms"].as_u64().unwrap()).unwrap();
+    let v1 = schedule.decode(97_301_141_913_751_557).unwrap();
+    assert_eq!((v1.layout.name(), v1.machine, v1.sequence), ("v1", 37, 5));
+    assert_eq!(idgen_core::format_unix_ms(v1.timestamp.unix_ms()), "2026-09-26T12:00:00.000Z");
+    let v2 = schedule.decode(683_244_571_854_022_659).unwrap();
+    assert_eq!((v2.layout.name(), v2.region_number, v2.machine, v2.sequence), ("v2", Some(2), 170, 3));
+    assert_eq!(idgen_core::format_unix_ms(v2.timestamp.unix_ms()), "2031-03-01T09:30:00.000Z");
     let before = body;
 
     let v3 = |from: &str| {

@@ -120,6 +120,13 @@ impl RegistrySnapshot {
         self.regions.iter().map(|r| (r.number, r.name.clone())).collect()
     }
 
+    /// Decodes an ID locally with this copy's schedule, naming its region (v2 and later).
+    pub fn decode(&self, id: u64) -> Result<(idgen_core::DecodedId, Option<String>), RegistryError> {
+        let decoded = self.schedule()?.decode(id).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let name = decoded.region_number.and_then(|n| self.region_names().remove(&n));
+        Ok((decoded, name))
+    }
+
     /// Writes the copy atomically (temporary file, then rename).
     pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
         let cache_error =
@@ -139,5 +146,57 @@ impl RegistrySnapshot {
         let snapshot: RegistrySnapshot = serde_json::from_slice(&text).map_err(|e| cache_error(e.to_string()))?;
         snapshot.schedule()?;
         Ok(snapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> RegistrySnapshot {
+        RegistrySnapshot {
+            layouts: vec![
+                LayoutWire { name: "v1".into(), region_bits: 0, machine_bits: 10, sequence_bits: 12, from_ms: 0 },
+                LayoutWire {
+                    name: "v2".into(),
+                    region_bits: 3,
+                    machine_bits: 9,
+                    sequence_bits: 10,
+                    from_ms: 63_072_000_000,
+                },
+            ],
+            horizon_ms: 70_000_000_000,
+            home_region: "us-east-1".into(),
+            regions: vec![
+                RegionWire { name: "us-east-1".into(), number: 0, status: "active".into() },
+                RegionWire { name: "eu-west-1".into(), number: 2, status: "active".into() },
+                RegionWire { name: "old-1".into(), number: 1, status: "retired".into() },
+            ],
+        }
+    }
+
+    #[test]
+    fn decodes_locally_with_region_names() {
+        let s = snapshot();
+        let (decoded, region) = s.decode(683_244_571_854_022_659).unwrap();
+        assert_eq!((decoded.layout.name(), decoded.machine, region.as_deref()), ("v2", 170, Some("eu-west-1")));
+        let (decoded, region) = s.decode(97_301_141_913_751_557).unwrap();
+        assert_eq!((decoded.layout.name(), decoded.machine, region), ("v1", 37, None));
+        assert_eq!(s.region_number("eu-west-1").unwrap(), 2);
+        assert!(s.region_number("old-1").is_err(), "a retired region cannot issue");
+    }
+
+    #[test]
+    fn the_disk_copy_round_trips_and_a_bad_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/schedule.json");
+        snapshot().save(&path).unwrap();
+        assert_eq!(RegistrySnapshot::load(&path).unwrap(), snapshot());
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(matches!(RegistrySnapshot::load(&path), Err(RegistryError::Cache { .. })));
+        let mut bad = snapshot();
+        bad.layouts[1].machine_bits = 10; // bits no longer sum to 22
+        bad.save(&path).unwrap();
+        assert!(RegistrySnapshot::load(&path).is_err());
     }
 }
