@@ -147,6 +147,16 @@ fn lease_row(item: &Item) -> Result<LeaseRow, StoreError> {
     })
 }
 
+/// The row as it was, which `ReturnValuesOnConditionCheckFailure = ALL_OLD` returns with a failed condition.
+fn old_item(error: &aws_sdk_dynamodb::operation::update_item::UpdateItemError) -> Option<&Item> {
+    match error {
+        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed) => {
+            failed.item()
+        }
+        _ => None,
+    }
+}
+
 /// True when the row as it was before a failed condition already holds what we meant to write:
 /// a retry that met its own first attempt.
 fn already_ours(old: Option<&Item>, holder: &str, expiry: i64, epoch: Option<u64>) -> Option<LeaseRow> {
@@ -288,12 +298,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("claim returned no row".into()))?)?
             }
             Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
-                let old = match e.err() {
-                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => {
-                        c.item()
-                    }
-                    _ => None,
-                };
+                let old = old_item(e.err());
                 match already_ours(old, holder, expiry_unix_ms, None) {
                     Some(row) => row,
                     None => return Ok(ClaimOutcome::Taken),
@@ -301,14 +306,14 @@ impl LeaseStore for DynamoDbLeaseStore {
             }
             Err(error) => return Err(unavailable(error)),
         };
-        self.record_after_change(AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::Claim,
-            holder: holder.to_owned(),
-            lease_epoch: row.lease_epoch,
-            lease_expiry: expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        })
+        self.record_after_change(AuditEvent::new(
+            AuditKind::Claim,
+            machine,
+            holder,
+            row.lease_epoch,
+            expiry_unix_ms,
+            now_unix_ms,
+        ))
         .await;
         Ok(ClaimOutcome::Claimed(row))
     }
@@ -337,23 +342,18 @@ impl LeaseStore for DynamoDbLeaseStore {
         match result {
             Ok(_) => Ok(Conditional::Applied),
             Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
-                let old = match e.err() {
-                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => {
-                        c.item()
-                    }
-                    _ => None,
-                };
+                let old = old_item(e.err());
                 if already_ours(old, holder, new_expiry_unix_ms, Some(epoch)).is_some() {
                     return Ok(Conditional::Applied);
                 }
-                self.record(AuditEvent {
-                    machine_id: machine,
-                    kind: AuditKind::RenewFailed,
-                    holder: holder.to_owned(),
-                    lease_epoch: epoch,
-                    lease_expiry: new_expiry_unix_ms,
-                    at_unix_ms: now_unix_ms,
-                })
+                self.record(AuditEvent::new(
+                    AuditKind::RenewFailed,
+                    machine,
+                    holder,
+                    epoch,
+                    new_expiry_unix_ms,
+                    now_unix_ms,
+                ))
                 .await
                 .unwrap_or_else(|error| tracing::error!(%error, machine, "audit record of a failed renewal lost"));
                 Ok(Conditional::ConditionFailed)
@@ -389,14 +389,14 @@ impl LeaseStore for DynamoDbLeaseStore {
             }
             Err(error) => return Err(unavailable(error)),
         }
-        self.record_after_change(AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::Release,
-            holder: holder.to_owned(),
-            lease_epoch: epoch,
-            lease_expiry: expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        })
+        self.record_after_change(AuditEvent::new(
+            AuditKind::Release,
+            machine,
+            holder,
+            epoch,
+            expiry_unix_ms,
+            now_unix_ms,
+        ))
         .await;
         Ok(Conditional::Applied)
     }
@@ -419,14 +419,14 @@ impl LeaseStore for DynamoDbLeaseStore {
             .map_err(unavailable)?;
         let row =
             lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("quarantine returned no row".into()))?)?;
-        self.record_after_change(AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::Quarantine,
-            holder: operator.to_owned(),
-            lease_epoch: row.lease_epoch,
-            lease_expiry: row.lease_expiry,
-            at_unix_ms: now_unix_ms,
-        })
+        self.record_after_change(AuditEvent::new(
+            AuditKind::Quarantine,
+            machine,
+            operator,
+            row.lease_epoch,
+            row.lease_expiry,
+            now_unix_ms,
+        ))
         .await;
         Ok(row)
     }
@@ -462,14 +462,14 @@ impl LeaseStore for DynamoDbLeaseStore {
             }
             Err(error) => return Err(unavailable(error)),
         };
-        self.record_after_change(AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::ReleaseQuarantine,
-            holder: operator.to_owned(),
-            lease_epoch: row.lease_epoch,
-            lease_expiry: expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        })
+        self.record_after_change(AuditEvent::new(
+            AuditKind::ReleaseQuarantine,
+            machine,
+            operator,
+            row.lease_epoch,
+            expiry_unix_ms,
+            now_unix_ms,
+        ))
         .await;
         Ok(Conditional::Applied)
     }

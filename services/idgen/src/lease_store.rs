@@ -75,6 +75,19 @@ pub struct AuditEvent {
     pub at_unix_ms: i64,
 }
 
+impl AuditEvent {
+    pub fn new(
+        kind: AuditKind,
+        machine_id: u32,
+        holder: &str,
+        lease_epoch: u64,
+        lease_expiry: i64,
+        at_unix_ms: i64,
+    ) -> Self {
+        AuditEvent { machine_id, kind, holder: holder.to_owned(), lease_epoch, lease_expiry, at_unix_ms }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum StoreError {
     /// The table could not be reached or answered with a retryable error (throttling, timeout).

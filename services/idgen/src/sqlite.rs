@@ -159,14 +159,7 @@ impl LeaseStore for SqliteLeaseStore {
             return Ok(ClaimOutcome::Taken);
         };
         let lease = row_to_lease(&row)?;
-        let event = AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::Claim,
-            holder: holder.to_owned(),
-            lease_epoch: lease.lease_epoch,
-            lease_expiry: expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        };
+        let event = AuditEvent::new(AuditKind::Claim, machine, holder, lease.lease_epoch, expiry_unix_ms, now_unix_ms);
         self.audit(&mut *tx, &event).await?;
         tx.commit().await.map_err(unavailable)?;
         Ok(ClaimOutcome::Claimed(lease))
@@ -202,14 +195,7 @@ impl LeaseStore for SqliteLeaseStore {
         }) {
             return Ok(Conditional::Applied);
         }
-        let event = AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::RenewFailed,
-            holder: holder.to_owned(),
-            lease_epoch: epoch,
-            lease_expiry: new_expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        };
+        let event = AuditEvent::new(AuditKind::RenewFailed, machine, holder, epoch, new_expiry_unix_ms, now_unix_ms);
         self.audit(&self.pool, &event).await?;
         Ok(Conditional::ConditionFailed)
     }
@@ -238,14 +224,7 @@ impl LeaseStore for SqliteLeaseStore {
         if done.rows_affected() != 1 {
             return Ok(Conditional::ConditionFailed);
         }
-        let event = AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::Release,
-            holder: holder.to_owned(),
-            lease_epoch: epoch,
-            lease_expiry: expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        };
+        let event = AuditEvent::new(AuditKind::Release, machine, holder, epoch, expiry_unix_ms, now_unix_ms);
         self.audit(&mut *tx, &event).await?;
         tx.commit().await.map_err(unavailable)?;
         Ok(Conditional::Applied)
@@ -270,14 +249,14 @@ impl LeaseStore for SqliteLeaseStore {
             .await
             .map_err(unavailable)?;
         let lease = row_to_lease(&row)?;
-        let event = AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::Quarantine,
-            holder: operator.to_owned(),
-            lease_epoch: lease.lease_epoch,
-            lease_expiry: lease.lease_expiry,
-            at_unix_ms: now_unix_ms,
-        };
+        let event = AuditEvent::new(
+            AuditKind::Quarantine,
+            machine,
+            operator,
+            lease.lease_epoch,
+            lease.lease_expiry,
+            now_unix_ms,
+        );
         self.audit(&mut *tx, &event).await?;
         tx.commit().await.map_err(unavailable)?;
         Ok(lease)
@@ -309,14 +288,8 @@ impl LeaseStore for SqliteLeaseStore {
             return Ok(Conditional::ConditionFailed);
         };
         let epoch: i64 = row.try_get("lease_epoch").map_err(unavailable)?;
-        let event = AuditEvent {
-            machine_id: machine,
-            kind: AuditKind::ReleaseQuarantine,
-            holder: operator.to_owned(),
-            lease_epoch: epoch as u64,
-            lease_expiry: expiry_unix_ms,
-            at_unix_ms: now_unix_ms,
-        };
+        let event =
+            AuditEvent::new(AuditKind::ReleaseQuarantine, machine, operator, epoch as u64, expiry_unix_ms, now_unix_ms);
         self.audit(&mut *tx, &event).await?;
         tx.commit().await.map_err(unavailable)?;
         Ok(Conditional::Applied)
