@@ -72,9 +72,10 @@ impl DynamoDbSettings {
     }
 }
 
-/// A DynamoDB client with rustls (ring) as its one TLS stack and the standard credential chain
-/// (environment, profile, web identity, ECS, EC2 instance metadata).
-pub async fn client(settings: &DynamoDbSettings) -> Client {
+/// The AWS SDK configuration every idgen service uses: rustls (ring) as the one TLS stack, the
+/// standard credential chain (environment, profile, web identity, ECS, EC2 instance metadata),
+/// standard retries with backoff and jitter, and these timeouts.
+pub async fn sdk_config(settings: &DynamoDbSettings) -> aws_config::SdkConfig {
     let http =
         aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(CryptoMode::Ring)).build_https();
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
@@ -91,7 +92,15 @@ pub async fn client(settings: &DynamoDbSettings) -> Client {
     if let Some(endpoint) = &settings.endpoint {
         loader = loader.endpoint_url(endpoint);
     }
-    Client::new(&loader.load().await)
+    loader.load().await
+}
+
+/// The same settings serve every AWS client idgen makes (DynamoDB, KMS).
+pub type AwsSettings = DynamoDbSettings;
+
+/// A DynamoDB client (see [`sdk_config`]).
+pub async fn client(settings: &DynamoDbSettings) -> Client {
+    Client::new(&sdk_config(settings).await)
 }
 
 #[derive(Clone)]

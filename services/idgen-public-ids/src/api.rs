@@ -1,0 +1,242 @@
+//! The HTTP/JSON endpoints of SPEC §7.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use idgen::core::uuid::{self, UuidV7State};
+use serde_json::{Map, Value, json};
+
+use crate::format::{self, Format, Keyring};
+use crate::store::{Mapping, PublicIdStore};
+
+const MAX_BODY_BYTES: usize = 64 * 1024;
+pub const MAX_BATCH: usize = 1_000;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<PublicIdStore>,
+    /// `None` when no KMS key is configured: the encrypted format is then unavailable.
+    pub keyring: Option<Arc<Keyring>>,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn bad(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, code: "invalid_request", message: message.into() }
+    }
+    /// The one answer for unknown, malformed and forged public IDs alike.
+    fn not_found() -> Self {
+        ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such public ID".into() }
+    }
+    fn storage(error: sqlx::Error) -> Self {
+        tracing::error!(%error, "public-ID storage");
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "storage_unavailable",
+            message: "the database is unavailable".into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::bad(format!("request body is larger than {MAX_BODY_BYTES} bytes")))?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(ApiError::bad("request body must be a JSON object")),
+    }
+}
+
+/// An internal ID: a non-negative 63-bit integer, as a decimal string (or a JSON integer).
+pub fn parse_internal_id(value: &Value) -> Result<u64, ApiError> {
+    let bad = || ApiError::bad(format!("internal_id must be a non-negative 63-bit integer, not {value}"));
+    let id = match value {
+        Value::String(text) if !text.is_empty() && text.len() <= 19 && text.bytes().all(|b| b.is_ascii_digit()) => {
+            text.parse::<u64>().map_err(|_| bad())?
+        }
+        Value::Number(n) => n.as_u64().ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    if id >> 63 != 0 {
+        return Err(bad());
+    }
+    Ok(id)
+}
+
+fn parse_format(value: Option<&Value>) -> Result<Format, ApiError> {
+    match value {
+        None => Ok(Format::Opaque),
+        Some(Value::String(text)) => Format::parse(text)
+            .ok_or_else(|| ApiError::bad(format!("format must be opaque, uuidv7 or encrypted, not {text:?}"))),
+        Some(other) => Err(ApiError::bad(format!("format must be a string, not {other}"))),
+    }
+}
+
+fn only_fields(body: &Map<String, Value>, allowed: &[&str]) -> Result<(), ApiError> {
+    match body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(field) => Err(ApiError::bad(format!("unknown field {field:?}; accepted: {allowed:?}"))),
+        None => Ok(()),
+    }
+}
+
+fn new_uuidv7() -> String {
+    let mut seed = [0u8; 12];
+    // If the OS generator fails we still have a time-ordered, mostly unique UUID; but it never
+    // fails on Linux after boot.
+    let _ = getrandom::fill(&mut seed);
+    let counter = u64::from_le_bytes(seed[..8].try_into().expect("8"));
+    let tail = u32::from_le_bytes(seed[8..].try_into().expect("4"));
+    uuid::format(&UuidV7State::default().next(now_ms(), counter, tail))
+}
+
+fn new_opaque() -> String {
+    format::new_opaque().expect("the operating system's random source is available")
+}
+
+/// Creates (or finds) the public IDs of `ids` in `format`.
+pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Vec<Mapping>, ApiError> {
+    match format {
+        Format::Encrypted => {
+            let keyring = state.keyring.as_ref().ok_or_else(|| ApiError {
+                status: StatusCode::NOT_IMPLEMENTED,
+                code: "format_unavailable",
+                message: "the encrypted format needs a KMS key, and this service has none configured".into(),
+            })?;
+            Ok(ids
+                .iter()
+                .map(|&id| Mapping {
+                    internal_id: id,
+                    format,
+                    public_id: keyring.encrypt(id).expect("a keyring has a key"),
+                    created: false,
+                })
+                .collect())
+        }
+        Format::Opaque => state.store.create_batch(ids, format, &new_opaque, now_ms()).await.map_err(ApiError::storage),
+        Format::Uuidv7 => state.store.create_batch(ids, format, &new_uuidv7, now_ms()).await.map_err(ApiError::storage),
+    }
+}
+
+fn mapping_json(m: &Mapping) -> Value {
+    json!({"public_id": m.public_id, "internal_id": m.internal_id.to_string(), "format": m.format.as_str()})
+}
+
+pub async fn create(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = json_object(body).await?;
+    only_fields(&body, &["internal_id", "format"])?;
+    let id = parse_internal_id(body.get("internal_id").ok_or_else(|| ApiError::bad("internal_id is required"))?)?;
+    let format = parse_format(body.get("format"))?;
+    let mapping = map_ids(&state, &[id], format).await?.remove(0);
+    // Encrypted IDs are computed, never created: always 200.
+    let status = if mapping.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(mapping_json(&mapping))).into_response())
+}
+
+pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
+    let body = json_object(body).await?;
+    only_fields(&body, &["internal_ids", "format"])?;
+    let ids = body
+        .get("internal_ids")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad("internal_ids (an array of 1 to 1000 internal IDs) is required"))?;
+    if ids.is_empty() || ids.len() > MAX_BATCH {
+        return Err(ApiError::bad(format!("internal_ids must hold 1 to {MAX_BATCH} IDs, not {}", ids.len())));
+    }
+    let mut parsed: Vec<u64> = ids.iter().map(parse_internal_id).collect::<Result<_, _>>()?;
+    parsed.sort_unstable();
+    parsed.dedup();
+    let format = parse_format(body.get("format"))?;
+    let mappings = map_ids(&state, &parsed, format).await?;
+    let by_id: std::collections::HashMap<u64, &Mapping> = mappings.iter().map(|m| (m.internal_id, m)).collect();
+    let ordered: Vec<Value> = ids
+        .iter()
+        .map(|v| {
+            let m = by_id[&parse_internal_id(v).expect("parsed above")];
+            let mut j = mapping_json(m);
+            j["created"] = json!(m.created);
+            j
+        })
+        .collect();
+    Ok(Json(json!({"public_ids": ordered})))
+}
+
+pub async fn resolve(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Ok(Path(public_id)) = path else { return Err(ApiError::not_found()) };
+    let internal = match public_id.len() {
+        28 => state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)),
+        26 if format::is_opaque_text(&public_id) => state.store.resolve(&public_id).await.map_err(ApiError::storage)?,
+        36 if uuid::parse_v7(&public_id).is_ok() => {
+            state.store.resolve(&public_id.to_ascii_lowercase()).await.map_err(ApiError::storage)?
+        }
+        _ => None,
+    };
+    let internal = internal.ok_or_else(ApiError::not_found)?;
+    Ok(Json(json!({"public_id": public_id, "internal_id": internal.to_string()})))
+}
+
+#[derive(serde::Deserialize)]
+pub struct FormatQuery {
+    format: Option<String>,
+}
+
+pub async fn lookup(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<FormatQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(text) = path.map_err(|_| ApiError::bad("the internal ID in the path is not valid UTF-8"))?;
+    let Query(query) = query.map_err(|e| ApiError::bad(e.body_text()))?;
+    let id = parse_internal_id(&Value::String(text))?;
+    let format = parse_format(query.format.map(Value::String).as_ref())?;
+    let public_id = match format {
+        Format::Encrypted => map_ids(&state, &[id], format).await?.remove(0).public_id,
+        stored => state.store.lookup(id, stored).await.map_err(ApiError::storage)?.ok_or_else(|| ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found",
+            message: format!("internal ID {id} has no {} public ID", stored.as_str()),
+        })?,
+    };
+    Ok(Json(json!({"public_id": public_id, "internal_id": id.to_string(), "format": format.as_str()})))
+}
+
+pub async fn healthz(State(state): State<AppState>) -> Json<Value> {
+    let encrypted = state.keyring.as_ref().map(|k| json!({"key_versions": k.versions()}));
+    Json(json!({"status": "ok", "encrypted": encrypted}))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        code: "method_not_allowed",
+        message: "this endpoint does not accept that method".into(),
+    }
+}

@@ -1,0 +1,71 @@
+//! Configuration: a TOML file plus `IDGEN_PUBLIC_IDS_…` environment variables.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PublicIdsConfig {
+    pub listen: SocketAddr,
+    /// `postgres://…` in production; `sqlite://…` as the embedded default.
+    pub database_url: String,
+    /// The KMS key that wraps the encrypted format's data keys; unset: no encrypted format.
+    pub kms: Option<KmsSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KmsSection {
+    pub key_id: String,
+    #[serde(default = "default_region")]
+    pub region: String,
+    pub endpoint: Option<String>,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+impl Default for PublicIdsConfig {
+    fn default() -> Self {
+        PublicIdsConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8709)),
+            database_url: "sqlite://.idgen/public-ids.db".into(),
+            kms: None,
+        }
+    }
+}
+
+impl KmsSection {
+    pub fn settings(&self) -> idgen::dynamodb::AwsSettings {
+        idgen::dynamodb::AwsSettings {
+            region: self.region.clone(),
+            endpoint: self.endpoint.clone(),
+            ..Default::default()
+        }
+        .patient()
+    }
+}
+
+impl PublicIdsConfig {
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        builder
+            .add_source(
+                config::Environment::with_prefix("IDGEN_PUBLIC_IDS")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .context("reading the public-ID configuration")?
+            .try_deserialize()
+            .context("parsing the public-ID configuration")
+    }
+}

@@ -1,0 +1,211 @@
+//! Public-ID formats and their text: lowercase Crockford base32, opaque random IDs, UUIDv7, and
+//! the stateless encrypted form (a key-version byte + one AES-256 block of the internal ID and
+//! eight zero bytes).
+
+use std::collections::BTreeMap;
+
+use aes::Aes256;
+use aes::cipher::generic_array::GenericArray;
+use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit};
+use zeroize::Zeroizing;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    Opaque,
+    Uuidv7,
+    Encrypted,
+}
+
+impl Format {
+    pub fn parse(text: &str) -> Option<Format> {
+        match text {
+            "opaque" => Some(Format::Opaque),
+            "uuidv7" => Some(Format::Uuidv7),
+            "encrypted" => Some(Format::Encrypted),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Opaque => "opaque",
+            Format::Uuidv7 => "uuidv7",
+            Format::Encrypted => "encrypted",
+        }
+    }
+}
+
+const ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+
+/// Big-endian bytes as lowercase Crockford base32, most significant bits first (zero-padded at
+/// the top), so every value of one length has one text length: 16 bytes → 26 characters.
+pub fn crockford_encode(bytes: &[u8]) -> String {
+    let bits = bytes.len() * 8;
+    let chars = bits.div_ceil(5);
+    let mut out = String::with_capacity(chars);
+    for c in 0..chars {
+        // Bit offset of this character's lowest bit, counted from the least significant end.
+        let low = (chars - 1 - c) * 5;
+        let mut value = 0u8;
+        for b in (0..5).rev() {
+            let bit = low + b;
+            let set = bit < bits && (bytes[bytes.len() - 1 - bit / 8] >> (bit % 8)) & 1 == 1;
+            value = (value << 1) | u8::from(set);
+        }
+        out.push(ALPHABET[value as usize] as char);
+    }
+    out
+}
+
+/// The inverse of [`crockford_encode`] for exactly `len` bytes; case-insensitive. `None` for any
+/// other length, character, or a padding bit that is set.
+pub fn crockford_decode(text: &str, len: usize) -> Option<Vec<u8>> {
+    let bits = len * 8;
+    if text.len() != bits.div_ceil(5) {
+        return None;
+    }
+    let mut out = vec![0u8; len];
+    let chars = text.len();
+    for (c, ch) in text.bytes().enumerate() {
+        let value = ALPHABET.iter().position(|&a| a == ch.to_ascii_lowercase())? as u8;
+        let low = (chars - 1 - c) * 5;
+        for b in 0..5 {
+            if (value >> b) & 1 == 1 {
+                let bit = low + b;
+                if bit >= bits {
+                    return None;
+                }
+                out[len - 1 - bit / 8] |= 1 << (bit % 8);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// 128 bits from the operating system's CSPRNG, as 26 characters.
+pub fn new_opaque() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    Ok(crockford_encode(&bytes))
+}
+
+pub fn is_opaque_text(text: &str) -> bool {
+    crockford_decode(text, 16).is_some() && text.bytes().all(|b| !b.is_ascii_uppercase())
+}
+
+/// Data keys by version, plaintext only in memory (zeroized on drop), never logged.
+pub struct Keyring {
+    ciphers: BTreeMap<u8, Aes256>,
+}
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keyring {{ versions: {:?} }}", self.ciphers.keys().collect::<Vec<_>>())
+    }
+}
+
+impl Keyring {
+    /// From plaintext 32-byte data keys by version. The key bytes are wiped by the caller's
+    /// `Zeroizing` wrapper; the ciphers zeroize their schedules on drop.
+    pub fn new(keys: Vec<(u8, Zeroizing<Vec<u8>>)>) -> Result<Keyring, String> {
+        let mut ciphers = BTreeMap::new();
+        for (version, key) in keys {
+            if key.len() != 32 {
+                return Err(format!("data key version {version} is {} bytes, not 32", key.len()));
+            }
+            if version == 0 {
+                return Err("key version 0 is not used".into());
+            }
+            ciphers.insert(version, Aes256::new(GenericArray::from_slice(&key)));
+        }
+        Ok(Keyring { ciphers })
+    }
+
+    pub fn current_version(&self) -> Option<u8> {
+        self.ciphers.keys().next_back().copied()
+    }
+
+    pub fn versions(&self) -> Vec<u8> {
+        self.ciphers.keys().copied().collect()
+    }
+
+    /// Version byte + AES-256(internal ID ‖ 8 zero bytes), 17 bytes as 28 characters.
+    pub fn encrypt(&self, internal_id: u64) -> Option<String> {
+        let version = self.current_version()?;
+        let mut block = [0u8; 16];
+        block[..8].copy_from_slice(&internal_id.to_be_bytes());
+        let mut block = GenericArray::from(block);
+        self.ciphers[&version].encrypt_block(&mut block);
+        let mut bytes = [0u8; 17];
+        bytes[0] = version;
+        bytes[1..].copy_from_slice(&block);
+        Some(crockford_encode(&bytes))
+    }
+
+    /// The internal ID, if the text is a well-formed encrypted ID under a known key version whose
+    /// eight check bytes decrypt to zero. Every failure is the same `None`.
+    pub fn decrypt(&self, text: &str) -> Option<u64> {
+        let bytes = crockford_decode(text, 17)?;
+        let cipher = self.ciphers.get(&bytes[0])?;
+        let mut block = GenericArray::clone_from_slice(&bytes[1..]);
+        cipher.decrypt_block(&mut block);
+        let check = block[8..].iter().fold(0u8, |acc, b| acc | b);
+        (check == 0).then(|| u64::from_be_bytes(block[..8].try_into().expect("8 bytes")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crockford_round_trips_at_every_length() {
+        for len in [1usize, 5, 16, 17] {
+            let bytes: Vec<u8> = (0..len as u8).map(|i| i.wrapping_mul(73).wrapping_add(11)).collect();
+            let text = crockford_encode(&bytes);
+            assert_eq!(text.len(), (len * 8).div_ceil(5));
+            assert_eq!(crockford_decode(&text, len).unwrap(), bytes);
+            assert_eq!(crockford_decode(&text.to_uppercase(), len).unwrap(), bytes);
+        }
+        assert_eq!(crockford_encode(&[0xff; 16]), format!("7{}", "z".repeat(25)));
+        assert!(crockford_decode(&format!("8{}", "z".repeat(25)), 16).is_none(), "padding bit set");
+        assert!(crockford_decode("u000000000000000000000000", 16).is_none(), "wrong length");
+        assert!(crockford_decode(&format!("u{}", "0".repeat(25)), 16).is_none(), "u is not in the alphabet");
+    }
+
+    #[test]
+    fn opaque_ids_are_26_lowercase_characters() {
+        let a = new_opaque().unwrap();
+        assert_eq!(a.len(), 26);
+        assert!(is_opaque_text(&a));
+        assert_ne!(a, new_opaque().unwrap());
+    }
+
+    #[test]
+    fn encrypted_ids_round_trip_rotate_and_refuse_forgeries() {
+        let one = Keyring::new(vec![(1, Zeroizing::new(vec![7u8; 32]))]).unwrap();
+        let text = one.encrypt(97_301_141_913_751_557).unwrap();
+        assert_eq!(text.len(), 28);
+        assert_eq!(one.decrypt(&text), Some(97_301_141_913_751_557));
+        // Rotation: version 2 encrypts; version 1 IDs still resolve.
+        let both = Keyring::new(vec![(1, Zeroizing::new(vec![7u8; 32])), (2, Zeroizing::new(vec![9u8; 32]))]).unwrap();
+        let newer = both.encrypt(97_301_141_913_751_557).unwrap();
+        assert_ne!(newer, text);
+        assert_eq!(both.decrypt(&text), Some(97_301_141_913_751_557));
+        assert_eq!(both.decrypt(&newer), Some(97_301_141_913_751_557));
+        // Every single-character change is refused.
+        for i in 2..text.len() {
+            for replacement in ['0', 'z', 'm'] {
+                let mut forged: Vec<char> = text.chars().collect();
+                if forged[i] == replacement {
+                    continue;
+                }
+                forged[i] = replacement;
+                let forged: String = forged.into_iter().collect();
+                assert_eq!(one.decrypt(&forged), None, "{forged}");
+            }
+        }
+        assert_eq!(one.decrypt("not-an-id"), None);
+        assert!(format!("{both:?}").contains("[1, 2]") && !format!("{both:?}").contains('7'));
+    }
+}

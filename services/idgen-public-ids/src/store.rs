@@ -1,0 +1,199 @@
+//! Mappings and wrapped data keys, in PostgreSQL (production) or SQLite (embedded default): one
+//! implementation over sqlx `Any`, the same suite run on both.
+
+use std::str::FromStr;
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::{AnyPool, Row};
+
+use crate::format::Format;
+
+static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/sqlite");
+static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/postgres");
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub internal_id: u64,
+    pub format: Format,
+    pub public_id: String,
+    /// False when the mapping already existed (the create was idempotent).
+    pub created: bool,
+}
+
+#[derive(Clone)]
+pub struct PublicIdStore {
+    pool: AnyPool,
+    postgres: bool,
+}
+
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
+}
+
+impl PublicIdStore {
+    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+        sqlx::any::install_default_drivers();
+        let postgres = url.starts_with("postgres");
+        let pool = if postgres {
+            let pg = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?;
+            POSTGRES.run(&pg).await?;
+            pg.close().await;
+            AnyPoolOptions::new().max_connections(16).connect(url).await?
+        } else {
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                .busy_timeout(std::time::Duration::from_secs(5));
+            let sqlite = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
+            SQLITE.run(&sqlite).await?;
+            sqlite.close().await;
+            AnyPoolOptions::new().max_connections(1).connect(url).await?
+        };
+        Ok(PublicIdStore { pool, postgres })
+    }
+
+    /// The mapping of each internal ID in `format`, creating the missing ones with `make()`,
+    /// idempotently: concurrent creates of one internal ID all get the one mapping that won. A
+    /// collision of random public IDs is retried with a fresh one, never surfaced.
+    pub async fn create_batch(
+        &self,
+        internal_ids: &[u64],
+        format: Format,
+        make: &(dyn Fn() -> String + Sync),
+        now_ms: i64,
+    ) -> Result<Vec<Mapping>, sqlx::Error> {
+        let mut result: Vec<Option<Mapping>> = vec![None; internal_ids.len()];
+        for _ in 0..8 {
+            let pending: Vec<usize> = (0..internal_ids.len()).filter(|&i| result[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let offered: Vec<(u64, String)> = pending.iter().map(|&i| (internal_ids[i], make())).collect();
+            let found = self.insert_and_read(&offered, format, now_ms).await?;
+            for &i in &pending {
+                let id = internal_ids[i];
+                if let Some(public_id) = found.get(&id) {
+                    let ours = offered.iter().any(|(o, p)| *o == id && p == public_id);
+                    result[i] = Some(Mapping { internal_id: id, format, public_id: public_id.clone(), created: ours });
+                }
+            }
+        }
+        result
+            .into_iter()
+            .map(|m| m.ok_or_else(|| sqlx::Error::Protocol("public ID collisions kept repeating".into())))
+            .collect()
+    }
+
+    /// One statement on PostgreSQL (a data-modifying CTE), one transaction of two on SQLite.
+    async fn insert_and_read(
+        &self,
+        offered: &[(u64, String)],
+        format: Format,
+        now_ms: i64,
+    ) -> Result<std::collections::HashMap<u64, String>, sqlx::Error> {
+        let mut found = std::collections::HashMap::new();
+        if self.postgres {
+            let values: Vec<String> =
+                (0..offered.len()).map(|i| format!("(${}::BIGINT, ${}::TEXT)", 2 * i + 3, 2 * i + 4)).collect();
+            let sql = format!(
+                "WITH offered (internal_id, public_id) AS (VALUES {}), \
+                 inserted AS (INSERT INTO public_ids (internal_id, format, public_id, created_at_ms) \
+                              SELECT internal_id, $1, public_id, $2 FROM offered ON CONFLICT DO NOTHING \
+                              RETURNING internal_id, public_id) \
+                 SELECT internal_id, public_id FROM inserted \
+                 UNION ALL SELECT p.internal_id, p.public_id FROM public_ids p JOIN offered o ON p.internal_id = o.internal_id \
+                 WHERE p.format = $1",
+                values.join(", ")
+            );
+            let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms);
+            for (id, public) in offered {
+                query = query.bind(*id as i64).bind(public.clone());
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                let id: i64 = row.try_get("internal_id")?;
+                found.insert(id as u64, row.try_get("public_id")?);
+            }
+            return Ok(found);
+        }
+        let mut tx = self.pool.begin().await?;
+        let values: Vec<String> =
+            (0..offered.len()).map(|i| format!("(${}, $1, ${}, $2)", 2 * i + 3, 2 * i + 4)).collect();
+        let sql = format!(
+            "INSERT INTO public_ids (internal_id, format, public_id, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+            values.join(", ")
+        );
+        let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms);
+        for (id, public) in offered {
+            query = query.bind(*id as i64).bind(public.clone());
+        }
+        query.execute(&mut *tx).await?;
+        let list: Vec<String> = (0..offered.len()).map(|i| format!("${}", i + 2)).collect();
+        let sql = format!(
+            "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id IN ({})",
+            list.join(", ")
+        );
+        let mut query = sqlx::query(&sql).bind(format.as_str());
+        for (id, _) in offered {
+            query = query.bind(*id as i64);
+        }
+        for row in query.fetch_all(&mut *tx).await? {
+            let id: i64 = row.try_get("internal_id")?;
+            found.insert(id as u64, row.try_get("public_id")?);
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    /// The internal ID a stored public ID maps to.
+    pub async fn resolve(&self, public_id: &str) -> Result<Option<u64>, sqlx::Error> {
+        let row = sqlx::query("SELECT internal_id FROM public_ids WHERE public_id = $1")
+            .bind(public_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get::<i64, _>("internal_id").map(|id| id as u64)).transpose()
+    }
+
+    /// The stored public ID of an internal ID in a format.
+    pub async fn lookup(&self, internal_id: u64, format: Format) -> Result<Option<String>, sqlx::Error> {
+        let row = sqlx::query("SELECT public_id FROM public_ids WHERE internal_id = $1 AND format = $2")
+            .bind(internal_id as i64)
+            .bind(format.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get("public_id")).transpose()
+    }
+
+    /// Wrapped data keys by version, oldest first.
+    pub async fn wrapped_keys(&self) -> Result<Vec<(u8, String, Vec<u8>)>, sqlx::Error> {
+        let rows = sqlx::query("SELECT version, kms_key_id, wrapped_key FROM public_id_keys ORDER BY version")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<i64, _>("version")? as u8, r.try_get("kms_key_id")?, r.try_get("wrapped_key")?)))
+            .collect()
+    }
+
+    /// Stores a wrapped key as the next version. `false` if another instance took that version.
+    pub async fn add_wrapped_key(
+        &self,
+        version: u8,
+        kms_key_id: &str,
+        wrapped: &[u8],
+        now_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(
+            "INSERT INTO public_id_keys (version, kms_key_id, wrapped_key, created_at_ms) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(i64::from(version))
+        .bind(kms_key_id)
+        .bind(wrapped.to_vec())
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(error) if is_unique_violation(&error) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+}

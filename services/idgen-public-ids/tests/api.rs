@@ -1,0 +1,136 @@
+//! The public-ID endpoints in-process, on SQLite, with a keyring built in the test (the KMS
+//! path has its own test): round trips in every format, idempotency, one 404 for unknown,
+//! malformed and forged IDs, and bad input.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use idgen_public_ids::format::Keyring;
+use idgen_public_ids::store::PublicIdStore;
+use idgen_public_ids::{AppState, router};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use zeroize::Zeroizing;
+
+async fn state(with_keys: bool) -> (AppState, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
+    let keyring = with_keys.then(|| Arc::new(Keyring::new(vec![(1, Zeroizing::new(vec![3u8; 32]))]).unwrap()));
+    (AppState { store: Arc::new(store), keyring }, dir)
+}
+
+async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
+    let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
+    let response = router(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn every_format_round_trips_and_creates_are_idempotent() {
+    let (s, _dir) = state(true).await;
+    for format in ["opaque", "uuidv7", "encrypted"] {
+        let body = json!({"internal_id": "97301141913751557", "format": format}).to_string();
+        let (status, created) = call(&s, Method::POST, "/v1/public-ids", &body).await;
+        assert!(
+            status == StatusCode::CREATED || (format == "encrypted" && status == StatusCode::OK),
+            "{format}: {status} {created}"
+        );
+        let public_id = created["public_id"].as_str().unwrap().to_owned();
+        let (status, again) = call(&s, Method::POST, "/v1/public-ids", &body).await;
+        assert_eq!((status, again["public_id"].as_str()), (StatusCode::OK, Some(public_id.as_str())), "{format}");
+        let (status, resolved) = call(&s, Method::GET, &format!("/v1/public-ids/{public_id}"), "").await;
+        assert_eq!(status, StatusCode::OK, "{format}: {resolved}");
+        assert_eq!(resolved, json!({"public_id": public_id, "internal_id": "97301141913751557"}));
+        let (status, looked_up) =
+            call(&s, Method::GET, &format!("/v1/internal-ids/97301141913751557/public-id?format={format}"), "").await;
+        assert_eq!((status, looked_up["public_id"].as_str()), (StatusCode::OK, Some(public_id.as_str())), "{format}");
+        assert!(!public_id.contains("97301141913751557"));
+    }
+    // The default format is opaque.
+    let (status, body) = call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": 5}"#).await;
+    assert_eq!((status, body["format"].as_str()), (StatusCode::CREATED, Some("opaque")));
+}
+
+#[tokio::test]
+async fn unknown_malformed_and_forged_ids_get_the_same_404() {
+    let (s, _dir) = state(true).await;
+    let (_, created) =
+        call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "12345", "format": "encrypted"}"#).await;
+    let encrypted = created["public_id"].as_str().unwrap().to_owned();
+    let mut flipped: Vec<char> = encrypted.chars().collect();
+    let last = flipped.len() - 1;
+    flipped[last] = if flipped[last] == 'a' { 'b' } else { 'a' };
+    let flipped: String = flipped.into_iter().collect();
+    let (_, opaque) = call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "12345"}"#).await;
+    let mut unknown_opaque = opaque["public_id"].as_str().unwrap().to_owned();
+    unknown_opaque.replace_range(25..26, if unknown_opaque.ends_with('0') { "1" } else { "0" });
+    let mut answers = Vec::new();
+    for id in [
+        flipped.as_str(),
+        unknown_opaque.as_str(),
+        "nonsense",
+        "0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f0a0b",
+        "%FF",
+        &"z".repeat(28),
+    ] {
+        answers.push(call(&s, Method::GET, &format!("/v1/public-ids/{id}"), "").await);
+    }
+    for answer in &answers {
+        assert_eq!(answer, &answers[0], "one answer for every kind of miss");
+    }
+    assert_eq!(answers[0].0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn batches_and_bad_input() {
+    let (s, _dir) = state(false).await;
+    let ids: Vec<String> = (1..=1000).map(|i| i.to_string()).collect();
+    let (status, body) =
+        call(&s, Method::POST, "/v1/public-ids:batch", &json!({"internal_ids": ids}).to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["public_ids"].as_array().unwrap().len(), 1000);
+    assert_eq!(body["public_ids"][0]["internal_id"], "1");
+    let too_many: Vec<u64> = (0..1001).collect();
+    for bad in [
+        json!({"internal_ids": too_many}).to_string(),
+        json!({"internal_ids": []}).to_string(),
+        json!({"internal_ids": ["-1"]}).to_string(),
+        json!({"internal_ids": "1"}).to_string(),
+    ] {
+        let (status, body) = call(&s, Method::POST, "/v1/public-ids:batch", &bad).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{bad}"
+        );
+    }
+    for bad in [
+        "",
+        "garbage",
+        r#"{"internal_id": "9223372036854775808"}"#,
+        r#"{"internal_id": "-5"}"#,
+        r#"{"internal_id": 1.5}"#,
+        r#"{"internal_id": "abc"}"#,
+        r#"{"internal_id": "1", "format": "rot13"}"#,
+        r#"{"internal_id": "1", "extra": true}"#,
+        r#"{}"#,
+    ] {
+        let (status, body) = call(&s, Method::POST, "/v1/public-ids", bad).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{bad}"
+        );
+    }
+    let (status, body) =
+        call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "1", "format": "encrypted"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("format_unavailable")));
+    let (status, _) = call(&s, Method::GET, "/v1/internal-ids/abc/public-id", "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = call(&s, Method::GET, "/v1/internal-ids/999999/public-id?format=opaque", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

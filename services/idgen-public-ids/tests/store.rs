@@ -1,0 +1,113 @@
+//! The public-ID store suite on SQLite and PostgreSQL (a fresh database per test on the server
+//! `IDGEN_POSTGRES_URL` names; ./scripts/test starts it). Unreachable: the tests fail.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idgen_public_ids::format::{Format, new_opaque};
+use idgen_public_ids::store::PublicIdStore;
+
+struct Db {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn sqlite() -> Db {
+    let dir = tempfile::tempdir().unwrap();
+    Db { url: format!("sqlite://{}", dir.path().join("public-ids.db").display()), _dir: Some(dir) }
+}
+
+async fn postgres() -> Db {
+    use sqlx::Connection;
+    let admin = std::env::var("IDGEN_POSTGRES_URL")
+        .expect("IDGEN_POSTGRES_URL is not set: these tests need PostgreSQL (./scripts/test starts it)");
+    let name = format!("idgen_public_ids_test_{}_{}", std::process::id(), rand::random::<u32>());
+    let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to PostgreSQL");
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base).to_owned();
+    Db { url: format!("{base}/{name}"), _dir: None }
+}
+
+fn opaque() -> String {
+    new_opaque().unwrap()
+}
+
+async fn creates_are_idempotent_per_format(db: Db) {
+    let store = PublicIdStore::connect(&db.url).await.unwrap();
+    let first = store.create_batch(&[42], Format::Opaque, &opaque, 1).await.unwrap().remove(0);
+    assert!(first.created);
+    assert_eq!(first.public_id.len(), 26);
+    let again = store.create_batch(&[42], Format::Opaque, &opaque, 2).await.unwrap().remove(0);
+    assert_eq!((again.public_id.as_str(), again.created), (first.public_id.as_str(), false));
+    let uuid = store
+        .create_batch(&[42], Format::Uuidv7, &|| "0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f0a0b".into(), 3)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_ne!(uuid.public_id, first.public_id, "one public ID per format");
+    assert_eq!(store.resolve(&first.public_id).await.unwrap(), Some(42));
+    assert_eq!(store.resolve(&uuid.public_id).await.unwrap(), Some(42));
+    assert_eq!(store.lookup(42, Format::Opaque).await.unwrap(), Some(first.public_id.clone()));
+    assert_eq!(store.lookup(43, Format::Opaque).await.unwrap(), None);
+    assert_eq!(store.resolve("0000000000000000000000000z").await.unwrap(), None);
+}
+
+async fn a_batch_of_a_thousand_in_one_call(db: Db) {
+    let store = PublicIdStore::connect(&db.url).await.unwrap();
+    store.create_batch(&[5, 7], Format::Opaque, &opaque, 1).await.unwrap();
+    let ids: Vec<u64> = (1..=1000).collect();
+    let mappings = store.create_batch(&ids, Format::Opaque, &opaque, 2).await.unwrap();
+    assert_eq!(mappings.len(), 1000);
+    assert_eq!(mappings.iter().filter(|m| !m.created).count(), 2, "5 and 7 existed");
+    let distinct: std::collections::HashSet<_> = mappings.iter().map(|m| m.public_id.clone()).collect();
+    assert_eq!(distinct.len(), 1000);
+    for m in mappings.iter().step_by(97) {
+        assert_eq!(store.resolve(&m.public_id).await.unwrap(), Some(m.internal_id));
+    }
+}
+
+async fn concurrent_creates_of_one_internal_id_agree(db: Db) {
+    let store = Arc::new(PublicIdStore::connect(&db.url).await.unwrap());
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create_batch(&[777], Format::Opaque, &opaque, 1).await.unwrap().remove(0) })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    let winners: std::collections::HashSet<_> = results.iter().map(|m| m.public_id.clone()).collect();
+    assert_eq!(winners.len(), 1, "every caller gets the one mapping");
+    assert_eq!(results.iter().filter(|m| m.created).count(), 1, "exactly one created it");
+}
+
+async fn a_random_collision_is_retried_not_surfaced(db: Db) {
+    let store = PublicIdStore::connect(&db.url).await.unwrap();
+    let taken = store.create_batch(&[1], Format::Opaque, &opaque, 1).await.unwrap().remove(0).public_id;
+    // The generator "collides" twice with the existing public ID, then draws a fresh one.
+    let calls = AtomicU32::new(0);
+    let colliding = || if calls.fetch_add(1, Ordering::SeqCst) < 2 { taken.clone() } else { opaque() };
+    let mapping = store.create_batch(&[2], Format::Opaque, &colliding, 2).await.unwrap().remove(0);
+    assert_ne!(mapping.public_id, taken);
+    assert!(mapping.created);
+    assert!(calls.load(Ordering::SeqCst) >= 3);
+    assert_eq!(store.resolve(&taken).await.unwrap(), Some(1), "the existing mapping is untouched");
+}
+
+macro_rules! suite {
+    ($db:ident: $($test:ident),*) => {
+        mod $db {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test(super::$db().await).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(sqlite: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
+suite!(postgres: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
