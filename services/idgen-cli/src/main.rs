@@ -3,6 +3,7 @@
 
 mod control;
 mod leases;
+mod public;
 mod up;
 
 use std::collections::HashMap;
@@ -51,6 +52,11 @@ enum Command {
         #[arg(long, env = "IDGEN_REGISTRY_URL")]
         registry: Option<String>,
     },
+    /// Public IDs: serve, create, resolve, rotate-key.
+    Public {
+        #[command(subcommand)]
+        command: public::PublicCommand,
+    },
     /// The registry's regions: list, add, retire.
     Regions {
         #[command(flatten)]
@@ -86,6 +92,10 @@ fn main() -> ExitCode {
         }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
         Command::Decode { ids, json, registry } => return decode(&ids, json, registry.as_deref()),
+        Command::Public { command } => {
+            idgen_worker::init_tracing();
+            runtime().and_then(|rt| rt.block_on(public::run(command)))
+        }
         Command::Regions { registry, command } => runtime().and_then(|rt| rt.block_on(registry.regions(command))),
         Command::Layouts { registry, command } => runtime().and_then(|rt| rt.block_on(registry.layouts(command))),
     };

@@ -2,7 +2,7 @@
 //!
 //! Starts the region registry (port P, SQLite under `./.idgen/`), registers the regions, and for
 //! each region a fleet of three workers (P+1…P+3 for the first region, P+11…P+13 for the second,
-//! …), each region with its own SQLite lease tables; all are child processes of this binary
+//! …), each region with its own SQLite lease tables, and the public-ID service (P+9); all are child processes of this binary
 //! (`idgen registry`, `idgen worker`). It prints the endpoints and the operator token, and on
 //! Ctrl-C (or SIGTERM) stops the workers — each finishes its in-flight requests and releases its
 //! lease — and then the registry. The children run in their own process group and die with this
@@ -128,12 +128,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             cutover.as_secs()
         );
     }
-    if let Some(worker) = running.get(1) {
+    if let Some(worker) = running.get(2) {
         println!();
         println!("  try:  curl -s -X POST {}/v1/ids", worker.url);
         println!("        curl -s -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", worker.url);
         println!("        curl -s {}/v1/ids/97301141913751557/decode", worker.url);
         println!("        curl -s {}/v1/layouts", running[0].url);
+        println!(
+            "        curl -s -X POST {}/v1/public-ids -d '{{\"internal_id\": \"97301141913751557\"}}'",
+            running[1].url
+        );
     }
     println!();
     println!("Ctrl-C stops everything and releases the leases.");
@@ -185,6 +189,26 @@ async fn start_all(
     .await?;
     let registry_url = registry.url.clone();
     running.push(registry);
+
+    let public_config = dir.join("public-ids.toml");
+    std::fs::write(
+        &public_config,
+        format!(
+            "# Written by `idgen up`; rewritten on every start. Add a [kms] section (key_id, region,\n# endpoint) for the encrypted format.\nlisten = {listen}\ndatabase_url = {db}\n",
+            listen =
+                toml_string(&format!("127.0.0.1:{}", args.base_port.checked_add(9).context("--base-port too high")?)),
+            db = toml_string(&format!("sqlite://{}", dir.join("public-ids.db").display())),
+        ),
+    )?;
+    running.push(
+        start_child(
+            exe,
+            "public-ids",
+            &["public", "serve", "--config", &public_config.to_string_lossy()],
+            "idgen-public-ids listening on ",
+        )
+        .await?,
+    );
 
     let http = reqwest::Client::new();
     for region in &args.regions {

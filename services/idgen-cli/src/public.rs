@@ -1,0 +1,89 @@
+//! `idgen public …`: run the public-ID service, create and resolve public IDs over its API, and
+//! add a data-key version for the encrypted format.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+#[derive(Subcommand, Debug)]
+pub enum PublicCommand {
+    /// Run the public-ID service (the same as the `idgen-public-ids` binary).
+    Serve {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The public ID of an internal ID (created if it has none in that format).
+    Create {
+        internal_id: String,
+        #[arg(long, default_value = "opaque")]
+        format: String,
+        #[arg(long, env = "IDGEN_PUBLIC_IDS_URL", default_value = "http://127.0.0.1:8709")]
+        url: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The internal ID behind a public ID.
+    Resolve {
+        public_id: String,
+        #[arg(long, env = "IDGEN_PUBLIC_IDS_URL", default_value = "http://127.0.0.1:8709")]
+        url: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a data-key version (KMS GenerateDataKey): new encrypted IDs use it, old ones still
+    /// resolve. Restart the service to load it.
+    RotateKey {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+async fn call(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+    let response = request.send().await.context("reaching the public-ID service")?;
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        bail!("{status}: {}", body["error"]["message"].as_str().unwrap_or("(no message)"));
+    }
+    Ok(body)
+}
+
+pub async fn run(command: PublicCommand) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    match command {
+        PublicCommand::Serve { config } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
+            idgen_public_ids::serve(config, idgen_worker::shutdown_signal()).await
+        }
+        PublicCommand::Create { internal_id, format, url, json } => {
+            let body = json!({"internal_id": internal_id, "format": format});
+            let answer = call(http.post(format!("{}/v1/public-ids", url.trim_end_matches('/'))).json(&body)).await?;
+            if json {
+                println!("{answer}");
+            } else {
+                println!("{}", answer["public_id"].as_str().unwrap_or(""));
+            }
+            Ok(())
+        }
+        PublicCommand::Resolve { public_id, url, json } => {
+            let answer = call(http.get(format!("{}/v1/public-ids/{public_id}", url.trim_end_matches('/')))).await?;
+            if json {
+                println!("{answer}");
+            } else {
+                println!("{}", answer["internal_id"].as_str().unwrap_or(""));
+            }
+            Ok(())
+        }
+        PublicCommand::RotateKey { config } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
+            let kms = config.kms.as_ref().context("no [kms] section: the encrypted format is not configured")?;
+            let store = idgen_public_ids::store::PublicIdStore::connect(&config.database_url).await?;
+            let client = idgen_public_ids::kms::client(&kms.settings()).await;
+            let version = idgen_public_ids::kms::add_key_version(&store, &client, &kms.key_id).await?;
+            println!("data key version {version} added; restart the service to encrypt with it");
+            Ok(())
+        }
+    }
+}
