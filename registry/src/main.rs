@@ -16,13 +16,5 @@ async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let config = idgen_registry::RegistryConfig::load(Args::parse().config.as_deref())?;
-    idgen_registry::serve(config, async {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-    })
-    .await
+    idgen_registry::serve(config, idgen::shutdown_signal()).await
 }
