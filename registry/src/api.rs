@@ -170,8 +170,9 @@ fn layouts_json(view: &ScheduleView) -> Value {
 
 pub async fn list_regions(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let regions = state.store.regions().await?;
-    let view = state.store.schedule((state.now)(), state.horizon_lead_ms).await?;
-    let total = view.region_capacity();
+    let now = (state.now)();
+    let view = state.store.schedule(now, state.horizon_lead_ms).await?;
+    let total = view.region_capacity(now);
     let left = (0..total).filter(|n| !regions.iter().any(|r| r.number == *n)).count();
     Ok(Json(json!({
         "regions": regions.iter().map(region_json).collect::<Vec<_>>(),
@@ -194,7 +195,7 @@ pub async fn add_region(State(state): State<AppState>, headers: HeaderMap, body:
         )));
     }
     let now = (state.now)();
-    let capacity = state.store.schedule(now, state.horizon_lead_ms).await?.region_capacity();
+    let capacity = state.store.schedule(now, state.horizon_lead_ms).await?.region_capacity(now);
     let region = state.store.add_region(name, capacity, &actor, now).await?;
     tracing::info!(%actor, name, number = region.number, "region added");
     Ok((StatusCode::CREATED, Json(region_json(&region))).into_response())

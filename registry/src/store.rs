@@ -55,9 +55,18 @@ pub struct ScheduleView {
 }
 
 impl ScheduleView {
-    /// Region numbers the newest layout can carry (1 if it has no region field).
-    pub fn region_capacity(&self) -> u32 {
-        self.layouts.last().map_or(1, |l| 1u32 << l.layout.region_bits())
+    /// Region numbers every layout in force now or later can carry: a number handed out today
+    /// must fit the current layout as well as the scheduled ones. (Layouts without a region
+    /// field are the home region's alone and do not count; with none but those, 1.)
+    pub fn region_capacity(&self, now_unix_ms: i64) -> u32 {
+        let now = (now_unix_ms - idgen_core::EPOCH_UNIX_MS).max(0) as u64;
+        let current = self.layouts.iter().rposition(|l| l.from_ms <= now).unwrap_or(0);
+        self.layouts[current..]
+            .iter()
+            .map(|l| l.layout.region_bits())
+            .filter(|bits| *bits > 0)
+            .min()
+            .map_or(1, |bits| 1u32 << bits)
     }
 }
 
@@ -268,36 +277,10 @@ impl RegistryStore {
     /// The schedule, with the horizon advanced to at least `now + lead` (and stored, so it never
     /// moves backwards, whatever the next reader's clock or configuration says).
     pub async fn schedule(&self, now_unix_ms: i64, lead_ms: i64) -> Result<ScheduleView, RegistryError> {
-        let wanted = horizon_for(now_unix_ms, lead_ms);
-        sqlx::query("UPDATE schedule_state SET horizon_ms = $1 WHERE id = 1 AND horizon_ms < $1")
-            .bind(wanted as i64)
-            .execute(&self.pool)
-            .await?;
-        let state = sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1")
-            .fetch_one(&self.pool)
-            .await?;
-        let rows =
-            sqlx::query("SELECT name, region_bits, machine_bits, sequence_bits, from_ms FROM layouts ORDER BY from_ms")
-                .fetch_all(&self.pool)
-                .await?;
-        let mut layouts = Vec::new();
-        for row in &rows {
-            let bits = |name: &str| -> Result<u8, RegistryError> {
-                let value: i64 = row.try_get(name)?;
-                u8::try_from(value).map_err(|_| RegistryError::Invalid(format!("{name} = {value}")))
-            };
-            let layout = Layout::new(
-                row.try_get::<String, _>("name")?,
-                bits("region_bits")?,
-                bits("machine_bits")?,
-                bits("sequence_bits")?,
-            )
-            .map_err(|e| RegistryError::Invalid(e.to_string()))?;
-            let from_ms: i64 = row.try_get("from_ms")?;
-            layouts.push(ScheduledLayout { layout, from_ms: from_ms as u64 });
-        }
-        let horizon_ms: i64 = state.try_get("horizon_ms")?;
-        Ok(ScheduleView { layouts, horizon_ms: horizon_ms as u64, home_region: state.try_get("home_region")? })
+        let mut tx = self.pool.begin().await?;
+        let view = read_schedule(&mut tx, now_unix_ms, lead_ms).await?;
+        tx.commit().await?;
+        Ok(view)
     }
 
     /// Schedules a new layout. It must start at or after the published horizon, strictly after
@@ -309,7 +292,12 @@ impl RegistryStore {
         now_unix_ms: i64,
         lead_ms: i64,
     ) -> Result<ScheduledLayout, RegistryError> {
-        let current = self.schedule(now_unix_ms, lead_ms).await?;
+        // Validation and insert happen in one transaction that first updates (and so locks) the
+        // state row: a concurrent reader, which advances the horizon through the same row, waits
+        // and then sees the new layout. No generator can be handed a horizon past a cutover it
+        // was not told about.
+        let mut tx = self.pool.begin().await?;
+        let current = read_schedule(&mut tx, now_unix_ms, lead_ms).await?;
         let conflict = |what: String| Err(RegistryError::ScheduleConflict { what });
         if current.layouts.iter().any(|l| l.layout.name() == entry.layout.name()) {
             return Err(RegistryError::LayoutExists(entry.layout.name().to_owned()));
@@ -332,19 +320,21 @@ impl RegistryStore {
             ));
         }
         if entry.layout.region_bits() > 0 {
-            let max = entry.layout.max_region();
-            if let Some(region) =
-                self.regions().await?.iter().find(|r| r.status == RegionStatus::Active && r.number > max)
-            {
+            let max = i64::from(entry.layout.max_region());
+            let row = sqlx::query(
+                "SELECT name, number FROM regions WHERE status = 'active' AND number > $1 ORDER BY number LIMIT 1",
+            )
+            .bind(max)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = row {
+                let (name, number): (String, i64) = (row.try_get("name")?, row.try_get("number")?);
                 return conflict(format!(
-                    "active region {} has number {}, which {} bits of region cannot carry",
-                    region.name,
-                    region.number,
+                    "active region {name} has number {number}, which {} bits of region cannot carry",
                     entry.layout.region_bits()
                 ));
             }
         }
-        let mut tx = self.pool.begin().await?;
         match insert_layout(&mut tx, &entry, now_unix_ms).await {
             Ok(()) => {}
             Err(RegistryError::Storage(error)) if is_unique_violation(&error) => {
@@ -383,6 +373,46 @@ impl RegistryStore {
             })
             .collect()
     }
+}
+
+/// The schedule inside a transaction: the state row is updated first (advancing the horizon to
+/// at least `now + lead`, never back), which locks it until the transaction ends.
+async fn read_schedule(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    now_unix_ms: i64,
+    lead_ms: i64,
+) -> Result<ScheduleView, RegistryError> {
+    let wanted = horizon_for(now_unix_ms, lead_ms) as i64;
+    sqlx::query(
+        "UPDATE schedule_state SET horizon_ms = CASE WHEN horizon_ms < $1 THEN $1 ELSE horizon_ms END WHERE id = 1",
+    )
+    .bind(wanted)
+    .execute(&mut **tx)
+    .await?;
+    let state =
+        sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1").fetch_one(&mut **tx).await?;
+    let rows =
+        sqlx::query("SELECT name, region_bits, machine_bits, sequence_bits, from_ms FROM layouts ORDER BY from_ms")
+            .fetch_all(&mut **tx)
+            .await?;
+    let mut layouts = Vec::new();
+    for row in &rows {
+        let bits = |name: &str| -> Result<u8, RegistryError> {
+            let value: i64 = row.try_get(name)?;
+            u8::try_from(value).map_err(|_| RegistryError::Invalid(format!("{name} = {value}")))
+        };
+        let layout = Layout::new(
+            row.try_get::<String, _>("name")?,
+            bits("region_bits")?,
+            bits("machine_bits")?,
+            bits("sequence_bits")?,
+        )
+        .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let from_ms: i64 = row.try_get("from_ms")?;
+        layouts.push(ScheduledLayout { layout, from_ms: from_ms as u64 });
+    }
+    let horizon_ms: i64 = state.try_get("horizon_ms")?;
+    Ok(ScheduleView { layouts, horizon_ms: horizon_ms as u64, home_region: state.try_get("home_region")? })
 }
 
 /// `now + lead` as ms since the idgen epoch, capped at the open horizon.

@@ -48,7 +48,7 @@ async fn default_schedule_reproduces_the_spec_vectors(db: Db) {
     let store = open(&db).await;
     let view = store.schedule(NOW, 30 * DAY).await.unwrap();
     assert_eq!(view.home_region, "us-east-1");
-    assert_eq!(view.region_capacity(), 8);
+    assert_eq!(view.region_capacity(NOW), 8, "v1 has no region field; v2 carries 8");
     let s = schedule(&view);
     let d = s.decode(97_301_141_913_751_557).unwrap();
     assert_eq!((d.layout.name(), d.machine, d.sequence), ("v1", 37, 5));
@@ -171,7 +171,9 @@ async fn layouts_are_validated(db: Db) {
     store.add_layout(v3(v2_from * 2), "alice", NOW, 30 * DAY).await.unwrap();
     let view = store.schedule(NOW, 30 * DAY).await.unwrap();
     assert_eq!(view.layouts.iter().map(|l| l.layout.name()).collect::<Vec<_>>(), ["v1", "v2", "v3"]);
-    assert_eq!(view.region_capacity(), 16);
+    assert_eq!(view.region_capacity(NOW), 8, "v2 (3 bits) is still ahead: a number must fit it too");
+    let after_v2 = idgen_core::EPOCH_UNIX_MS + v2_from as i64 * 2 + 1;
+    assert_eq!(view.region_capacity(after_v2), 16, "once only v3 (4 bits) remains");
     assert!(store.audit_log(10).await.unwrap().iter().any(|a| a.action == "add_layout" && a.detail.starts_with("v3")));
 }
 

@@ -124,15 +124,16 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                 code: "format_unavailable",
                 message: "the encrypted format needs a KMS key, and this service has none configured".into(),
             })?;
-            Ok(ids
-                .iter()
-                .map(|&id| Mapping {
-                    internal_id: id,
-                    format,
-                    public_id: keyring.encrypt(id).expect("a keyring has a key"),
-                    created: false,
+            ids.iter()
+                .map(|&id| {
+                    let public_id = keyring.encrypt(id).ok_or_else(|| ApiError {
+                        status: StatusCode::SERVICE_UNAVAILABLE,
+                        code: "format_unavailable",
+                        message: "no data key is loaded for the encrypted format".into(),
+                    })?;
+                    Ok(Mapping { internal_id: id, format, public_id, created: false })
                 })
-                .collect())
+                .collect()
         }
         Format::Opaque => state.store.create_batch(ids, format, &new_opaque, now_ms()).await.map_err(ApiError::storage),
         Format::Uuidv7 => state.store.create_batch(ids, format, &new_uuidv7, now_ms()).await.map_err(ApiError::storage),

@@ -31,9 +31,12 @@ pub async fn add_key_version(store: &PublicIdStore, kms: &aws_sdk_kms::Client, k
 
 /// Every stored version unwrapped (creating version 1 first if there is none).
 pub async fn load_keyring(store: &PublicIdStore, kms: &aws_sdk_kms::Client, key_id: &str) -> anyhow::Result<Keyring> {
-    if store.wrapped_keys().await?.is_empty() {
-        // Two instances starting at once: one wins version 1, the other just loads it.
-        let _ = add_key_version(store, kms, key_id).await;
+    if store.wrapped_keys().await?.is_empty()
+        && let Err(error) = add_key_version(store, kms, key_id).await
+        && store.wrapped_keys().await?.is_empty()
+    {
+        // (Two instances starting at once: one wins version 1 and the other just loads it.)
+        return Err(error.context("generating the first data key"));
     }
     let mut keys = Vec::new();
     for (version, wrapping_key, wrapped) in store.wrapped_keys().await? {
@@ -41,6 +44,9 @@ pub async fn load_keyring(store: &PublicIdStore, kms: &aws_sdk_kms::Client, key_
         let plaintext =
             plain.plaintext().ok_or_else(|| anyhow::anyhow!("KMS returned no plaintext for key version {version}"))?;
         keys.push((version, Zeroizing::new(plaintext.as_ref().to_vec())));
+    }
+    if keys.is_empty() {
+        anyhow::bail!("no data key could be loaded");
     }
     Keyring::new(keys).map_err(anyhow::Error::msg)
 }

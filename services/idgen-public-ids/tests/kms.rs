@@ -16,6 +16,12 @@ async fn data_keys_are_generated_wrapped_unwrapped_and_rotated() {
     let key_id = key_id.key_metadata().unwrap().key_id().to_owned();
 
     let dir = tempfile::tempdir().unwrap();
+    // A key KMS does not know: the service must not start with no data key (it would have
+    // nothing to encrypt with).
+    let empty = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("none.db").display())).await.unwrap();
+    assert!(kms::load_keyring(&empty, &client, "no-such-key").await.is_err());
+    assert!(empty.wrapped_keys().await.unwrap().is_empty());
+
     let url = format!("sqlite://{}", dir.path().join("p.db").display());
     let store = PublicIdStore::connect(&url).await.unwrap();
     let keyring = kms::load_keyring(&store, &client, &key_id).await.unwrap();

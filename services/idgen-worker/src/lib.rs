@@ -77,8 +77,8 @@ pub async fn run(
 /// The lease table of `layout` as the configuration describes it (created first when
 /// `lease.create_tables` is set, or always for SQLite, whose tables are part of its file).
 pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
-    let table =
-        config.lease.tables.get(layout).with_context(|| format!("lease.tables has no table for layout {layout}"))?;
+    // A layout the registry added later (v3, …) gets `idgen-leases-<layout>` unless configured.
+    let table = &config.table_for(layout);
     Ok(match config.lease.store {
         StoreKind::Sqlite => {
             let path = &config.lease.sqlite_path;
@@ -198,4 +198,21 @@ pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_layout_added_later_gets_its_own_lease_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = WorkerConfig::default();
+        config.lease.sqlite_path = dir.path().join("leases.db");
+        // v3 came from the registry; the configuration names tables for v1 and v2 only.
+        let store = open_lease_store(&config, "v3").await.unwrap();
+        assert_eq!(store.describe(), "sqlite table idgen-leases-v3");
+        let store = open_lease_store(&config, "v2").await.unwrap();
+        assert_eq!(store.describe(), "sqlite table idgen-leases-v2");
+    }
 }

@@ -204,7 +204,8 @@ impl LeaseKeeper {
         let sync = clock.sync_status().refusal();
         self.generator.with_core(|core| core.set_clock_unsynchronized(sync.clone()));
         match self.state.clone() {
-            State::Unclaimed { retry_at, .. } if retry_at.is_none_or(|at| now >= at) && sync.is_some() => {
+            State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) && sync.is_some() => {
+                self.state = State::Unclaimed { failures, retry_at: Some(now + self.sync_check_every) };
                 Outcome::ClockUnsynchronized { reason: sync.unwrap_or_default() }
             }
             State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) => {
@@ -273,9 +274,13 @@ impl LeaseKeeper {
                         floor_unix_ms: wall,
                     };
                     if let Err(error) = self.generator.with_core(|core| core.install_lease(lease)) {
-                        // The range was validated against the layout, so this is a bug, not input.
-                        tracing::error!(%error, machine, "claimed a lease the generator cannot use");
-                        continue;
+                        // E.g. this region's number does not fit the layout. Trying the next
+                        // machine number would only take more rows the generator cannot use: stop,
+                        // leave this row to expire, and retry later.
+                        tracing::error!(%error, machine, layout = %self.layout, "claimed a lease the generator cannot use");
+                        let retry_in = self.backoff(failures);
+                        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in) };
+                        return Outcome::StoreUnavailable { error: StoreError::Invalid(error.to_string()), retry_in };
                     }
                     self.generator.metrics().lease_event(&self.layout, "claim");
                     tracing::info!(layout = %self.layout, machine, epoch = row.lease_epoch, expiry, "claimed machine number");

@@ -139,10 +139,11 @@ async fn an_unsynchronized_clock_refuses_until_it_recovers() {
     f.clock.set_sync_status(SyncStatus::Unsynchronized("STA_UNSYNC".into()));
     assert!(matches!(k.tick(now).await, Outcome::ClockUnsynchronized { .. }), "no claim with an unsynchronized clock");
     assert_eq!(k.machine(), None);
+    assert_eq!(k.tick(now).await, Outcome::Idle, "checked again a second later, not in a busy loop");
     assert!(matches!(g.next_id().await, Err(Refusal::ClockUnsynchronized { .. })));
     assert!(matches!(g.next_uuids(1), Err(Refusal::ClockUnsynchronized { .. })));
     f.clock.set_sync_status(SyncStatus::Synchronized { estimated_error_us: 800 });
-    k.tick(now).await;
+    assert!(matches!(k.tick(now + Duration::from_secs(1)).await, Outcome::Claimed { .. }));
     assert!(g.next_id().await.is_ok());
 }
 
