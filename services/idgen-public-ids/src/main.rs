@@ -13,8 +13,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    idgen::init_tracing();
     let config = idgen_public_ids::PublicIdsConfig::load(Args::parse().config.as_deref())?;
     idgen_public_ids::serve(config, idgen::shutdown_signal()).await
 }

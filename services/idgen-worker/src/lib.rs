@@ -194,11 +194,7 @@ pub async fn main_with(config: WorkerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
-}
+pub use idgen::init_tracing;
 
 #[cfg(test)]
 mod tests {

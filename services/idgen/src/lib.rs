@@ -75,3 +75,10 @@ pub async fn shutdown_signal() {
         _ = terminate => {}
     }
 }
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), coloured only on a terminal.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+}
