@@ -89,6 +89,16 @@ impl SqliteLeaseStore {
         Ok(())
     }
 
+    /// Records `event` in the transaction that made the change, then commits both.
+    async fn commit_audited(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Sqlite>,
+        event: &AuditEvent,
+    ) -> Result<(), StoreError> {
+        self.audit(&mut *tx, event).await?;
+        tx.commit().await.map_err(unavailable)
+    }
+
     async fn audit<'c, E>(&self, executor: E, event: &AuditEvent) -> Result<(), StoreError>
     where
         E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
@@ -160,8 +170,7 @@ impl LeaseStore for SqliteLeaseStore {
         };
         let lease = row_to_lease(&row)?;
         let event = AuditEvent::new(AuditKind::Claim, machine, holder, lease.lease_epoch, expiry_unix_ms, now_unix_ms);
-        self.audit(&mut *tx, &event).await?;
-        tx.commit().await.map_err(unavailable)?;
+        self.commit_audited(tx, &event).await?;
         Ok(ClaimOutcome::Claimed(lease))
     }
 
@@ -225,8 +234,7 @@ impl LeaseStore for SqliteLeaseStore {
             return Ok(Conditional::ConditionFailed);
         }
         let event = AuditEvent::new(AuditKind::Release, machine, holder, epoch, expiry_unix_ms, now_unix_ms);
-        self.audit(&mut *tx, &event).await?;
-        tx.commit().await.map_err(unavailable)?;
+        self.commit_audited(tx, &event).await?;
         Ok(Conditional::Applied)
     }
 
@@ -257,8 +265,7 @@ impl LeaseStore for SqliteLeaseStore {
             lease.lease_expiry,
             now_unix_ms,
         );
-        self.audit(&mut *tx, &event).await?;
-        tx.commit().await.map_err(unavailable)?;
+        self.commit_audited(tx, &event).await?;
         Ok(lease)
     }
 
@@ -290,8 +297,7 @@ impl LeaseStore for SqliteLeaseStore {
         let epoch: i64 = row.try_get("lease_epoch").map_err(unavailable)?;
         let event =
             AuditEvent::new(AuditKind::ReleaseQuarantine, machine, operator, epoch as u64, expiry_unix_ms, now_unix_ms);
-        self.audit(&mut *tx, &event).await?;
-        tx.commit().await.map_err(unavailable)?;
+        self.commit_audited(tx, &event).await?;
         Ok(Conditional::Applied)
     }
 
