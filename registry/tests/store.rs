@@ -5,34 +5,21 @@ use std::sync::Arc;
 
 use idgen_core::{Layout, Schedule, ScheduleEntry, Timestamp, format_unix_ms};
 use idgen_registry::store::{InitialSchedule, RegionStatus, RegistryError, RegistryStore, ScheduledLayout};
+use idgen_test_support::TestDatabase as Db;
 
 const NOW: i64 = 1_795_000_000_000; // 2026-11-18
 const DAY: i64 = 86_400_000;
 
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
 async fn sqlite() -> Db {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
-    Db { url, _dir: Some(dir) }
+    Db::sqlite("registry.db")
 }
 
 async fn postgres() -> Db {
-    use sqlx::Connection;
-    let admin = std::env::var("IDGEN_POSTGRES_URL")
-        .expect("IDGEN_POSTGRES_URL is not set: these tests need PostgreSQL (./scripts/test starts it)");
-    let name = format!("idgen_registry_test_{}_{}", std::process::id(), rand::random::<u32>());
-    let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to PostgreSQL");
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base).to_owned();
-    Db { url: format!("{base}/{name}"), _dir: None }
+    Db::postgres("registry").await
 }
 
 async fn open(db: &Db) -> RegistryStore {
-    RegistryStore::connect(&db.url, &InitialSchedule::spec_default("us-east-1")).await.unwrap()
+    RegistryStore::connect(db.url(), &InitialSchedule::spec_default("us-east-1")).await.unwrap()
 }
 
 fn schedule(view: &idgen_registry::store::ScheduleView) -> Schedule {

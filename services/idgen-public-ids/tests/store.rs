@@ -6,26 +6,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use idgen_public_ids::format::{Format, new_opaque};
 use idgen_public_ids::store::PublicIdStore;
-
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-}
+use idgen_test_support::TestDatabase as Db;
 
 async fn sqlite() -> Db {
-    let dir = tempfile::tempdir().unwrap();
-    Db { url: format!("sqlite://{}", dir.path().join("public-ids.db").display()), _dir: Some(dir) }
+    Db::sqlite("public-ids.db")
 }
 
 async fn postgres() -> Db {
-    use sqlx::Connection;
-    let admin = std::env::var("IDGEN_POSTGRES_URL")
-        .expect("IDGEN_POSTGRES_URL is not set: these tests need PostgreSQL (./scripts/test starts it)");
-    let name = format!("idgen_public_ids_test_{}_{}", std::process::id(), rand::random::<u32>());
-    let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to PostgreSQL");
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base).to_owned();
-    Db { url: format!("{base}/{name}"), _dir: None }
+    Db::postgres("public_ids").await
 }
 
 fn opaque() -> String {
@@ -33,7 +21,7 @@ fn opaque() -> String {
 }
 
 async fn creates_are_idempotent_per_format(db: Db) {
-    let store = PublicIdStore::connect(&db.url).await.unwrap();
+    let store = PublicIdStore::connect(db.url()).await.unwrap();
     let first = store.create_batch(&[42], Format::Opaque, &opaque, 1).await.unwrap().remove(0);
     assert!(first.created);
     assert_eq!(first.public_id.len(), 26);
@@ -53,7 +41,7 @@ async fn creates_are_idempotent_per_format(db: Db) {
 }
 
 async fn a_batch_of_a_thousand_in_one_call(db: Db) {
-    let store = PublicIdStore::connect(&db.url).await.unwrap();
+    let store = PublicIdStore::connect(db.url()).await.unwrap();
     store.create_batch(&[5, 7], Format::Opaque, &opaque, 1).await.unwrap();
     let ids: Vec<u64> = (1..=1000).collect();
     let mappings = store.create_batch(&ids, Format::Opaque, &opaque, 2).await.unwrap();
@@ -67,7 +55,7 @@ async fn a_batch_of_a_thousand_in_one_call(db: Db) {
 }
 
 async fn concurrent_creates_of_one_internal_id_agree(db: Db) {
-    let store = Arc::new(PublicIdStore::connect(&db.url).await.unwrap());
+    let store = Arc::new(PublicIdStore::connect(db.url()).await.unwrap());
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let store = store.clone();
@@ -84,7 +72,7 @@ async fn concurrent_creates_of_one_internal_id_agree(db: Db) {
 }
 
 async fn a_random_collision_is_retried_not_surfaced(db: Db) {
-    let store = PublicIdStore::connect(&db.url).await.unwrap();
+    let store = PublicIdStore::connect(db.url()).await.unwrap();
     let taken = store.create_batch(&[1], Format::Opaque, &opaque, 1).await.unwrap().remove(0).public_id;
     // The generator "collides" twice with the existing public ID, then draws a fresh one.
     let calls = AtomicU32::new(0);

@@ -1,0 +1,54 @@
+//! A throwaway database for a store test: a SQLite file in a temporary directory, or a fresh
+//! PostgreSQL database on the server `IDGEN_POSTGRES_URL` names (./scripts/test starts it).
+//! PostgreSQL unreachable or the variable unset: the test fails, it never skips.
+
+use sqlx::Connection;
+
+/// Dropped, it removes what it made: the directory, or the PostgreSQL database.
+pub struct TestDatabase {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+    /// The server's admin URL and the database's name, to drop it afterwards.
+    postgres: Option<(String, String)>,
+}
+
+impl TestDatabase {
+    /// A SQLite database `file` in a fresh temporary directory.
+    pub fn sqlite(file: &str) -> TestDatabase {
+        let dir = tempfile::tempdir().expect("creating a temporary directory");
+        let url = format!("sqlite://{}", dir.path().join(file).display());
+        TestDatabase { url, _dir: Some(dir), postgres: None }
+    }
+
+    /// A fresh PostgreSQL database named `idgen_<prefix>_test_<pid>_<random>`.
+    pub async fn postgres(prefix: &str) -> TestDatabase {
+        let admin = std::env::var("IDGEN_POSTGRES_URL")
+            .expect("IDGEN_POSTGRES_URL is not set: these tests need PostgreSQL (./scripts/test starts it)");
+        let name = format!("idgen_{prefix}_test_{}_{}", std::process::id(), rand::random::<u32>());
+        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to PostgreSQL");
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("creating a test database");
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base);
+        TestDatabase { url: format!("{base}/{name}"), _dir: None, postgres: Some((admin, name)) }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let Some((admin, name)) = self.postgres.take() else { return };
+        // Drop runs inside the test's runtime, which cannot block on itself: a thread of its own
+        // with a runtime of its own. FORCE ends the connections a pool may still hold. A failure
+        // here is not the test's: ./scripts/test drops leftovers at the start of the next run.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.ok()
+            })
+        });
+        let _ = dropped.join();
+    }
+}
