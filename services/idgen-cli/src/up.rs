@@ -99,8 +99,18 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let token = operator_token(&dir)?;
     let registry_db = dir.join("registry.db");
     if args.cutover_in.is_some() {
+        // A new schedule with its past rewritten: the old registry goes, and so do the workers'
+        // copies of it, which they would otherwise (rightly) refuse to see contradicted.
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", registry_db.display()));
+        }
+        for region_dir in std::fs::read_dir(&dir)?.flatten().filter(|e| e.path().is_dir()) {
+            for file in std::fs::read_dir(region_dir.path())?.flatten() {
+                let name = file.file_name();
+                if name.to_string_lossy().starts_with("schedule-worker-") {
+                    let _ = std::fs::remove_file(file.path());
+                }
+            }
         }
     }
 

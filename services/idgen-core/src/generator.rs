@@ -18,7 +18,7 @@
 use thiserror::Error;
 
 use crate::layout::{FieldError, LOW_BITS, Layout, MachineNumber};
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, ScheduleChange};
 use crate::time::{Timestamp, TimestampError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,14 +143,6 @@ pub struct LeaseView {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ScheduleChange {
-    #[error("the offered schedule's horizon {offered} is before the held one {held}")]
-    HorizonBackwards { held: u64, offered: u64 },
-    #[error("the offered schedule changes layouts that start before the held horizon")]
-    RewritesThePast,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum InstallError {
     #[error("layout {0} is not in the schedule")]
     UnknownLayout(String),
@@ -213,16 +205,7 @@ impl Generator {
     /// Takes a newer copy of the schedule. The past cannot change: every entry that starts
     /// before the current horizon must be the same in both, and the horizon never moves back.
     pub fn set_schedule(&mut self, schedule: Schedule) -> Result<(), ScheduleChange> {
-        let horizon = self.schedule.horizon();
-        if schedule.horizon() < horizon {
-            return Err(ScheduleChange::HorizonBackwards { held: horizon, offered: schedule.horizon() });
-        }
-        let settled = |s: &Schedule| -> Vec<crate::schedule::ScheduleEntry> {
-            s.entries().iter().filter(|e| e.from.millis() < horizon).cloned().collect()
-        };
-        if settled(&schedule) != settled(&self.schedule) {
-            return Err(ScheduleChange::RewritesThePast);
-        }
+        self.schedule.check_successor(&schedule)?;
         self.schedule = schedule;
         Ok(())
     }

@@ -13,9 +13,10 @@ pub mod time;
 pub mod uuid;
 
 pub use generator::{
-    Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, ScheduleChange,
-    WaitCause,
+    Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, WaitCause,
 };
 pub use layout::{DecodedId, FieldError, Layout, MachineNumber, RegionNumber, Sequence};
-pub use schedule::{DEFAULT_V2_FROM, DecodeError, OPEN_HORIZON, Schedule, ScheduleEntry, ScheduleError};
+pub use schedule::{
+    DEFAULT_V2_FROM, DecodeError, OPEN_HORIZON, Schedule, ScheduleChange, ScheduleEntry, ScheduleError,
+};
 pub use time::{EPOCH_UNIX_MS, MAX_TIMESTAMP, Timestamp, TimestampError, format_unix_ms, parse_rfc3339_ms};

@@ -43,6 +43,15 @@ pub enum ScheduleError {
     HorizonOutOfRange(u64),
 }
 
+/// Why a newer copy of the schedule cannot replace the one held.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ScheduleChange {
+    #[error("the offered schedule's horizon {offered} is before the held one {held}")]
+    HorizonBackwards { held: u64, offered: u64 },
+    #[error("the offered schedule changes layouts that start before the held horizon")]
+    RewritesThePast,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum DecodeError {
     #[error("bit 63 is set: {0} is not a 63-bit ID")]
@@ -87,6 +96,23 @@ impl Schedule {
             ],
             horizon,
         )
+    }
+
+    /// Whether `newer` may replace this copy. The past cannot change: every entry that starts
+    /// before this copy's horizon must be the same in both, and the horizon never moves back.
+    /// Two copies that break this rule, in use at once, could give one millisecond two layouts.
+    pub fn check_successor(&self, newer: &Schedule) -> Result<(), ScheduleChange> {
+        let horizon = self.horizon;
+        if newer.horizon < horizon {
+            return Err(ScheduleChange::HorizonBackwards { held: horizon, offered: newer.horizon });
+        }
+        let settled = |s: &Schedule| -> Vec<ScheduleEntry> {
+            s.entries.iter().filter(|e| e.from.millis() < horizon).cloned().collect()
+        };
+        if settled(newer) != settled(self) {
+            return Err(ScheduleChange::RewritesThePast);
+        }
+        Ok(())
     }
 
     pub fn entries(&self) -> &[ScheduleEntry] {

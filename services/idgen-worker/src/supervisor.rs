@@ -31,6 +31,8 @@ pub struct Supervisor {
     region_names: Arc<RwLock<HashMap<u32, String>>>,
     keepers: HashMap<String, Running>,
     next_refresh: tokio::time::Instant,
+    /// The registry's answer in force; a refresh must be able to replace it.
+    held: Option<RegistrySnapshot>,
 }
 
 impl Supervisor {
@@ -39,9 +41,10 @@ impl Supervisor {
         generator: Arc<IdGenerator>,
         holder: String,
         region_names: Arc<RwLock<HashMap<u32, String>>>,
+        held: Option<RegistrySnapshot>,
     ) -> Self {
         let next_refresh = tokio::time::Instant::now() + Duration::from_millis(config.registry_refresh_ms);
-        Supervisor { config, generator, holder, region_names, keepers: HashMap::new(), next_refresh }
+        Supervisor { config, generator, holder, region_names, keepers: HashMap::new(), next_refresh, held }
     }
 
     /// Which layouts need a lease at `now_unix_ms`.
@@ -66,7 +69,8 @@ impl Supervisor {
         needed
     }
 
-    /// Starts and stops keepers as needed. Returns the layouts now kept.
+    /// Starts and stops keepers as needed. Returns the layouts now kept. A keeper that cannot be
+    /// started is an error, but only after the keepers whose time is over have been stopped.
     pub async fn step(&mut self) -> anyhow::Result<Vec<String>> {
         if let Some(url) = self.config.registry_url.clone()
             && tokio::time::Instant::now() >= self.next_refresh
@@ -76,19 +80,12 @@ impl Supervisor {
         }
         let now = self.generator.clock().unix_ms();
         let needed = self.needed_layouts(now);
+        let mut failed = None;
         for layout in &needed {
-            if !self.keepers.contains_key(layout) {
-                let store = crate::open_lease_store(&self.config, layout).await?;
-                let keeper = LeaseKeeper::new(
-                    layout,
-                    store,
-                    self.generator.clone(),
-                    self.config.lease_config(),
-                    self.holder.clone(),
-                )?;
-                let (stop, stop_rx) = watch::channel(false);
-                tracing::info!(layout, "starting the lease keeper");
-                self.keepers.insert(layout.clone(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
+            if !self.keepers.contains_key(layout)
+                && let Err(error) = self.start_keeper(layout).await
+            {
+                failed.get_or_insert(error.context(format!("starting the lease keeper for layout {layout}")));
             }
         }
         let finished: Vec<String> = self.keepers.keys().filter(|k| !needed.contains(k)).cloned().collect();
@@ -98,21 +95,47 @@ impl Supervisor {
                 stop(running, &layout).await;
             }
         }
-        Ok(needed)
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(needed),
+        }
+    }
+
+    async fn start_keeper(&mut self, layout: &str) -> anyhow::Result<()> {
+        let store = crate::open_lease_store(&self.config, layout).await?;
+        let keeper =
+            LeaseKeeper::new(layout, store, self.generator.clone(), self.config.lease_config(), self.holder.clone())?;
+        let (stop, stop_rx) = watch::channel(false);
+        tracing::info!(layout, "starting the lease keeper");
+        self.keepers.insert(layout.to_owned(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
+        Ok(())
+    }
+
+    /// Stops every keeper; each releases its number.
+    pub async fn stop_all(&mut self) {
+        for (layout, running) in std::mem::take(&mut self.keepers) {
+            stop(running, &layout).await;
+        }
     }
 
     async fn refresh(&mut self, url: &str) {
         match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
             Ok(snapshot) => {
-                let applied = snapshot.schedule().map_err(anyhow::Error::from).and_then(|schedule| {
-                    self.generator.with_core(|core| core.set_schedule(schedule)).map_err(anyhow::Error::from)
-                });
+                let follows = match &self.held {
+                    Some(held) => snapshot.may_replace(held, &self.config.region),
+                    None => Ok(()),
+                };
+                let applied =
+                    follows.and_then(|()| snapshot.schedule()).map_err(anyhow::Error::from).and_then(|schedule| {
+                        self.generator.with_core(|core| core.set_schedule(schedule)).map_err(anyhow::Error::from)
+                    });
                 match applied {
                     Ok(()) => {
                         *self.region_names.write().unwrap_or_else(|p| p.into_inner()) = snapshot.region_names();
                         if let Err(error) = snapshot.save(&self.config.schedule_cache_path()) {
                             tracing::warn!(%error, "could not save the registry copy");
                         }
+                        self.held = Some(snapshot);
                     }
                     Err(error) => tracing::error!(%error, "the registry's schedule was refused"),
                 }
@@ -135,9 +158,7 @@ impl Supervisor {
                 changed = shutdown.changed() => if changed.is_err() { break },
             }
         }
-        for (layout, running) in std::mem::take(&mut self.keepers) {
-            stop(running, &layout).await;
-        }
+        self.stop_all().await;
         Ok(())
     }
 }
@@ -152,13 +173,30 @@ async fn stop(running: Running, layout: &str) {
 }
 
 /// The registry's answer now, or the last good copy on disk.
+///
+/// The answer must follow the copy on disk as a refresh must follow the schedule held
+/// ([`RegistrySnapshot::may_replace`]): a restart is no way around that rule. The answer is then
+/// saved; a worker that cannot save it cannot start, since the copy is what lets it restart while
+/// the registry is down.
 pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Result<RegistrySnapshot> {
     let cache = config.schedule_cache_path();
     match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
         Ok(snapshot) => {
-            if let Err(error) = snapshot.save(&cache) {
-                tracing::warn!(%error, "could not save the registry copy");
+            if cache.exists() {
+                match RegistrySnapshot::load(&cache) {
+                    Ok(held) => snapshot.may_replace(&held, &config.region).map_err(|error| {
+                        anyhow::anyhow!(
+                            "refusing to start: {error} (registry {url}, copy {path}). If the registry was restored \
+                             from a backup, repair it; if it was reset on purpose (development only), delete {path}",
+                            path = cache.display()
+                        )
+                    })?,
+                    Err(error) => tracing::warn!(%error, "the copy on disk is unreadable: replacing it"),
+                }
             }
+            snapshot.save(&cache).map_err(|error| {
+                anyhow::anyhow!("{error}: the worker needs this copy to restart while the registry is down")
+            })?;
             Ok(snapshot)
         }
         Err(error) => {

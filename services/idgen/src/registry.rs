@@ -44,6 +44,8 @@ pub enum RegistryError {
     Invalid(String),
     #[error("region {0:?} is not an active region in the registry")]
     UnknownRegion(String),
+    #[error("the registry's answer contradicts the copy held: {0}")]
+    Contradicts(String),
     #[error("schedule cache {path}: {error}")]
     Cache { path: String, error: String },
 }
@@ -113,6 +115,27 @@ impl RegistrySnapshot {
             .find(|r| r.name == name && r.status == "active")
             .map(|r| r.number)
             .ok_or_else(|| RegistryError::UnknownRegion(name.to_owned()))
+    }
+
+    /// Whether this copy may replace `held` in a generator of `region`: the schedule only moves
+    /// forward ([`Schedule::check_successor`]), and neither the region's number nor the home
+    /// region changes. A registry restored from an old backup, or a different registry, fails
+    /// this; a generator that took such an answer could share a millisecond's layout, region or
+    /// machine bits with one that did not.
+    pub fn may_replace(&self, held: &RegistrySnapshot, region: &str) -> Result<(), RegistryError> {
+        held.schedule()?.check_successor(&self.schedule()?).map_err(|e| RegistryError::Contradicts(e.to_string()))?;
+        if let (Ok(before), Ok(now)) = (held.region_number(region), self.region_number(region))
+            && before != now
+        {
+            return Err(RegistryError::Contradicts(format!("region {region} was number {before}, now {now}")));
+        }
+        if held.home_region != self.home_region {
+            return Err(RegistryError::Contradicts(format!(
+                "the home region was {}, now {}",
+                held.home_region, self.home_region
+            )));
+        }
+        Ok(())
     }
 
     /// Every region's name by number (retired ones too: their IDs still decode).
@@ -198,5 +221,28 @@ mod tests {
         bad.layouts[1].machine_bits = 10; // bits no longer sum to 22
         bad.save(&path).unwrap();
         assert!(RegistrySnapshot::load(&path).is_err());
+    }
+
+    #[test]
+    fn a_newer_copy_may_only_move_forward() {
+        let held = snapshot();
+        let mut later = snapshot();
+        later.horizon_ms += 86_400_000;
+        later.regions.push(RegionWire { name: "ap-south-1".into(), number: 3, status: "active".into() });
+        later.may_replace(&held, "eu-west-1").unwrap();
+
+        // A registry restored from an old backup: the horizon is back where it was a day ago.
+        assert!(matches!(held.may_replace(&later, "eu-west-1"), Err(RegistryError::Contradicts(_))));
+        // Another registry, or a reset one: v2 starts elsewhere, before the held horizon.
+        let mut moved = later.clone();
+        moved.layouts[1].from_ms -= 1_000;
+        assert!(matches!(moved.may_replace(&held, "eu-west-1"), Err(RegistryError::Contradicts(_))));
+        // The region was renumbered, or the home region moved.
+        let mut renumbered = later.clone();
+        renumbered.regions[1].number = 4;
+        assert!(renumbered.may_replace(&held, "eu-west-1").unwrap_err().to_string().contains("was number 2, now 4"));
+        let mut rehomed = later;
+        rehomed.home_region = "eu-west-1".into();
+        assert!(rehomed.may_replace(&held, "us-east-1").is_err());
     }
 }
