@@ -21,7 +21,9 @@ use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
 use idgen::core::{Generator, GeneratorConfig};
-use idgen::{Clock, DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, SystemClock};
+use idgen::{
+    Clock, DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, StoreError, SystemClock,
+};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -100,7 +102,18 @@ pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Re
                     .await
                     .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
             }
-            Arc::new(DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, table))
+            let store = DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, table);
+            match store.verify_tables().await {
+                Ok(()) => {}
+                Err(error @ StoreError::Unavailable(_)) => {
+                    tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
+                }
+                Err(error) => {
+                    return Err(error)
+                        .with_context(|| format!("lease table {table} in region {}", config.lease.dynamodb.region));
+                }
+            }
+            Arc::new(store)
         }
     })
 }
@@ -120,18 +133,20 @@ impl Worker {
         if !config.clock.require_sync {
             tracing::warn!("clock synchronization check is OFF: for development only, never in production");
         }
-        let (schedule, region_number, home_region, names) = match &config.registry_url {
+        let (schedule, region_number, home_region, names, held) = match &config.registry_url {
             Some(url) => {
                 let snapshot = supervisor::initial_snapshot(config, url).await?;
                 let number = snapshot.region_number(&config.region)?;
                 tracing::info!(region = %config.region, number, horizon = %supervisor::describe_ms(snapshot.horizon_ms), "schedule from the registry");
-                (snapshot.schedule()?, number, snapshot.home_region == config.region, snapshot.region_names())
+                let home = snapshot.home_region == config.region;
+                (snapshot.schedule()?, number, home, snapshot.region_names(), Some(snapshot))
             }
             None => (
                 config.schedule(),
                 config.region_number,
                 config.home_region,
                 HashMap::from([(config.region_number, config.region.clone())]),
+                None,
             ),
         };
         let core = Generator::new(
@@ -145,14 +160,18 @@ impl Worker {
         generator_metrics.register(&mut registry);
         let http_metrics = http_metrics::HttpMetrics::register(&mut registry);
         let generator = Arc::new(IdGenerator::new(core, clock.clone(), generator_metrics));
-        let holder = config.holder.clone().unwrap_or_else(|| idgen::default_holder(process_start_unix_ms));
+        let holder = idgen::holder(config.holder.as_deref(), process_start_unix_ms);
         let region_names = Arc::new(std::sync::RwLock::new(names));
-        let mut supervisor =
-            supervisor::Supervisor::new(config.clone(), generator.clone(), holder.clone(), region_names.clone());
-        // Open the lease tables now, so a misconfigured store fails the start, not a tick later.
-        supervisor.step().await?;
-
+        // The port first: a worker that cannot serve must not take a machine number with it.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        let mut supervisor =
+            supervisor::Supervisor::new(config.clone(), generator.clone(), holder.clone(), region_names.clone(), held);
+        // Open the lease tables now, so a misconfigured store fails the start, not a tick later;
+        // whatever was claimed before the failure is released.
+        if let Err(error) = supervisor.step().await {
+            supervisor.stop_all().await;
+            return Err(error);
+        }
         let state = AppState {
             generator,
             region_names,

@@ -222,24 +222,54 @@ impl DynamoDbLeaseStore {
             Err(SdkError::ServiceError(e)) if e.err().is_resource_in_use_exception() => {}
             Err(error) => return Err(unavailable(error)),
         }
-        // Wait until ACTIVE (immediate on local servers; seconds on AWS) and check the key schema.
+        // Wait until ACTIVE (immediate on local servers; seconds on AWS).
         for _ in 0..120 {
-            let described = self.client.describe_table().table_name(name).send().await.map_err(unavailable)?;
-            let table = described.table().ok_or_else(|| StoreError::Invalid(format!("{name}: no description")))?;
-            let schema: Vec<(String, KeyType)> =
-                table.key_schema().iter().map(|k| (k.attribute_name().to_owned(), k.key_type().clone())).collect();
-            let wanted: Vec<(String, KeyType)> = keys.iter().map(|(a, _, k)| ((*a).to_owned(), k.clone())).collect();
-            if schema != wanted {
-                return Err(StoreError::Invalid(format!(
-                    "table {name} exists with key schema {schema:?}, expected {wanted:?}"
-                )));
-            }
-            if table.table_status().is_some_and(|s| s.as_str() == "ACTIVE") {
+            if self.check_table(name, keys).await? {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         Err(StoreError::Unavailable(format!("table {name} did not become ACTIVE within a minute")))
+    }
+
+    /// Checks that the lease table and its audit table exist with the key schema SPEC §2 gives,
+    /// so that a mistyped table or region fails a worker's start instead of leaving it not-ready
+    /// with only warnings. A table that cannot be reached is `Unavailable`, not misconfigured.
+    pub async fn verify_tables(&self) -> Result<(), StoreError> {
+        self.check_table(&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)]).await?;
+        self.check_table(
+            &self.audit,
+            &[
+                ("machine_id", ScalarAttributeType::N, KeyType::Hash),
+                ("event_key", ScalarAttributeType::S, KeyType::Range),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `Ok(true)` when the table exists with these keys and is ACTIVE, `Ok(false)` while it is
+    /// still being created.
+    async fn check_table(&self, name: &str, keys: &[(&str, ScalarAttributeType, KeyType)]) -> Result<bool, StoreError> {
+        let described = match self.client.describe_table().table_name(name).send().await {
+            Ok(described) => described,
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => {
+                return Err(StoreError::Misconfigured(format!(
+                    "table {name} does not exist (create it with `idgen leases init`)"
+                )));
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        let table = described.table().ok_or_else(|| StoreError::Invalid(format!("{name}: no description")))?;
+        let schema: Vec<(String, KeyType)> =
+            table.key_schema().iter().map(|k| (k.attribute_name().to_owned(), k.key_type().clone())).collect();
+        let wanted: Vec<(String, KeyType)> = keys.iter().map(|(a, _, k)| ((*a).to_owned(), k.clone())).collect();
+        if schema != wanted {
+            return Err(StoreError::Misconfigured(format!(
+                "table {name} exists with key schema {schema:?}, expected {wanted:?}"
+            )));
+        }
+        Ok(table.table_status().is_some_and(|s| s.as_str() == "ACTIVE"))
     }
 
     async fn record(&self, event: AuditEvent) -> Result<(), StoreError> {

@@ -97,6 +97,9 @@ pub enum StoreError {
     /// The table answered with something that cannot be a lease row.
     #[error("lease table holds an invalid row: {0}")]
     Invalid(String),
+    /// The table does not exist or has the wrong key schema: an operator must act.
+    #[error("lease table misconfigured: {0}")]
+    Misconfigured(String),
 }
 
 #[async_trait]

@@ -1,0 +1,157 @@
+//! What a worker checks before it serves: a port it cannot bind, a registry that contradicts the
+//! copy saved by an earlier run, a copy it cannot save, and DynamoDB lease tables that do not
+//! exist (against moto, started by ./scripts/test). Each start goes through `Worker::build`.
+
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::get;
+use idgen::{LeaseStore, SqliteLeaseStore};
+use idgen_worker::Worker;
+use idgen_worker::config::{StoreKind, WorkerConfig};
+use serde_json::{Value, json};
+
+const DAY: u64 = 86_400_000;
+
+/// Milliseconds since the idgen epoch.
+fn now_ms() -> u64 {
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    (unix - idgen::core::EPOCH_UNIX_MS) as u64
+}
+
+fn config(dir: &std::path::Path) -> WorkerConfig {
+    let mut config = WorkerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        region: "eu-west-1".into(),
+        shutdown_grace_ms: 100,
+        schedule_cache: Some(dir.join("schedule.json")),
+        ..WorkerConfig::default()
+    };
+    config.clock.require_sync = false;
+    config.lease.sqlite_path = dir.join("leases.db");
+    config
+}
+
+async fn held_rows(dir: &std::path::Path) -> Vec<idgen::LeaseRow> {
+    let store = SqliteLeaseStore::open(&dir.join("leases.db"), "idgen-leases").await.unwrap();
+    store.list().await.unwrap()
+}
+
+fn published(horizon_ms: u64, v2_from_ms: u64) -> (Value, Value) {
+    let layouts = json!({
+        "layouts": [
+            {"name": "v1", "region_bits": 0, "machine_bits": 10, "sequence_bits": 12, "from_ms": 0},
+            {"name": "v2", "region_bits": 3, "machine_bits": 9, "sequence_bits": 10, "from_ms": v2_from_ms},
+        ],
+        "horizon_ms": horizon_ms,
+        "home_region": "us-east-1",
+    });
+    let regions = json!({"regions": [
+        {"name": "us-east-1", "number": 0, "status": "active"},
+        {"name": "eu-west-1", "number": 1, "status": "active"},
+    ]});
+    (layouts, regions)
+}
+
+/// A stand-in registry that publishes whatever the test sets.
+async fn registry(answer: (Value, Value)) -> (String, Arc<Mutex<(Value, Value)>>) {
+    let shared = Arc::new(Mutex::new(answer));
+    let app = axum::Router::new()
+        .route(
+            "/v1/layouts",
+            get(|State(s): State<Arc<Mutex<(Value, Value)>>>| async move { Json(s.lock().unwrap().0.clone()) }),
+        )
+        .route(
+            "/v1/regions",
+            get(|State(s): State<Arc<Mutex<(Value, Value)>>>| async move { Json(s.lock().unwrap().1.clone()) }),
+        )
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, shared)
+}
+
+async fn start_and_stop(config: &WorkerConfig) -> anyhow::Result<()> {
+    let worker = Worker::build(config, 1).await?;
+    worker.serve(async {}).await
+}
+
+#[tokio::test]
+async fn a_port_in_use_fails_the_start_before_any_number_is_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config = config(dir.path());
+    config.listen = taken.local_addr().unwrap();
+    let error = format!("{:#}", Worker::build(&config, 1).await.err().expect("the port is taken"));
+    assert!(error.contains("binding"), "{error}");
+    assert_eq!(held_rows(dir.path()).await, vec![], "a worker that cannot serve holds no machine number");
+}
+
+#[tokio::test]
+async fn a_registry_that_contradicts_the_saved_copy_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = now_ms();
+    let v2_from = now + 10 * DAY;
+    let (url, answer) = registry(published(now + 30 * DAY, v2_from)).await;
+    let mut config = config(dir.path());
+    config.registry_url = Some(url);
+    start_and_stop(&config).await.unwrap();
+    assert!(dir.path().join("schedule.json").exists(), "the first answer was saved");
+
+    // Restored from an older backup: the horizon is back where it was ten days ago.
+    *answer.lock().unwrap() = published(now + 20 * DAY, v2_from);
+    let error = format!("{:#}", Worker::build(&config, 2).await.err().expect("a horizon moved back"));
+    assert!(error.contains("refusing to start") && error.contains("horizon"), "{error}");
+    // Another registry altogether: v2 starts elsewhere, inside the saved horizon.
+    *answer.lock().unwrap() = published(now + 40 * DAY, v2_from + DAY);
+    let error = format!("{:#}", Worker::build(&config, 3).await.err().expect("the past was rewritten"));
+    assert!(error.contains("refusing to start") && error.contains("delete"), "{error}");
+    // The region renumbered.
+    let (layouts, mut regions) = published(now + 40 * DAY, v2_from);
+    regions["regions"][1]["number"] = json!(5);
+    *answer.lock().unwrap() = (layouts, regions);
+    let error = format!("{:#}", Worker::build(&config, 4).await.err().expect("the region was renumbered"));
+    assert!(error.contains("was number 1, now 5"), "{error}");
+
+    // A registry that moved forward is taken, and becomes the copy the next start is held to.
+    *answer.lock().unwrap() = published(now + 40 * DAY, v2_from);
+    start_and_stop(&config).await.unwrap();
+    *answer.lock().unwrap() = published(now + 30 * DAY, v2_from);
+    assert!(Worker::build(&config, 5).await.is_err(), "held to the newer copy now");
+}
+
+#[tokio::test]
+async fn a_copy_that_cannot_be_saved_fails_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _) = registry(published(now_ms() + 30 * DAY, now_ms() + 10 * DAY)).await;
+    let mut config = config(dir.path());
+    config.registry_url = Some(url);
+    std::fs::write(dir.path().join("not-a-directory"), b"").unwrap();
+    config.schedule_cache = Some(dir.path().join("not-a-directory/schedule.json"));
+    let error = format!("{:#}", Worker::build(&config, 1).await.err().expect("the copy cannot be written"));
+    assert!(error.contains("restart while the registry is down"), "{error}");
+}
+
+#[tokio::test]
+async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
+    let endpoint = std::env::var("IDGEN_DYNAMODB_ENDPOINT").expect(
+        "IDGEN_DYNAMODB_ENDPOINT is not set: this test needs a DynamoDB-protocol server (./scripts/test starts moto)",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.lease.store = StoreKind::Dynamodb;
+    config.lease.dynamodb.endpoint = Some(endpoint);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let unique = format!("start-{}-{nanos}", std::process::id());
+    config.lease.tables =
+        [("v1".to_owned(), format!("{unique}-v1")), ("v2".to_owned(), format!("{unique}-v2"))].into_iter().collect();
+    let error = format!("{:#}", Worker::build(&config, 1).await.err().expect("no such table"));
+    assert!(error.contains("does not exist") && error.contains("idgen leases init"), "{error}");
+
+    config.lease.create_tables = true;
+    start_and_stop(&config).await.unwrap();
+    config.lease.create_tables = false;
+    start_and_stop(&config).await.unwrap();
+}
