@@ -22,7 +22,9 @@ pub struct WorkerConfig {
     pub region_number: u32,
     /// Only the home region may issue under layouts without a region field (v1).
     pub home_region: bool,
-    /// Overrides `<host>/pid-<pid>/<start ms>`; only for several generators in one process.
+    /// The name in this worker's lease rows, instead of the host name. The process id and start
+    /// time are always appended (`<name>/pid-<pid>/<start ms>`), so processes sharing one
+    /// configuration file are still different holders.
     pub holder: Option<String>,
     /// How long to let in-flight requests finish on shutdown before releasing the lease anyway.
     pub shutdown_grace_ms: u64,
@@ -225,6 +227,20 @@ impl WorkerConfig {
         if !(0..=1_000).contains(&self.clock.max_wait_behind_ms) || !(0..=10_000).contains(&self.clock.max_error_ms) {
             bail!("clock.max_wait_behind_ms must be 0–1000 and clock.max_error_ms 0–10000");
         }
+        // One lease table per layout: two keepers of one process on one table would each see
+        // the other's row as their own. A layout the registry adds later gets
+        // `idgen-leases-<layout>`, so no configured table may take that name for another layout.
+        let mut seen = std::collections::BTreeSet::new();
+        for (layout, table) in &self.lease.tables {
+            if !seen.insert(table.as_str()) {
+                bail!("lease.tables names table {table:?} for two layouts: every layout needs its own");
+            }
+            if let Some(other) = table.strip_prefix("idgen-leases-")
+                && other != layout
+            {
+                bail!("lease.tables gives layout {layout} the table {table:?}, the default table of layout {other}");
+            }
+        }
         let schedule = self.schedule();
         for entry in schedule.entries() {
             let layout: &Layout = &entry.layout;
@@ -288,6 +304,17 @@ mod tests {
         let config = WorkerConfig::load(Some(&path)).unwrap();
         assert_eq!(config.lease.store, StoreKind::Dynamodb);
         assert_eq!(config.lease.dynamodb.settings().endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+
+        std::fs::write(&path, "[lease]\nlease_ms = 20000\nrenew_interval_ms = 16000\nfence_ms = 5000\n").unwrap();
+        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        assert!(error.contains("2 × renew interval ≤ lease − fence"), "one failed renewal would stop issuing: {error}");
+
+        std::fs::write(&path, "[lease.tables]\nv1 = \"leases\"\nv2 = \"leases\"\n").unwrap();
+        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        assert!(error.contains("for two layouts"), "{error}");
+        std::fs::write(&path, "[lease.tables]\nv1 = \"idgen-leases-v3\"\nv2 = \"idgen-leases-v2\"\n").unwrap();
+        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        assert!(error.contains("default table of layout v3"), "{error}");
 
         std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
         assert!(WorkerConfig::load(Some(&path)).is_err(), "typos are errors, not silently ignored");

@@ -24,7 +24,9 @@ use tokio::time::Instant;
 use crate::generator::IdGenerator;
 use crate::lease_store::{ClaimOutcome, Conditional, LeaseStore, StoreError};
 
-/// Lease timing and the machine-number range. Validated: fence < renew interval < lease.
+/// Lease timing and the machine-number range. Validated: 0 < fence < renew interval < lease
+/// (SPEC §2), and two renew intervals fit before the fence (one renewal may fail and the next
+/// still lands before issuing stops).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
     pub lease_ms: i64,
@@ -50,7 +52,7 @@ impl Default for LeaseConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum LeaseConfigError {
     #[error(
-        "lease timing must satisfy 0 < fence ({fence_ms} ms) < renew interval ({renew_interval_ms} ms) < lease ({lease_ms} ms)"
+        "lease timing must satisfy 0 < fence < renew interval < lease, and 2 × renew interval ≤ lease − fence (one failed renewal must not stop issuing): fence {fence_ms} ms, renew interval {renew_interval_ms} ms, lease {lease_ms} ms"
     )]
     Timing { fence_ms: i64, renew_interval_ms: i64, lease_ms: i64 },
     #[error("machine range {first}–{last} is empty or outside layout {layout}'s 0–{max}")]
@@ -61,7 +63,12 @@ pub enum LeaseConfigError {
 
 impl LeaseConfig {
     pub fn validate(&self, layout: &Layout) -> Result<(), LeaseConfigError> {
-        if !(0 < self.fence_ms && self.fence_ms < self.renew_interval_ms && self.renew_interval_ms < self.lease_ms) {
+        let fits = |lease: i64, fence: i64, renew: i64| renew.checked_mul(2).is_some_and(|two| two <= lease - fence);
+        if !(0 < self.fence_ms
+            && self.fence_ms < self.renew_interval_ms
+            && self.renew_interval_ms < self.lease_ms
+            && fits(self.lease_ms, self.fence_ms, self.renew_interval_ms))
+        {
             return Err(LeaseConfigError::Timing {
                 fence_ms: self.fence_ms,
                 renew_interval_ms: self.renew_interval_ms,
@@ -243,7 +250,14 @@ impl LeaseKeeper {
                 self.generator.with_core(|core| core.drop_lease(&self.layout));
                 self.generator.metrics().lease_event(&self.layout, "renew_lost");
                 tracing::warn!(layout = %self.layout, machine, epoch, "renewal failed its condition: lease lost, claiming another number");
-                let then = self.claim(now, 0).await;
+                let then = match self.generator.clock().sync_status().refusal() {
+                    // The same rule as any claim: none on an unsynchronized clock.
+                    Some(reason) => {
+                        self.state = State::Unclaimed { failures: 0, retry_at: Some(now + self.sync_check_every) };
+                        Outcome::ClockUnsynchronized { reason }
+                    }
+                    None => self.claim(now, 0).await,
+                };
                 Outcome::Lost { machine, then: Box::new(then) }
             }
             Err(error) => {

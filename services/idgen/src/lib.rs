@@ -34,7 +34,15 @@ pub use idgen_core as core;
 
 /// `<host>/pid-<pid>/<process start Unix ms>`: a restarted process is a new holder.
 pub fn default_holder(process_start_unix_ms: i64) -> String {
-    format!("{}/pid-{}/{}", hostname(), std::process::id(), process_start_unix_ms)
+    holder(None, process_start_unix_ms)
+}
+
+/// `<name>/pid-<pid>/<process start Unix ms>`, `name` defaulting to the host name. Only the name
+/// can be chosen: two processes never share a holder, even with one configuration file, because
+/// a lease store tells its holders apart by this string alone.
+pub fn holder(name: Option<&str>, process_start_unix_ms: i64) -> String {
+    let name = name.map(str::trim).filter(|n| !n.is_empty()).map_or_else(hostname, str::to_owned);
+    format!("{name}/pid-{}/{}", std::process::id(), process_start_unix_ms)
 }
 
 fn hostname() -> String {

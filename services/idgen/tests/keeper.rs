@@ -147,6 +147,47 @@ async fn an_unsynchronized_clock_refuses_until_it_recovers() {
     assert!(g.next_id().await.is_ok());
 }
 
+#[tokio::test]
+async fn a_lost_lease_is_not_replaced_while_the_clock_is_unsynchronized() {
+    let now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 7..=8, "a");
+    let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+    f.store.quarantine(machine, "oncall", T0 + 10).await.unwrap();
+    f.clock.advance(1_000);
+    f.clock.set_sync_status(SyncStatus::Unsynchronized("STA_UNSYNC".into()));
+    let outcome = k.tick(now + Duration::from_secs(1)).await;
+    let Outcome::Lost { then, .. } = outcome else { panic!("{outcome:?}") };
+    assert!(matches!(*then, Outcome::ClockUnsynchronized { .. }), "no claim on an unsynchronized clock: {then:?}");
+    assert_eq!(k.machine(), None);
+    let other = if machine == 7 { 8 } else { 7 };
+    assert_eq!(f.store.get(other).await.unwrap(), None, "the other number was not touched");
+    f.clock.set_sync_status(SyncStatus::Synchronized { estimated_error_us: 800 });
+    let outcome = k.tick(now + Duration::from_secs(2)).await;
+    assert!(matches!(outcome, Outcome::Claimed { machine, .. } if machine == other), "{outcome:?}");
+}
+
+#[test]
+fn lease_timing_leaves_room_for_one_failed_renewal() {
+    let v1 = idgen::core::Layout::v1();
+    let timing =
+        |lease_ms, renew_interval_ms, fence_ms| LeaseConfig { lease_ms, renew_interval_ms, fence_ms, ..config(0..=63) };
+    timing(300_000, 10_000, 5_000).validate(&v1).unwrap();
+    timing(3_000, 1_000, 500).validate(&v1).unwrap();
+    timing(3_000, 1_250, 500).validate(&v1).unwrap();
+    for (lease, renew, fence) in [
+        (20_000, 16_000, 5_000),
+        (3_000, 1_300, 500),
+        (3_000, 1_000, 0),
+        (3_000, 0, 500),
+        (3_000, 500, 3_000),
+        (300_000, 10_000, 20_000),
+    ] {
+        assert!(timing(lease, renew, fence).validate(&v1).is_err(), "lease {lease} renew {renew} fence {fence}");
+    }
+}
+
 /// A lease table that can be switched off: every call answers `Unavailable` while it is down.
 struct Switchable {
     inner: Arc<dyn LeaseStore>,
