@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -52,7 +53,15 @@ impl HttpMetrics {
 
 pub async fn record(State(metrics): State<Arc<HttpMetrics>>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_owned();
-    let method = request.method().as_str().to_owned();
+    // Callers choose the method: only the standard ones become label values, or a client sending
+    // made-up methods would grow the label set (and /metrics) without bound.
+    let method = match *request.method() {
+        Method::GET | Method::POST | Method::PUT | Method::DELETE | Method::HEAD | Method::OPTIONS | Method::PATCH => {
+            request.method().as_str()
+        }
+        _ => "other",
+    }
+    .to_owned();
     let start = Instant::now();
     let response = next.run(request).await;
     let elapsed = start.elapsed().as_secs_f64();

@@ -291,6 +291,19 @@ async fn metrics_are_prometheus_text() {
 }
 
 #[tokio::test]
+async fn made_up_methods_do_not_grow_the_metric_labels() {
+    let f = fixture();
+    for i in 0..50 {
+        let method = Method::from_bytes(format!("FOO{i}").as_bytes()).unwrap();
+        let (status, _, body, _) = call(&f, method, "/v1/ids", "").await;
+        assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+    }
+    let (_, _, _, text) = call(&f, Method::GET, "/metrics", "").await;
+    assert!(!text.contains("FOO"), "{text}");
+    assert!(text.contains(r#"idgen_http_requests_total{method="other",route="/v1/ids",status="405"} 50"#), "{text}");
+}
+
+#[tokio::test]
 async fn unknown_routes_and_methods_are_json_errors() {
     let f = fixture();
     let (status, _, body, _) = call(&f, Method::GET, "/v1/nope", "").await;
