@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use idgen_core::{DEFAULT_V2_FROM, Layout};
+use idgen_core::{DEFAULT_V2_FROM, Layout, MAX_TIMESTAMP};
 use serde::Deserialize;
 
 use crate::store::{InitialSchedule, ScheduledLayout};
@@ -67,8 +67,16 @@ impl RegistryConfig {
         if !crate::api::valid_region_name(&self.home_region) {
             bail!("home_region {:?} is not a region name", self.home_region);
         }
-        if self.horizon_lead_ms < 0 {
-            bail!("horizon_lead_ms must not be negative");
+        // Workers refuse past the horizon they hold; a lead shorter than their refresh interval
+        // would have the whole fleet refusing between two refreshes.
+        if self.horizon_lead_ms < 1_000 {
+            bail!("horizon_lead_ms must be at least 1000 (production: days; workers refuse past the horizon)");
+        }
+        if self.horizon_lead_ms < 3_600_000 {
+            tracing::warn!(
+                horizon_lead_ms = self.horizon_lead_ms,
+                "a horizon less than an hour ahead: workers refuse once the registry has been unreachable that long"
+            );
         }
         if self.operators.values().any(|t| t.len() < 16) {
             bail!("operator tokens must be at least 16 characters");
@@ -97,12 +105,34 @@ impl RegistryConfig {
     pub fn initial_schedule(&self) -> anyhow::Result<InitialSchedule> {
         let mut initial = InitialSchedule::spec_default(&self.home_region);
         if let Some(from) = self.initial_v2_from_ms {
-            if from == 0 {
-                bail!("initial_v2_from_ms must be after the epoch");
+            if from == 0 || from > MAX_TIMESTAMP {
+                bail!("initial_v2_from_ms must be after the epoch and at most {MAX_TIMESTAMP} (2^41 − 1), not {from}");
             }
             initial.layouts[1] = ScheduledLayout { layout: Layout::v2(), from_ms: from };
         }
         debug_assert_eq!(InitialSchedule::spec_default("x").layouts[1].from_ms, DEFAULT_V2_FROM);
         Ok(initial)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_horizon_lead_and_the_first_cutover_are_bounded() {
+        let mut config = RegistryConfig::default();
+        config.validate().unwrap();
+        config.horizon_lead_ms = 0;
+        assert!(format!("{:#}", config.validate().unwrap_err()).contains("at least 1000"));
+        config.horizon_lead_ms = 5_000;
+        config.validate().unwrap();
+
+        config.initial_v2_from_ms = Some(MAX_TIMESTAMP);
+        config.initial_schedule().unwrap();
+        config.initial_v2_from_ms = Some(MAX_TIMESTAMP + 1);
+        assert!(format!("{:#}", config.initial_schedule().unwrap_err()).contains("2^41"));
+        config.initial_v2_from_ms = Some(0);
+        assert!(config.initial_schedule().is_err());
     }
 }

@@ -182,6 +182,16 @@ impl RegistryStore {
             for entry in &initial.layouts {
                 insert_layout(&mut tx, entry, 0).await?;
             }
+        } else {
+            // Published once, the home region and the first layouts never change; a configuration
+            // that says otherwise is ignored, loudly.
+            let home: String = sqlx::query("SELECT home_region FROM schedule_state WHERE id = 1")
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("home_region")?;
+            if home != initial.home_region {
+                tracing::warn!(stored = %home, configured = %initial.home_region, "the home region is already published; the configured one is ignored");
+            }
         }
         match tx.commit().await {
             Ok(()) => Ok(()),
