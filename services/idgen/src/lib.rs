@@ -90,3 +90,16 @@ pub fn init_tracing() {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_holder_name_never_makes_two_processes_one_holder() {
+        let pid = std::process::id();
+        assert_eq!(super::holder(Some("web-7"), 5), format!("web-7/pid-{pid}/5"));
+        let default = super::default_holder(5);
+        assert!(default.ends_with(&format!("/pid-{pid}/5")) && !default.starts_with('/'), "{default}");
+        assert_eq!(super::holder(Some("  "), 5), default, "a blank name is the host name");
+        assert_ne!(super::holder(Some("web-7"), 5), super::holder(Some("web-7"), 6), "a restart is a new holder");
+    }
+}
