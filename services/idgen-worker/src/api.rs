@@ -80,10 +80,28 @@ pub async fn create_id(State(state): State<AppState>, body: Body) -> Result<Json
     Ok(Json(json!({ "id": id.to_string(), "id_num": id })))
 }
 
-pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
     let count = parse_count(read_body(body).await?, None)?;
     let ids = state.generator.next_ids(count).await.map_err(|refusal| ApiError::refused(&refusal))?;
-    Ok(Json(json!({ "ids": ids.iter().map(u64::to_string).collect::<Vec<_>>() })))
+    Ok(([(header::CONTENT_TYPE, "application/json")], ids_json(&ids)).into_response())
+}
+
+/// `{"ids":["…","…"]}` written straight into one buffer. At the layout cap a worker answers ~4,000
+/// of these a second; building a string and a JSON value per ID first cost most of a core.
+pub fn ids_json(ids: &[u64]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(10 + ids.len() * 22);
+    body.extend_from_slice(b"{\"ids\":[");
+    let mut digits = itoa::Buffer::new();
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.push(b'"');
+        body.extend_from_slice(digits.format(*id).as_bytes());
+        body.push(b'"');
+    }
+    body.extend_from_slice(b"]}");
+    body
 }
 
 pub async fn create_uuids(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
@@ -224,6 +242,14 @@ pub async fn not_found() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_json_is_what_serde_json_would_write() {
+        for ids in [vec![], vec![0], vec![97_301_141_913_751_557, u64::MAX >> 1, 10]] {
+            let expected = serde_json::to_vec(&json!({ "ids": ids.iter().map(u64::to_string).collect::<Vec<_>>() }));
+            assert_eq!(ids_json(&ids), expected.unwrap());
+        }
+    }
 
     #[test]
     fn ids_parse_strictly() {
