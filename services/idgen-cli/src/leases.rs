@@ -128,8 +128,8 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
 }
 
 async fn init(config: &WorkerConfig, layout: &str, json: bool) -> anyhow::Result<()> {
-    let table =
-        config.lease.tables.get(layout).with_context(|| format!("no lease table configured for layout {layout}"))?;
+    // A layout the registry added later has the default table, as the worker uses it.
+    let table = &config.table_for(layout)?;
     let audit = format!("{table}-audit");
     match config.lease.store {
         StoreKind::Dynamodb => {

@@ -191,8 +191,17 @@ impl WorkerConfig {
     }
 
     /// The lease table of a layout: configured, or `idgen-leases-<layout>` for layouts added later.
-    pub fn table_for(&self, layout: &str) -> String {
-        self.lease.tables.get(layout).cloned().unwrap_or_else(|| format!("idgen-leases-{layout}"))
+    pub fn table_for(&self, layout: &str) -> anyhow::Result<String> {
+        if let Some(table) = self.lease.tables.get(layout) {
+            return Ok(table.clone());
+        }
+        let table = format!("idgen-leases-{layout}");
+        if table.ends_with("-audit") {
+            bail!(
+                "layout {layout}'s default table {table} would be an audit table's name: configure lease.tables.{layout}"
+            );
+        }
+        Ok(table)
     }
 
     pub fn lease_config(&self) -> LeaseConfig {
@@ -232,6 +241,11 @@ impl WorkerConfig {
         // `idgen-leases-<layout>`, so no configured table may take that name for another layout.
         let mut seen = std::collections::BTreeSet::new();
         for (layout, table) in &self.lease.tables {
+            if table.ends_with("-audit") {
+                bail!(
+                    "lease.tables.{layout} = {table:?}: names ending in -audit are the audit tables' (<table>-audit)"
+                );
+            }
             if !seen.insert(table.as_str()) {
                 bail!("lease.tables names table {table:?} for two layouts: every layout needs its own");
             }
@@ -312,6 +326,11 @@ mod tests {
         std::fs::write(&path, "[lease.tables]\nv1 = \"leases\"\nv2 = \"leases\"\n").unwrap();
         let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
         assert!(error.contains("for two layouts"), "{error}");
+        std::fs::write(&path, "[lease.tables]\nv1 = \"idgen-leases\"\nv2 = \"idgen-leases-audit\"\n").unwrap();
+        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        assert!(error.contains("audit tables"), "{error}");
+        assert!(WorkerConfig::default().table_for("audit").is_err(), "idgen-leases-audit is v1's audit table");
+        assert_eq!(WorkerConfig::default().table_for("v3").unwrap(), "idgen-leases-v3");
         std::fs::write(&path, "[lease.tables]\nv1 = \"idgen-leases-v3\"\nv2 = \"idgen-leases-v2\"\n").unwrap();
         let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
         assert!(error.contains("default table of layout v3"), "{error}");

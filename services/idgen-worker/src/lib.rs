@@ -80,7 +80,7 @@ pub async fn run(
 /// `lease.create_tables` is set, or always for SQLite, whose tables are part of its file).
 pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
     // A layout the registry added later (v3, …) gets `idgen-leases-<layout>` unless configured.
-    let table = &config.table_for(layout);
+    let table = &config.table_for(layout)?;
     Ok(match config.lease.store {
         StoreKind::Sqlite => {
             let path = &config.lease.sqlite_path;

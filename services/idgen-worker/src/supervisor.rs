@@ -33,6 +33,8 @@ pub struct Supervisor {
     next_refresh: tokio::time::Instant,
     /// The registry's answer in force; a refresh must be able to replace it.
     held: Option<RegistrySnapshot>,
+    /// When a keeper for a layout not yet in force last failed to start (for the log).
+    early_failures: HashMap<String, tokio::time::Instant>,
 }
 
 impl Supervisor {
@@ -44,7 +46,16 @@ impl Supervisor {
         held: Option<RegistrySnapshot>,
     ) -> Self {
         let next_refresh = tokio::time::Instant::now() + Duration::from_millis(config.registry_refresh_ms);
-        Supervisor { config, generator, holder, region_names, keepers: HashMap::new(), next_refresh, held }
+        Supervisor {
+            config,
+            generator,
+            holder,
+            region_names,
+            keepers: HashMap::new(),
+            next_refresh,
+            held,
+            early_failures: HashMap::new(),
+        }
     }
 
     /// Which layouts need a lease at `now_unix_ms`.
@@ -69,8 +80,10 @@ impl Supervisor {
         needed
     }
 
-    /// Starts and stops keepers as needed. Returns the layouts now kept. A keeper that cannot be
-    /// started is an error, but only after the keepers whose time is over have been stopped.
+    /// Starts and stops keepers as needed. Returns the layouts now kept. A keeper for the layout
+    /// in force that cannot be started is an error, returned after the keepers whose time is over
+    /// have been stopped. One for the next layout (claimed early, before its cutover) is logged
+    /// and retried: it is not needed yet, and the worker must not refuse to start over it.
     pub async fn step(&mut self) -> anyhow::Result<Vec<String>> {
         if let Some(url) = self.config.registry_url.clone()
             && tokio::time::Instant::now() >= self.next_refresh
@@ -80,12 +93,29 @@ impl Supervisor {
         }
         let now = self.generator.clock().unix_ms();
         let needed = self.needed_layouts(now);
+        let in_force = self.generator.with_core(|core| {
+            let since_epoch = u64::try_from(now - idgen::core::EPOCH_UNIX_MS).unwrap_or(0);
+            Timestamp::from_millis(since_epoch).map(|t| core.schedule().entry_at(t).layout.name().to_owned())
+        });
         let mut failed = None;
         for layout in &needed {
-            if !self.keepers.contains_key(layout)
-                && let Err(error) = self.start_keeper(layout).await
-            {
-                failed.get_or_insert(error.context(format!("starting the lease keeper for layout {layout}")));
+            if self.keepers.contains_key(layout) {
+                continue;
+            }
+            let Err(error) = self.start_keeper(layout).await else {
+                self.early_failures.remove(layout);
+                continue;
+            };
+            let error = error.context(format!("starting the lease keeper for layout {layout}"));
+            if in_force.as_deref() == Some(layout.as_str()) {
+                failed.get_or_insert(error);
+            } else if self.early_failures.get(layout).is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                self.early_failures.insert(layout.clone(), tokio::time::Instant::now());
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    layout,
+                    "cannot claim early for the next layout; retrying (logged once a minute)"
+                );
             }
         }
         let finished: Vec<String> = self.keepers.keys().filter(|k| !needed.contains(k)).cloned().collect();
@@ -109,6 +139,13 @@ impl Supervisor {
         tracing::info!(layout, "starting the lease keeper");
         self.keepers.insert(layout.to_owned(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
         Ok(())
+    }
+
+    /// The layouts whose keepers are running, sorted.
+    pub fn layouts(&self) -> Vec<String> {
+        let mut layouts: Vec<String> = self.keepers.keys().cloned().collect();
+        layouts.sort();
+        layouts
     }
 
     /// Stops every keeper; each releases its number.

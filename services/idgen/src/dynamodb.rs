@@ -168,6 +168,13 @@ fn old_item(error: &aws_sdk_dynamodb::operation::update_item::UpdateItemError) -
 
 /// True when the row as it was before a failed condition already holds what we meant to write:
 /// a retry that met its own first attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TableState {
+    Missing,
+    Creating,
+    Active,
+}
+
 fn already_ours(old: Option<&Item>, holder: &str, expiry: i64, epoch: Option<u64>) -> Option<LeaseRow> {
     let row = lease_row(old?).ok()?;
     (row.holder == holder && row.lease_expiry == expiry && epoch.is_none_or(|e| e == row.lease_epoch)).then_some(row)
@@ -222,9 +229,10 @@ impl DynamoDbLeaseStore {
             Err(SdkError::ServiceError(e)) if e.err().is_resource_in_use_exception() => {}
             Err(error) => return Err(unavailable(error)),
         }
-        // Wait until ACTIVE (immediate on local servers; seconds on AWS).
+        // Wait until ACTIVE (immediate on local servers; seconds on AWS, where DescribeTable may
+        // not find a table that was just created).
         for _ in 0..120 {
-            if self.check_table(name, keys).await? {
+            if self.table_state(name, keys).await? == TableState::Active {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -236,27 +244,33 @@ impl DynamoDbLeaseStore {
     /// so that a mistyped table or region fails a worker's start instead of leaving it not-ready
     /// with only warnings. A table that cannot be reached is `Unavailable`, not misconfigured.
     pub async fn verify_tables(&self) -> Result<(), StoreError> {
-        self.check_table(&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)]).await?;
-        self.check_table(
-            &self.audit,
-            &[
-                ("machine_id", ScalarAttributeType::N, KeyType::Hash),
-                ("event_key", ScalarAttributeType::S, KeyType::Range),
-            ],
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// `Ok(true)` when the table exists with these keys and is ACTIVE, `Ok(false)` while it is
-    /// still being created.
-    async fn check_table(&self, name: &str, keys: &[(&str, ScalarAttributeType, KeyType)]) -> Result<bool, StoreError> {
-        let described = match self.client.describe_table().table_name(name).send().await {
-            Ok(described) => described,
-            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => {
+        let audit_keys = [
+            ("machine_id", ScalarAttributeType::N, KeyType::Hash),
+            ("event_key", ScalarAttributeType::S, KeyType::Range),
+        ];
+        for (name, keys) in [
+            (&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)][..]),
+            (&self.audit, &audit_keys[..]),
+        ] {
+            if self.table_state(name, keys).await? == TableState::Missing {
                 return Err(StoreError::Misconfigured(format!(
                     "table {name} does not exist (create it with `idgen leases init`)"
                 )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the table exists and is ACTIVE; a table with other keys is `Misconfigured`.
+    async fn table_state(
+        &self,
+        name: &str,
+        keys: &[(&str, ScalarAttributeType, KeyType)],
+    ) -> Result<TableState, StoreError> {
+        let described = match self.client.describe_table().table_name(name).send().await {
+            Ok(described) => described,
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => {
+                return Ok(TableState::Missing);
             }
             Err(error) => return Err(unavailable(error)),
         };
@@ -269,7 +283,11 @@ impl DynamoDbLeaseStore {
                 "table {name} exists with key schema {schema:?}, expected {wanted:?}"
             )));
         }
-        Ok(table.table_status().is_some_and(|s| s.as_str() == "ACTIVE"))
+        Ok(if table.table_status().is_some_and(|s| s.as_str() == "ACTIVE") {
+            TableState::Active
+        } else {
+            TableState::Creating
+        })
     }
 
     async fn record(&self, event: AuditEvent) -> Result<(), StoreError> {
