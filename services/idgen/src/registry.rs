@@ -124,8 +124,13 @@ impl RegistrySnapshot {
     /// machine bits with one that did not.
     pub fn may_replace(&self, held: &RegistrySnapshot, region: &str) -> Result<(), RegistryError> {
         held.schedule()?.check_successor(&self.schedule()?).map_err(|e| RegistryError::Contradicts(e.to_string()))?;
+        // A region retired and added again has a new, never-used number, and its old one is
+        // listed as retired under its name: that is the registry working, not a contradiction.
+        let retired_since =
+            |number: u32| self.regions.iter().any(|r| r.name == region && r.number == number && r.status == "retired");
         if let (Ok(before), Ok(now)) = (held.region_number(region), self.region_number(region))
             && before != now
+            && !retired_since(before)
         {
             return Err(RegistryError::Contradicts(format!("region {region} was number {before}, now {now}")));
         }
@@ -157,7 +162,8 @@ impl RegistrySnapshot {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(cache_error)?;
         }
-        let temporary = path.with_extension("tmp");
+        // Unique per writer: processes sharing one configuration share this path.
+        let temporary = path.with_extension(format!("{}.{:08x}.tmp", std::process::id(), rand::random::<u32>()));
         let text = serde_json::to_vec_pretty(self).map_err(|e| RegistryError::Invalid(e.to_string()))?;
         std::fs::write(&temporary, text).map_err(cache_error)?;
         std::fs::rename(&temporary, path).map_err(cache_error)
@@ -241,6 +247,10 @@ mod tests {
         let mut renumbered = later.clone();
         renumbered.regions[1].number = 4;
         assert!(renumbered.may_replace(&held, "eu-west-1").unwrap_err().to_string().contains("was number 2, now 4"));
+        // Retired and added again: the old number is listed as retired, the new one is new.
+        let mut re_added = renumbered.clone();
+        re_added.regions.push(RegionWire { name: "eu-west-1".into(), number: 2, status: "retired".into() });
+        re_added.may_replace(&held, "eu-west-1").unwrap();
         let mut rehomed = later;
         rehomed.home_region = "eu-west-1".into();
         assert!(rehomed.may_replace(&held, "us-east-1").is_err());
