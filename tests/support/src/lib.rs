@@ -45,8 +45,12 @@ impl Drop for TestDatabase {
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             runtime.block_on(async {
-                let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
-                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.ok()
+                let drop = async {
+                    let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
+                    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.ok()
+                };
+                // A hung server must not hang the test that already finished.
+                tokio::time::timeout(std::time::Duration::from_secs(10), drop).await.ok().flatten()
             })
         });
         let _ = dropped.join();
