@@ -26,10 +26,6 @@ pub struct AppState {
     pub now: fn() -> i64,
 }
 
-pub fn system_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,

@@ -42,7 +42,7 @@ pub async fn serve(config: RegistryConfig, shutdown: impl Future<Output = ()> + 
         store: Arc::new(store),
         operators: Arc::new(operators),
         horizon_lead_ms: config.horizon_lead_ms,
-        now: api::system_now,
+        now: idgen::system_unix_ms,
     };
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     println!("idgen-registry listening on http://{}", listener.local_addr()?);

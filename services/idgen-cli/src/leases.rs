@@ -63,16 +63,12 @@ enum LeasesCommand {
     },
 }
 
-fn now_unix_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
     let config = WorkerConfig::load(args.config.as_deref())?;
     let layout = match args.layout {
         Some(layout) => layout,
         None => {
-            let now = Timestamp::from_unix_ms(now_unix_ms()).context("the clock is outside the ID range")?;
+            let now = Timestamp::from_unix_ms(idgen::system_unix_ms()).context("the clock is outside the ID range")?;
             config.schedule().entry_at(now).layout.name().to_owned()
         }
     };
@@ -80,7 +76,7 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
         return init(&config, &layout, args.json).await;
     }
     let store = idgen_worker::open_lease_store(&config, &layout).await?;
-    let now = now_unix_ms();
+    let now = idgen::system_unix_ms();
     match args.command {
         LeasesCommand::Init => unreachable!("handled above"),
         LeasesCommand::List => {

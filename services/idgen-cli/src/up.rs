@@ -61,10 +61,6 @@ struct Running {
     child: Child,
 }
 
-fn now_unix_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 /// The operator token: reused from `<dir>/operator-token`, or made and written there.
 fn operator_token(dir: &Path) -> anyhow::Result<String> {
     let path = dir.join("operator-token");
@@ -186,7 +182,7 @@ async fn start_all(
         token_file = toml_string(&dir.join("operator-token").to_string_lossy()),
     );
     if let Some(cutover) = args.cutover_in {
-        let from = now_unix_ms() + cutover.as_millis() as i64 - idgen::core::EPOCH_UNIX_MS;
+        let from = idgen::system_unix_ms() + cutover.as_millis() as i64 - idgen::core::EPOCH_UNIX_MS;
         registry_toml += &format!("initial_v2_from_ms = {from}\n");
     }
     std::fs::write(&registry_config, registry_toml)?;

@@ -55,10 +55,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await
@@ -108,7 +104,7 @@ fn new_uuidv7() -> String {
     let _ = getrandom::fill(&mut seed);
     let counter = u64::from_le_bytes(seed[..8].try_into().expect("8"));
     let tail = u32::from_le_bytes(seed[8..].try_into().expect("4"));
-    uuid::format(&UuidV7State::default().next(now_ms(), counter, tail))
+    uuid::format(&UuidV7State::default().next(idgen::system_unix_ms(), counter, tail))
 }
 
 fn new_opaque() -> String {
@@ -135,8 +131,12 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                 })
                 .collect()
         }
-        Format::Opaque => state.store.create_batch(ids, format, &new_opaque, now_ms()).await.map_err(ApiError::storage),
-        Format::Uuidv7 => state.store.create_batch(ids, format, &new_uuidv7, now_ms()).await.map_err(ApiError::storage),
+        Format::Opaque => {
+            state.store.create_batch(ids, format, &new_opaque, idgen::system_unix_ms()).await.map_err(ApiError::storage)
+        }
+        Format::Uuidv7 => {
+            state.store.create_batch(ids, format, &new_uuidv7, idgen::system_unix_ms()).await.map_err(ApiError::storage)
+        }
     }
 }
 

@@ -13,17 +13,13 @@ pub async fn client(settings: &idgen::dynamodb::AwsSettings) -> aws_sdk_kms::Cli
     aws_sdk_kms::Client::new(&idgen::dynamodb::sdk_config(settings).await)
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Generates a new data key under `key_id` and stores its wrapped form as the next version.
 pub async fn add_key_version(store: &PublicIdStore, kms: &aws_sdk_kms::Client, key_id: &str) -> anyhow::Result<u8> {
     let next = store.wrapped_keys().await?.iter().map(|(v, _, _)| *v).max().unwrap_or(0).checked_add(1);
     let next = next.ok_or_else(|| anyhow::anyhow!("all 255 key versions are used"))?;
     let generated = kms.generate_data_key().key_id(key_id).key_spec(DataKeySpec::Aes256).send().await?;
     let wrapped = generated.ciphertext_blob().ok_or_else(|| anyhow::anyhow!("KMS returned no wrapped key"))?;
-    if !store.add_wrapped_key(next, key_id, wrapped.as_ref(), now_ms()).await? {
+    if !store.add_wrapped_key(next, key_id, wrapped.as_ref(), idgen::system_unix_ms()).await? {
         anyhow::bail!("key version {next} was added concurrently; try again");
     }
     Ok(next)

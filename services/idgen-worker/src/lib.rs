@@ -21,9 +21,7 @@ use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
 use idgen::core::{Generator, GeneratorConfig};
-use idgen::{
-    Clock, DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, StoreError, SystemClock,
-};
+use idgen::{DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, StoreError, SystemClock};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -203,7 +201,7 @@ pub use idgen::shutdown_signal;
 
 /// The worker's `main`: logs, builds, prints the address, serves until a signal.
 pub async fn main_with(config: WorkerConfig) -> anyhow::Result<()> {
-    let process_start_unix_ms = SystemClock::new(false, 5).unix_ms();
+    let process_start_unix_ms = idgen::system_unix_ms();
     let worker = Worker::build(&config, process_start_unix_ms).await?;
     let address = worker.listener.local_addr()?;
     // One line on stdout that scripts and tests read to find the port.

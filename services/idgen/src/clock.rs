@@ -59,13 +59,19 @@ impl SystemClock {
     }
 }
 
+/// The system clock's Unix milliseconds, for timestamps that are only recorded (audit rows,
+/// creation times, CLI reports); IDs take their time from a [`Clock`].
+pub fn system_unix_ms() -> i64 {
+    (system_unix_ns() / 1_000_000) as i64
+}
+
 fn system_unix_ns() -> i128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
 }
 
 impl Clock for SystemClock {
     fn unix_ms(&self) -> i64 {
-        (system_unix_ns() / 1_000_000) as i64
+        system_unix_ms()
     }
 
     fn sync_status(&self) -> SyncStatus {

@@ -18,7 +18,7 @@ pub mod metrics;
 pub mod registry;
 pub mod sqlite;
 
-pub use clock::{Clock, ManualClock, SyncStatus, SystemClock};
+pub use clock::{Clock, ManualClock, SyncStatus, SystemClock, system_unix_ms};
 pub use dynamodb::{DynamoDbLeaseStore, DynamoDbSettings};
 pub use generator::{Health, IdGenerator};
 pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, Outcome};
