@@ -166,8 +166,7 @@ fn old_item(error: &aws_sdk_dynamodb::operation::update_item::UpdateItemError) -
     }
 }
 
-/// True when the row as it was before a failed condition already holds what we meant to write:
-/// a retry that met its own first attempt.
+/// What `DescribeTable` says of a lease or audit table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TableState {
     Missing,
@@ -175,9 +174,10 @@ enum TableState {
     Active,
 }
 
+/// The row as it was before a failed condition, when it already holds what we meant to write:
+/// a retry that met its own first attempt.
 fn already_ours(old: Option<&Item>, holder: &str, expiry: i64, epoch: Option<u64>) -> Option<LeaseRow> {
-    let row = lease_row(old?).ok()?;
-    (row.holder == holder && row.lease_expiry == expiry && epoch.is_none_or(|e| e == row.lease_epoch)).then_some(row)
+    lease_row(old?).ok().filter(|row| row.is_ours(holder, expiry, epoch))
 }
 
 impl DynamoDbLeaseStore {

@@ -20,6 +20,14 @@ pub struct LeaseRow {
     pub lease_epoch: u64,
 }
 
+impl LeaseRow {
+    /// Whether this row is what our own write left: our holder and expiry, and our epoch when we
+    /// know it (a claim does not). A retry that meets its own first attempt's row is `Applied`.
+    pub fn is_ours(&self, holder: &str, expiry_unix_ms: i64, epoch: Option<u64>) -> bool {
+        self.holder == holder && self.lease_expiry == expiry_unix_ms && epoch.is_none_or(|e| e == self.lease_epoch)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
     /// The condition held: the row now names us, with this epoch and expiry.

@@ -199,9 +199,7 @@ impl LeaseStore for SqliteLeaseStore {
             return Ok(Conditional::Applied);
         }
         let current = self.get(machine).await?;
-        if current.is_some_and(|row| {
-            row.holder == holder && row.lease_epoch == epoch && row.lease_expiry == new_expiry_unix_ms
-        }) {
+        if current.is_some_and(|row| row.is_ours(holder, new_expiry_unix_ms, Some(epoch))) {
             return Ok(Conditional::Applied);
         }
         let event = AuditEvent::new(AuditKind::RenewFailed, machine, holder, epoch, new_expiry_unix_ms, now_unix_ms);
