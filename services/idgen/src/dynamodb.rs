@@ -308,10 +308,10 @@ impl DynamoDbLeaseStore {
         Ok(())
     }
 
-    /// The change itself has been applied; its audit record must not turn it into a failure
-    /// (the keeper would then act as if the claim or release had not happened). A lost record
-    /// is logged loudly instead.
-    async fn record_after_change(&self, event: AuditEvent) {
+    /// Records an event whose outcome is already decided (a change applied, or a renewal
+    /// refused): a lost record must not turn that outcome into an error the keeper would act on,
+    /// so it is logged loudly instead.
+    async fn record_or_log(&self, event: AuditEvent) {
         let what = format!("{} of machine {} by {}", event.kind.as_str(), event.machine_id, event.holder);
         if let Err(error) = self.record(event).await {
             tracing::error!(%error, table = %self.audit, "audit record lost: {what}");
@@ -363,7 +363,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             }
             Err(error) => return Err(unavailable(error)),
         };
-        self.record_after_change(AuditEvent::new(
+        self.record_or_log(AuditEvent::new(
             AuditKind::Claim,
             machine,
             holder,
@@ -403,7 +403,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 if already_ours(old, holder, new_expiry_unix_ms, Some(epoch)).is_some() {
                     return Ok(Conditional::Applied);
                 }
-                self.record(AuditEvent::new(
+                self.record_or_log(AuditEvent::new(
                     AuditKind::RenewFailed,
                     machine,
                     holder,
@@ -411,8 +411,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                     new_expiry_unix_ms,
                     now_unix_ms,
                 ))
-                .await
-                .unwrap_or_else(|error| tracing::error!(%error, machine, "audit record of a failed renewal lost"));
+                .await;
                 Ok(Conditional::ConditionFailed)
             }
             Err(error) => Err(unavailable(error)),
@@ -446,15 +445,8 @@ impl LeaseStore for DynamoDbLeaseStore {
             }
             Err(error) => return Err(unavailable(error)),
         }
-        self.record_after_change(AuditEvent::new(
-            AuditKind::Release,
-            machine,
-            holder,
-            epoch,
-            expiry_unix_ms,
-            now_unix_ms,
-        ))
-        .await;
+        self.record_or_log(AuditEvent::new(AuditKind::Release, machine, holder, epoch, expiry_unix_ms, now_unix_ms))
+            .await;
         Ok(Conditional::Applied)
     }
 
@@ -476,7 +468,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             .map_err(unavailable)?;
         let row =
             lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("quarantine returned no row".into()))?)?;
-        self.record_after_change(AuditEvent::new(
+        self.record_or_log(AuditEvent::new(
             AuditKind::Quarantine,
             machine,
             operator,
@@ -519,7 +511,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             }
             Err(error) => return Err(unavailable(error)),
         };
-        self.record_after_change(AuditEvent::new(
+        self.record_or_log(AuditEvent::new(
             AuditKind::ReleaseQuarantine,
             machine,
             operator,
