@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idgen_core::{Layout, Schedule, ScheduleEntry, Timestamp, format_unix_ms};
 use idgen_registry::store::{InitialSchedule, RegionStatus, RegistryError, RegistryStore, ScheduledLayout};
-use idgen_test_support::TestDatabase as Db;
+use idgen_test_support::{TestDatabase as Db, store_suite};
 
 const NOW: i64 = 1_795_000_000_000; // 2026-11-18
 const DAY: i64 = 86_400_000;
@@ -164,18 +164,5 @@ async fn layouts_are_validated(db: Db) {
     assert!(store.audit_log(10).await.unwrap().iter().any(|a| a.action == "add_layout" && a.detail.starts_with("v3")));
 }
 
-macro_rules! suite {
-    ($db:ident: $($test:ident),*) => {
-        mod $db {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::$db().await).await;
-                }
-            )*
-        }
-    };
-}
-
-suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated);
-suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated);
+store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated);
+store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated);

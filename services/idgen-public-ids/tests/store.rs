@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use idgen_public_ids::format::{Format, new_opaque};
 use idgen_public_ids::store::PublicIdStore;
-use idgen_test_support::TestDatabase as Db;
+use idgen_test_support::{TestDatabase as Db, store_suite};
 
 async fn sqlite() -> Db {
     Db::sqlite("public-ids.db")
@@ -84,18 +84,5 @@ async fn a_random_collision_is_retried_not_surfaced(db: Db) {
     assert_eq!(store.resolve(&taken).await.unwrap(), Some(1), "the existing mapping is untouched");
 }
 
-macro_rules! suite {
-    ($db:ident: $($test:ident),*) => {
-        mod $db {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::$db().await).await;
-                }
-            )*
-        }
-    };
-}
-
-suite!(sqlite: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
-suite!(postgres: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
+store_suite!(sqlite: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
+store_suite!(postgres: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);

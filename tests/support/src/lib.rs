@@ -1,6 +1,7 @@
-//! A throwaway database for a store test: a SQLite file in a temporary directory, or a fresh
-//! PostgreSQL database on the server `IDGEN_POSTGRES_URL` names (./scripts/test starts it).
-//! PostgreSQL unreachable or the variable unset: the test fails, it never skips.
+//! Test support for the store suites: a throwaway database (a SQLite file in a temporary
+//! directory, or a fresh PostgreSQL database on the server `IDGEN_POSTGRES_URL` names;
+//! ./scripts/test starts it) and [`store_suite!`] to run one suite per database. PostgreSQL
+//! unreachable or the variable unset: the test fails, it never skips.
 
 use sqlx::Connection;
 
@@ -55,4 +56,20 @@ impl Drop for TestDatabase {
         });
         let _ = dropped.join();
     }
+}
+
+/// `store_suite!(sqlite: test_a, test_b)` makes a module `sqlite` with one `#[tokio::test]` per
+/// name, each calling `super::test_a(super::sqlite().await)`: the same suite, once per database.
+#[macro_export]
+macro_rules! store_suite {
+    ($db:ident: $($test:ident),*) => {
+        mod $db {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test(super::$db().await).await;
+                }
+            )*
+        }
+    };
 }
