@@ -95,7 +95,7 @@ impl WorkerSpec {
             Store::Sqlite(_) => String::new(),
         };
         format!(
-            "listen = \"127.0.0.1:0\"\nshutdown_grace_ms = 2000\n{extra}\n\
+            "development = true\nlisten = \"127.0.0.1:0\"\nshutdown_grace_ms = 2000\n{extra}\n\
              [lease]\n{store}lease_ms = {lease}\nrenew_interval_ms = {renew}\n\
              fence_ms = {fence}\nfirst_machine = {first}\nlast_machine = {last}\nmax_backoff_ms = {backoff}\n\
              {dynamodb}[clock]\nrequire_sync = false\n",

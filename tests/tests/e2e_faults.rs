@@ -444,7 +444,7 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
     std::fs::write(
         config.path(),
         format!(
-            "[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\nendpoint = \"{}\"\n",
+            "development = true\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\nendpoint = \"{}\"\n",
             moto.endpoint
         ),
     )

@@ -271,3 +271,67 @@ async fn e2e_operator_commands_against_the_registry() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
     println!("operator commands: regions add/retire/list, layouts schedule/show and decode --registry all worked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_leases_commands_follow_the_registrys_schedule() {
+    // Before, `idgen leases` chose the lease table by the built-in schedule (v1 until 2028), so
+    // with the registry's v2 already in force it listed and quarantined in the wrong table.
+    let client = client();
+    let dir = tempfile::tempdir().unwrap();
+    let v2_from_unix_ms = now_unix_ms() - 60_000;
+    let registry =
+        RegistryProcess::start(&format!("initial_v2_from_ms = {}\n", v2_from_unix_ms - EPOCH_UNIX_MS)).await.unwrap();
+    registry.add_region(&client, "us-east-1").await.unwrap();
+    assert_eq!(registry.add_region(&client, "eu-west-1").await.unwrap(), 1);
+    let spec = worker_spec("eu-1", "eu-west-1", &registry.url, dir.path(), 1_000);
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    wait_for_lease(&client, &worker, "v2", Duration::from_secs(10)).await;
+    let Issued::Ids(ids) = post_ids(&client, &worker.url, 1).await.unwrap() else { panic!("eu-west-1 refused") };
+    let id = ids[0];
+    let machine = (id >> 10) & 0x1ff;
+    let config = dir.path().join("eu-1.toml");
+    std::fs::write(&config, spec.toml()).unwrap();
+    let config = config.to_str().unwrap();
+
+    let listed: serde_json::Value =
+        serde_json::from_str(&idgen_e2e::idgen(&["leases", "--config", config, "--json", "list"]).await.unwrap())
+            .unwrap();
+    let rows = listed.as_array().unwrap();
+    assert!(rows.iter().any(|r| r["machine_id"] == machine && r["state"] == "held"), "the v2 table: {listed}");
+
+    // Quarantine by the ID: the layout and the machine number come from the ID itself.
+    let quarantined =
+        idgen_e2e::idgen(&["leases", "--config", config, "--json", "quarantine", "--id", &id.to_string()])
+            .await
+            .unwrap();
+    let quarantined: serde_json::Value = serde_json::from_str(&quarantined).unwrap();
+    assert_eq!((quarantined["layout"].as_str(), quarantined["machine_id"].as_u64()), (Some("v2"), Some(machine)));
+    assert_eq!(quarantined["state"], "quarantined");
+    // An ID made in another region is refused: its number lives in that region's table.
+    let other_region = (id & !(0b111 << 19)) | (2 << 19);
+    let refused = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["leases", "--config", config, "quarantine", "--id", &other_region.to_string()])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("region number 2"), "{refused:?}");
+
+    // Lifting keeps the number out for at least the longest lease any generator may hold.
+    let before = now_unix_ms();
+    let lifted = idgen_e2e::idgen(&[
+        "leases",
+        "--config",
+        config,
+        "--layout",
+        "v2",
+        "--json",
+        "release-quarantine",
+        &machine.to_string(),
+    ])
+    .await
+    .unwrap();
+    let lifted: serde_json::Value = serde_json::from_str(&lifted).unwrap();
+    assert!(lifted["claimable_after_ms"].as_i64().unwrap() >= before + idgen::MAX_LEASE_MS, "{lifted}");
+    worker.stop().await.unwrap();
+}

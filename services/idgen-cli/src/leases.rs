@@ -1,15 +1,18 @@
 //! `idgen leases …`: what the on-call engineer types at 3 a.m.
 //!
 //! The lease table is the one the worker configuration names (`--config`, plus `IDGEN_WORKER_…`
-//! environment overrides), for the layout given by `--layout` (default: the one in force now).
+//! environment overrides), for the layout given by `--layout`, or the one an ID given with
+//! `--id` belongs to, or else the one in force now — by the registry's schedule when the
+//! configuration names a registry (its copy on disk if the registry is down), as the worker
+//! itself decides.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use idgen::core::{Timestamp, format_unix_ms};
-use idgen::{AuditEvent, Conditional, LeaseRow, LeaseStore, QUARANTINED};
+use idgen::core::{Schedule, Timestamp, format_unix_ms};
+use idgen::{AuditEvent, LeaseRow, LeaseStore, MAX_LEASE_MS, QUARANTINED, RegistrySnapshot};
 use idgen_worker::config::{StoreKind, WorkerConfig};
 use serde_json::json;
 
@@ -51,11 +54,17 @@ enum LeasesCommand {
     /// Take a machine number out of use: nobody can claim or renew it until released. The
     /// current holder's next renewal fails and it stops issuing under the number at once.
     Quarantine {
-        machine: u32,
+        #[arg(required_unless_present = "id", conflicts_with = "id")]
+        machine: Option<u32>,
+        /// The machine number (and layout) of this ID, e.g. a duplicate.
+        #[arg(long)]
+        id: Option<String>,
         #[arg(long, env = "USER", default_value = "operator")]
         operator: String,
     },
-    /// Lift a quarantine. The number becomes claimable one full lease from now.
+    /// Lift a quarantine. The number becomes claimable only when no holder the quarantine cut off
+    /// can still be issuing: after its old expiry, and at least the longest lease any generator
+    /// may hold (one hour) from now.
     ReleaseQuarantine {
         machine: u32,
         #[arg(long, env = "USER", default_value = "operator")]
@@ -63,13 +72,54 @@ enum LeasesCommand {
     },
 }
 
+/// The schedule the workers of this configuration issue under, and this region's number.
+async fn schedule_of(config: &WorkerConfig) -> anyhow::Result<(Schedule, u32)> {
+    let Some(url) = &config.registry_url else {
+        return Ok((config.schedule(), config.region_number()));
+    };
+    let snapshot = match RegistrySnapshot::fetch(url, std::time::Duration::from_secs(5)).await {
+        Ok(snapshot) => snapshot,
+        Err(error) => {
+            let cache = config.schedule_cache_path();
+            eprintln!("idgen: the registry is unreachable ({error}); using the workers' copy {}", cache.display());
+            RegistrySnapshot::load(&cache)
+                .with_context(|| format!("the registry {url} is unreachable and its copy cannot be read"))?
+        }
+    };
+    Ok((snapshot.schedule()?, snapshot.region_number(config.region())?))
+}
+
+/// The layout and machine number an ID was issued under, in this configuration's region.
+fn machine_of(id: &str, schedule: &Schedule, region_number: u32) -> anyhow::Result<(String, u32)> {
+    let value: u64 = id.trim().parse().with_context(|| format!("{id:?} is not a 63-bit ID"))?;
+    let decoded = schedule.decode(value).with_context(|| format!("decoding {id}"))?;
+    if let Some(made_in) = decoded.region_number
+        && made_in != region_number
+    {
+        bail!(
+            "ID {id} was issued in region number {made_in}; this configuration's lease tables are region number \
+             {region_number}'s: run this with that region's worker configuration"
+        );
+    }
+    Ok((decoded.layout.name().to_owned(), decoded.machine))
+}
+
 pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
     let config = WorkerConfig::load(args.config.as_deref())?;
-    let layout = match args.layout {
-        Some(layout) => layout,
-        None => {
+    let (schedule, region_number) = schedule_of(&config).await?;
+    let from_id = match &args.command {
+        LeasesCommand::Quarantine { id: Some(id), .. } => Some(machine_of(id, &schedule, region_number)?),
+        _ => None,
+    };
+    let layout = match (args.layout, &from_id) {
+        (Some(layout), Some((of_id, _))) if layout != *of_id => {
+            bail!("--layout {layout} contradicts the ID, which belongs to layout {of_id}")
+        }
+        (Some(layout), _) => layout,
+        (None, Some((of_id, _))) => of_id.clone(),
+        (None, None) => {
             let now = Timestamp::from_unix_ms(idgen::system_unix_ms()).context("the clock is outside the ID range")?;
-            config.schedule().entry_at(now).layout.name().to_owned()
+            schedule.entry_at(now).layout.name().to_owned()
         }
     };
     if let LeasesCommand::Init = args.command {
@@ -93,30 +143,38 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
             let events = store.history(machine, from, to).await?;
             print_history(&events, args.json);
         }
-        LeasesCommand::Quarantine { machine, operator } => {
+        LeasesCommand::Quarantine { machine, operator, .. } => {
+            let machine = match (machine, from_id) {
+                (Some(machine), _) => machine,
+                (None, Some((_, machine))) => machine,
+                (None, None) => bail!("give a machine number or --id"),
+            };
             let row = store.quarantine(machine, &operator, now).await?;
             if args.json {
-                println!("{}", row_json(&row, now));
+                let mut out = row_json(&row, now);
+                out["layout"] = json!(layout);
+                println!("{out}");
             } else {
                 println!(
-                    "machine {machine} quarantined (epoch {}): nobody can claim or renew it. Its last holder stops at its fence; take that host out of service too.",
+                    "machine {machine} of layout {layout} quarantined (epoch {}): nobody can claim or renew it. Its last holder stops at its fence; take that host out of service too.",
                     row.lease_epoch
                 );
             }
         }
         LeasesCommand::ReleaseQuarantine { machine, operator } => {
-            let expiry = now + config.lease.lease_ms;
-            match store.release_quarantine(machine, &operator, expiry, now).await? {
-                Conditional::Applied if args.json => {
-                    println!(
-                        "{}",
-                        json!({"machine_id": machine, "released": true, "claimable_after": format_unix_ms(expiry)})
-                    )
-                }
-                Conditional::Applied => {
-                    println!("machine {machine} released from quarantine; claimable after {}", format_unix_ms(expiry))
-                }
-                Conditional::ConditionFailed => bail!("machine {machine} is not quarantined"),
+            match store.release_quarantine(machine, &operator, now + MAX_LEASE_MS, now).await? {
+                Some(row) if args.json => println!(
+                    "{}",
+                    json!({
+                        "machine_id": machine, "layout": layout, "released": true,
+                        "claimable_after": format_unix_ms(row.lease_expiry), "claimable_after_ms": row.lease_expiry,
+                    })
+                ),
+                Some(row) => println!(
+                    "machine {machine} of layout {layout} released from quarantine; claimable after {}",
+                    format_unix_ms(row.lease_expiry)
+                ),
+                None => bail!("machine {machine} of layout {layout} is not quarantined"),
             }
         }
     }
@@ -127,7 +185,7 @@ async fn init(config: &WorkerConfig, layout: &str, json: bool) -> anyhow::Result
     // A layout the registry added later has the default table, as the worker uses it.
     let table = &config.table_for(layout)?;
     let audit = format!("{table}-audit");
-    match config.lease.store {
+    match config.store_kind() {
         StoreKind::Dynamodb => {
             let client = idgen::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
             idgen::DynamoDbLeaseStore::new(client, table).create_tables().await?;

@@ -264,6 +264,7 @@ fn toml_string(text: &str) -> String {
 fn worker_config(args: &UpArgs, region_dir: &Path, region: &str, registry_url: &str, index: u16, port: u16) -> String {
     format!(
         "# Written by `idgen up`; rewritten on every start.\n\
+         development = true\n\
          listen = {listen}\n\
          region = {region}\n\
          registry_url = {registry}\n\

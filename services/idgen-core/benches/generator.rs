@@ -15,7 +15,8 @@ fn now_ms() -> i64 {
 
 fn generator() -> Generator {
     let mut g =
-        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true)
+            .unwrap();
     let now = now_ms();
     g.install_lease(Lease {
         layout: "v1".into(),

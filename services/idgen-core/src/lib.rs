@@ -13,7 +13,8 @@ pub mod time;
 pub mod uuid;
 
 pub use generator::{
-    Generator, GeneratorConfig, InstallError, Lease, LeaseView, NotNow, Refusal, Release, Run, WaitCause,
+    ConfigError, Generator, GeneratorConfig, InstallError, Lease, LeaseView, MAX_WAIT_BEHIND_LIMIT_MS, NotNow, Refusal,
+    Release, Run, WaitCause,
 };
 pub use layout::{DecodedId, FieldError, Layout, MachineNumber, RegionNumber, Sequence};
 pub use schedule::{

@@ -4,9 +4,11 @@
 //! Layout used here (RFC 9562 §6.2, method 1, "fixed bit-length dedicated counter"): a 42-bit
 //! counter fills `rand_a` (12 bits) and the top 30 bits of `rand_b`; the last 32 bits are random.
 //! The counter is re-seeded with random bits (top bit clear, so it has room to grow) whenever the
-//! millisecond moves on. The randomness comes in as arguments: the core reads no entropy source.
+//! millisecond moves on. The clock rules are those of every ID (SPEC §3). The randomness comes in as arguments: the core reads no entropy source.
 
 use thiserror::Error;
+
+use crate::generator::{NotNow, Refusal, WaitCause};
 
 const COUNTER_BITS: u32 = 42;
 
@@ -17,22 +19,42 @@ pub struct UuidV7State {
 }
 
 impl UuidV7State {
-    /// The next UUID. `seed` re-seeds the counter on a new millisecond; `tail` fills the last 32
-    /// bits. UUIDs from one state strictly increase, also when the clock steps back (the last
-    /// millisecond is kept) or the counter runs out (the millisecond is advanced).
-    pub fn next(&mut self, now_unix_ms: i64, seed: u64, tail: u32) -> [u8; 16] {
+    /// The next UUID, under the clock rules of SPEC §3 like every ID: a clock behind the last
+    /// millisecond used by at most `max_wait_behind_ms` is waited out, further back it is refused
+    /// (the UUIDs would otherwise carry a stale, possibly far-future time); a used-up counter
+    /// waits for the next millisecond. `seed` re-seeds the counter on a new millisecond; `tail`
+    /// fills the last 32 bits. UUIDs from one state strictly increase.
+    pub fn next(
+        &mut self,
+        now_unix_ms: i64,
+        max_wait_behind_ms: i64,
+        seed: u64,
+        tail: u32,
+    ) -> Result<[u8; 16], NotNow> {
         if now_unix_ms > self.last_unix_ms {
             self.last_unix_ms = now_unix_ms;
             self.counter = seed & ((1 << (COUNTER_BITS - 1)) - 1);
-        } else {
-            self.counter += 1;
-            if self.counter >> COUNTER_BITS != 0 {
-                self.last_unix_ms += 1;
-                self.counter = seed & ((1 << (COUNTER_BITS - 1)) - 1);
+        } else if now_unix_ms == self.last_unix_ms {
+            if (self.counter + 1) >> COUNTER_BITS != 0 {
+                return Err(NotNow::Wait { until_unix_ms: now_unix_ms + 1, cause: WaitCause::SequenceExhausted });
             }
+            self.counter += 1;
+        } else {
+            let behind_ms = self.last_unix_ms - now_unix_ms;
+            return Err(if behind_ms <= max_wait_behind_ms {
+                NotNow::Wait { until_unix_ms: self.last_unix_ms, cause: WaitCause::ClockBehind }
+            } else {
+                NotNow::Refuse(Refusal::ClockBehind { behind_ms })
+            });
         }
-        encode(self.last_unix_ms, self.counter, tail)
+        Ok(encode(self.last_unix_ms, self.counter, tail))
     }
+}
+
+/// One UUIDv7 on its own (no ordering with any other): for callers that keep no state, such as
+/// a store minting one public ID at a time.
+pub fn new_v7(unix_ms: i64, seed: u64, tail: u32) -> [u8; 16] {
+    encode(unix_ms, seed & ((1 << (COUNTER_BITS - 1)) - 1), tail)
 }
 
 fn encode(unix_ms: i64, counter: u64, tail: u32) -> [u8; 16] {
@@ -111,7 +133,7 @@ mod tests {
     #[test]
     fn round_trip_and_fields() {
         let mut state = UuidV7State::default();
-        let bytes = state.next(1_790_424_000_000, 12345, 0xdead_beef);
+        let bytes = state.next(1_790_424_000_000, 5, 12345, 0xdead_beef).unwrap();
         let text = format(&bytes);
         assert_eq!(text.len(), 36);
         assert_eq!(&text[14..15], "7");
@@ -119,17 +141,45 @@ mod tests {
         assert_eq!(parse_v7(&text).unwrap(), bytes);
         assert_eq!(parse_v7(&text.to_uppercase()).unwrap(), bytes);
         assert_eq!(unix_ms(&bytes), 1_790_424_000_000);
+        assert_eq!(unix_ms(&new_v7(1_790_424_000_001, u64::MAX, 7)), 1_790_424_000_001);
     }
 
     #[test]
-    fn increasing_within_a_millisecond_and_across_a_step_back() {
+    fn increasing_within_a_millisecond_and_across_a_small_step_back() {
         let mut state = UuidV7State::default();
-        let mut previous = state.next(1000, u64::MAX, 0);
-        for (i, now) in [1000, 1000, 999, 1001, 500, 1001].into_iter().enumerate() {
-            let next = state.next(now, u64::MAX - i as u64, u32::MAX);
+        let mut previous = state.next(1000, 5, u64::MAX, 0).unwrap();
+        for (i, now) in [1000, 1000, 1001, 1001, 1002].into_iter().enumerate() {
+            let next = state.next(now, 5, u64::MAX - i as u64, u32::MAX).unwrap();
             assert!(next > previous, "{} then {}", format(&previous), format(&next));
             previous = next;
         }
+        // 3 ms back: wait until the last millisecond comes round again, then carry on from it.
+        assert_eq!(state.next(999, 5, 1, 1), Err(NotNow::Wait { until_unix_ms: 1002, cause: WaitCause::ClockBehind }));
+        let next = state.next(1002, 5, 1, 1).unwrap();
+        assert!(next > previous);
+        assert_eq!(unix_ms(&next), 1002);
+    }
+
+    #[test]
+    fn a_clock_far_behind_is_refused_not_papered_over() {
+        // Before, a step back kept issuing under the last millisecond: after a step back from a
+        // clock that ran an hour ahead, UUIDs carried that hour-ahead time until real time caught up.
+        let mut state = UuidV7State::default();
+        state.next(1_000_000 + 3_600_000, 5, 1, 1).unwrap();
+        assert_eq!(state.next(1_000_000, 5, 2, 2), Err(NotNow::Refuse(Refusal::ClockBehind { behind_ms: 3_600_000 })));
+        assert!(state.next(1_000_000 + 3_600_000, 5, 3, 3).is_ok(), "issues again once the clock has caught up");
+    }
+
+    #[test]
+    fn a_used_up_counter_waits_for_the_next_millisecond() {
+        let mut state = UuidV7State::default();
+        state.next(1000, 5, u64::MAX, 0).unwrap();
+        state.counter = (1 << COUNTER_BITS) - 1;
+        assert_eq!(
+            state.next(1000, 5, 0, 0),
+            Err(NotNow::Wait { until_unix_ms: 1001, cause: WaitCause::SequenceExhausted })
+        );
+        assert_eq!(unix_ms(&state.next(1001, 5, 0, 0).unwrap()), 1001);
     }
 
     #[test]

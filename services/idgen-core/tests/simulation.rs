@@ -251,7 +251,7 @@ impl SimGen {
 }
 
 fn new_core() -> Generator {
-    Generator::new(config(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), REGION, true)
+    Generator::new(config(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), REGION, true).unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------

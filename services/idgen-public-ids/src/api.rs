@@ -8,7 +8,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use idgen::core::uuid::{self, UuidV7State};
+use idgen::core::uuid;
 use serde_json::{Map, Value, json};
 
 use crate::format::{self, Format, Keyring};
@@ -104,7 +104,7 @@ fn new_uuidv7() -> String {
     let _ = getrandom::fill(&mut seed);
     let counter = u64::from_le_bytes(seed[..8].try_into().expect("8"));
     let tail = u32::from_le_bytes(seed[8..].try_into().expect("4"));
-    uuid::format(&UuidV7State::default().next(idgen::system_unix_ms(), counter, tail))
+    uuid::format(&uuid::new_v7(idgen::system_unix_ms(), counter, tail))
 }
 
 fn new_opaque() -> String {

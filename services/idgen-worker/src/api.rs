@@ -28,6 +28,8 @@ pub struct AppState {
     pub region: Arc<str>,
     pub region_number: u32,
     pub holder: Arc<str>,
+    /// Development mode (`/healthz` says so).
+    pub development: bool,
     pub registry: Arc<Registry>,
     pub http_metrics: Arc<crate::http_metrics::HttpMetrics>,
 }
@@ -106,7 +108,7 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
 
 pub async fn create_uuids(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
     let count = parse_count(read_body(body).await?, Some(1))?;
-    let uuids = state.generator.next_uuids(count).map_err(|refusal| ApiError::refused(&refusal))?;
+    let uuids = state.generator.next_uuids(count).await.map_err(|refusal| ApiError::refused(&refusal))?;
     Ok(Json(json!({ "ids": uuids.iter().map(uuid::format).collect::<Vec<_>>() })))
 }
 
@@ -209,6 +211,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     };
     let mut body = json!({
         "status": if refusal.is_none() { "ok" } else { "refusing" },
+        "mode": if state.development { "development" } else { "production" },
         "region": &*state.region,
         "region_number": state.region_number,
         "holder": &*state.holder,

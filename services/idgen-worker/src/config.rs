@@ -8,31 +8,49 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use idgen::LeaseConfig;
 use idgen::core::{Layout, OPEN_HORIZON, Schedule};
+use idgen::{LeaseConfig, MachineRanges};
 use serde::Deserialize;
+
+/// What development mode fills in when the configuration leaves it out. Outside development mode
+/// every one of these must be configured: a production worker never improvises them.
+pub mod development_defaults {
+    pub const REGION: &str = "local";
+    pub const REGION_NUMBER: u32 = 0;
+    pub const HOME_REGION: bool = true;
+    pub const SQLITE_PATH: &str = ".idgen/leases.db";
+    pub const DYNAMODB_REGION: &str = "us-east-1";
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerConfig {
+    /// Development mode: what is not configured gets a local default (a SQLite file under
+    /// `.idgen/`, region `local` as the home region, the built-in schedule when there is no
+    /// registry) and the clock-sync check may be switched off. Said at start-up and in `/healthz`.
+    /// Off by default: a production worker refuses to start with any of those left out.
+    pub development: bool,
     /// Address to listen on; port 0 picks a free port (printed at start-up).
     pub listen: SocketAddr,
-    /// This region's name and number (the registry assigns them; see issue 4).
-    pub region: String,
-    pub region_number: u32,
-    /// Only the home region may issue under layouts without a region field (v1).
-    pub home_region: bool,
-    /// The name in this worker's lease rows, instead of the host name. The process id and start
-    /// time are always appended (`<name>/pid-<pid>/<start ms>`), so processes sharing one
+    /// This region's name; the registry gives its number.
+    pub region: Option<String>,
+    /// Without a registry (development only), this region's number.
+    pub region_number: Option<u32>,
+    /// Whether this is the home region, the only one that issues under layouts without a region
+    /// field (v1). Required in production, and checked against the registry's answer.
+    pub home_region: Option<bool>,
+    /// The name in this worker's lease rows, instead of the host name. The process id, start
+    /// time and a per-process random part are always appended, so processes sharing one
     /// configuration file are still different holders.
     pub holder: Option<String>,
     /// How long to let in-flight requests finish on shutdown before releasing the lease anyway.
     pub shutdown_grace_ms: u64,
-    /// The region registry. When set, the region number, the schedule and the home region come
-    /// from it (and `region_number`/`home_region` above are ignored); when unset, the worker
-    /// uses those and the default schedule.
+    /// The region registry: where the region number, the schedule and the home region come
+    /// from. Required in production; without it (development only) the worker uses
+    /// `region_number`, `home_region` and the built-in schedule with an open horizon.
     pub registry_url: Option<String>,
-    /// The last good copy of the registry's answer (default `.idgen/schedule-<region>.json`).
+    /// The last good copy of the registry's answer (development default
+    /// `.idgen/schedule-<region>.json`; production: required, an absolute path).
     pub schedule_cache: Option<PathBuf>,
     pub registry_refresh_ms: u64,
     /// How long before a cutover to claim a machine number under the next layout.
@@ -41,7 +59,7 @@ pub struct WorkerConfig {
     pub clock: ClockSection,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     Sqlite,
@@ -52,7 +70,8 @@ pub enum StoreKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DynamoDbSection {
-    pub region: String,
+    /// The AWS region of the tables (required in production).
+    pub region: Option<String>,
     /// Unset for AWS; e.g. `http://127.0.0.1:5000` for a local DynamoDB-protocol server.
     pub endpoint: Option<String>,
     pub attempt_timeout_ms: u64,
@@ -64,7 +83,7 @@ impl Default for DynamoDbSection {
     fn default() -> Self {
         let defaults = idgen::DynamoDbSettings::default();
         DynamoDbSection {
-            region: defaults.region,
+            region: None,
             endpoint: defaults.endpoint,
             attempt_timeout_ms: defaults.attempt_timeout.as_millis() as u64,
             operation_timeout_ms: defaults.operation_timeout.as_millis() as u64,
@@ -76,7 +95,7 @@ impl Default for DynamoDbSection {
 impl DynamoDbSection {
     pub fn settings(&self) -> idgen::DynamoDbSettings {
         idgen::DynamoDbSettings {
-            region: self.region.clone(),
+            region: self.region.clone().unwrap_or_else(|| development_defaults::DYNAMODB_REGION.into()),
             endpoint: self.endpoint.clone(),
             attempt_timeout: std::time::Duration::from_millis(self.attempt_timeout_ms),
             operation_timeout: std::time::Duration::from_millis(self.operation_timeout_ms),
@@ -85,22 +104,35 @@ impl DynamoDbSection {
     }
 }
 
+/// One layout's machine-number range, `[lease.machines.v2] first = 0, last = 63`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MachineRangeSection {
+    pub first: u32,
+    pub last: u32,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseSection {
-    pub store: StoreKind,
-    pub sqlite_path: PathBuf,
+    /// `sqlite` or `dynamodb` (required in production).
+    pub store: Option<StoreKind>,
+    /// The SQLite lease file: an absolute path on a local filesystem in production.
+    pub sqlite_path: Option<PathBuf>,
     pub dynamodb: DynamoDbSection,
-    /// Create missing lease and audit tables at start-up (development; production creates them
-    /// once with `idgen leases init`).
+    /// Create missing DynamoDB lease and audit tables at start-up (development only; production
+    /// creates them once with `idgen leases init`).
     pub create_tables: bool,
     /// Lease table per layout.
     pub tables: BTreeMap<String, String>,
     pub lease_ms: i64,
     pub renew_interval_ms: i64,
     pub fence_ms: i64,
+    /// The machine-number range of every layout not listed in `machines` (fleet workers: 0–63).
     pub first_machine: u32,
     pub last_machine: u32,
+    /// Per-layout ranges.
+    pub machines: BTreeMap<String, MachineRangeSection>,
     pub max_backoff_ms: i64,
 }
 
@@ -117,10 +149,11 @@ pub struct ClockSection {
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
+            development: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 8701)),
-            region: "local".into(),
-            region_number: 0,
-            home_region: true,
+            region: None,
+            region_number: None,
+            home_region: None,
             holder: None,
             shutdown_grace_ms: 10_000,
             registry_url: None,
@@ -136,17 +169,19 @@ impl Default for WorkerConfig {
 impl Default for LeaseSection {
     fn default() -> Self {
         let defaults = LeaseConfig::default();
+        let fleet = MachineRanges::fleet();
         LeaseSection {
-            store: StoreKind::Sqlite,
-            sqlite_path: PathBuf::from(".idgen/leases.db"),
+            store: None,
+            sqlite_path: None,
             dynamodb: DynamoDbSection::default(),
             create_tables: false,
             tables: BTreeMap::from([("v1".into(), "idgen-leases".into()), ("v2".into(), "idgen-leases-v2".into())]),
             lease_ms: defaults.lease_ms,
             renew_interval_ms: defaults.renew_interval_ms,
             fence_ms: defaults.fence_ms,
-            first_machine: *defaults.machines.start(),
-            last_machine: *defaults.machines.end(),
+            first_machine: fleet.first,
+            last_machine: fleet.last.unwrap_or(63),
+            machines: BTreeMap::new(),
             max_backoff_ms: defaults.max_backoff_ms,
         }
     }
@@ -159,6 +194,11 @@ impl Default for ClockSection {
 }
 
 impl WorkerConfig {
+    /// Development mode with nothing else set: what `idgen up` and the tests start from.
+    pub fn development() -> Self {
+        WorkerConfig { development: true, ..WorkerConfig::default() }
+    }
+
     /// Reads the optional file, then the environment (`IDGEN_WORKER_…`), then validates.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
         let mut builder = config::Config::builder();
@@ -180,14 +220,38 @@ impl WorkerConfig {
         Ok(config)
     }
 
-    /// The schedule this worker issues under. Until the registry publishes one (issue 4), the
-    /// default: v1 from the epoch, v2 from 2028-01-01, no cutover promised after that.
+    /// This region's name.
+    pub fn region(&self) -> &str {
+        self.region.as_deref().unwrap_or(development_defaults::REGION)
+    }
+
+    /// This region's number when there is no registry (development only).
+    pub fn region_number(&self) -> u32 {
+        self.region_number.unwrap_or(development_defaults::REGION_NUMBER)
+    }
+
+    /// Whether this is the home region when there is no registry (development only).
+    pub fn home_region(&self) -> bool {
+        self.home_region.unwrap_or(development_defaults::HOME_REGION)
+    }
+
+    pub fn store_kind(&self) -> StoreKind {
+        self.lease.store.unwrap_or(StoreKind::Sqlite)
+    }
+
+    pub fn sqlite_path(&self) -> PathBuf {
+        self.lease.sqlite_path.clone().unwrap_or_else(|| PathBuf::from(development_defaults::SQLITE_PATH))
+    }
+
+    /// The schedule a worker without a registry issues under (development only): v1 from the
+    /// epoch, v2 from 2028-01-01, and no horizon — so nothing guards it against a layout the
+    /// registry added. Production workers always take the registry's.
     pub fn schedule(&self) -> Schedule {
         Schedule::default_with_horizon(OPEN_HORIZON).expect("the default schedule is valid")
     }
 
     pub fn schedule_cache_path(&self) -> PathBuf {
-        self.schedule_cache.clone().unwrap_or_else(|| PathBuf::from(format!(".idgen/schedule-{}.json", self.region)))
+        self.schedule_cache.clone().unwrap_or_else(|| PathBuf::from(format!(".idgen/schedule-{}.json", self.region())))
     }
 
     /// The lease table of a layout: configured, or `idgen-leases-<layout>` for layouts added later.
@@ -205,19 +269,70 @@ impl WorkerConfig {
     }
 
     pub fn lease_config(&self) -> LeaseConfig {
+        let mut machines = MachineRanges::everywhere(self.lease.first_machine..=self.lease.last_machine);
+        for (layout, range) in &self.lease.machines {
+            machines = machines.with_layout(layout, range.first..=range.last);
+        }
         LeaseConfig {
             lease_ms: self.lease.lease_ms,
             renew_interval_ms: self.lease.renew_interval_ms,
             fence_ms: self.lease.fence_ms,
-            machines: self.lease.first_machine..=self.lease.last_machine,
+            machines,
             max_backoff_ms: self.lease.max_backoff_ms,
         }
     }
 
+    /// What a production worker must be told, and is not. Empty in development mode.
+    fn missing_for_production(&self) -> Vec<String> {
+        if self.development {
+            return Vec::new();
+        }
+        let mut missing = Vec::new();
+        let mut need = |what: &str| missing.push(what.to_owned());
+        if self.registry_url.is_none() {
+            need("registry_url (the region number and the schedule come from the registry)");
+        }
+        if self.region_number.is_some() {
+            need("no region_number (the registry assigns it; region_number is for development without one)");
+        }
+        if self.region.is_none() {
+            need("region");
+        }
+        if self.home_region.is_none() {
+            need("home_region (true or false; checked against the registry)");
+        }
+        if !self.schedule_cache.as_deref().is_some_and(Path::is_absolute) {
+            need("schedule_cache (an absolute path: the registry copy a restart falls back on)");
+        }
+        match self.lease.store {
+            None => need("lease.store (\"dynamodb\" or \"sqlite\")"),
+            Some(StoreKind::Sqlite) if !self.lease.sqlite_path.as_deref().is_some_and(Path::is_absolute) => {
+                need("lease.sqlite_path (an absolute path on a local filesystem)")
+            }
+            Some(StoreKind::Dynamodb) if self.lease.dynamodb.region.is_none() => need("lease.dynamodb.region"),
+            Some(_) => {}
+        }
+        if self.lease.create_tables {
+            need("no lease.create_tables (development only; production runs `idgen leases init` once)");
+        }
+        if !self.clock.require_sync {
+            need("clock.require_sync = true (it may be off in development only)");
+        }
+        missing
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.lease.store == StoreKind::Dynamodb {
+        let missing = self.missing_for_production();
+        if !missing.is_empty() {
+            bail!(
+                "refusing to start a production worker with settings left to defaults: configure {}. \
+                 (For a local try-out, set development = true.)",
+                missing.join("; ")
+            );
+        }
+        if self.store_kind() == StoreKind::Dynamodb {
             let d = &self.lease.dynamodb;
-            if d.region.trim().is_empty()
+            if d.region.as_deref().is_some_and(|r| r.trim().is_empty())
                 || d.attempt_timeout_ms == 0
                 || d.operation_timeout_ms < d.attempt_timeout_ms
                 || d.max_attempts == 0
@@ -227,13 +342,15 @@ impl WorkerConfig {
                 );
             }
         }
-        if self.region.trim().is_empty() {
+        if self.region().trim().is_empty() {
             bail!("region must not be empty");
         }
         if self.registry_refresh_ms < 100 || self.preclaim_ms < 0 {
             bail!("registry_refresh_ms must be at least 100 and preclaim_ms not negative");
         }
-        if !(0..=1_000).contains(&self.clock.max_wait_behind_ms) || !(0..=10_000).contains(&self.clock.max_error_ms) {
+        if !(0..=idgen::core::MAX_WAIT_BEHIND_LIMIT_MS).contains(&self.clock.max_wait_behind_ms)
+            || !(0..=10_000).contains(&self.clock.max_error_ms)
+        {
             bail!("clock.max_wait_behind_ms must be 0–1000 and clock.max_error_ms 0–10000");
         }
         // One lease table per layout: two keepers of one process on one table would each see
@@ -264,15 +381,20 @@ impl WorkerConfig {
             self.lease_config()
                 .validate(layout)
                 .with_context(|| format!("lease settings for layout {}", layout.name()))?;
-            if layout.region_bits() > 0 && self.region_number > layout.max_region() {
+            if self.registry_url.is_none() && layout.region_bits() > 0 && self.region_number() > layout.max_region() {
                 bail!(
                     "region_number {} does not fit layout {} (0–{})",
-                    self.region_number,
+                    self.region_number(),
                     layout.name(),
                     layout.max_region()
                 );
             }
         }
+        idgen::core::GeneratorConfig {
+            fence_ms: self.lease.fence_ms,
+            max_wait_behind_ms: self.clock.max_wait_behind_ms,
+        }
+        .validate()?;
         Ok(())
     }
 }
@@ -281,61 +403,148 @@ impl WorkerConfig {
 mod tests {
     use super::*;
 
+    fn load(dir: &Path, text: &str) -> anyhow::Result<WorkerConfig> {
+        let path = dir.join("worker.toml");
+        std::fs::write(&path, text).unwrap();
+        WorkerConfig::load(Some(&path))
+    }
+
     #[test]
-    fn defaults_are_the_spec_defaults_and_valid() {
-        let config = WorkerConfig::default();
+    fn defaults_are_the_spec_defaults_and_valid_in_development() {
+        let config = WorkerConfig::development();
         config.validate().unwrap();
         let lease = config.lease_config();
         assert_eq!((lease.lease_ms, lease.renew_interval_ms, lease.fence_ms), (300_000, 10_000, 5_000));
-        assert_eq!(lease.machines, 0..=63);
-        assert!(config.clock.require_sync, "production default requires a synchronized clock");
+        assert_eq!(lease.machines.for_layout(&Layout::v1()), 0..=63, "fleet workers take 0–63");
+        assert_eq!(lease.machines.for_layout(&Layout::v2()), 0..=63);
+        assert!(config.clock.require_sync, "even in development the clock check is on unless switched off");
+        assert_eq!((config.region(), config.region_number(), config.home_region()), ("local", 0, true));
+    }
+
+    #[test]
+    fn a_production_worker_missing_a_line_refuses_to_start_and_says_which() {
+        // Before, no configuration at all gave a worker on the built-in schedule with an open
+        // horizon, as home region 0, on a SQLite file at a relative path: a private lease table.
+        let error = format!("{:#}", WorkerConfig::default().validate().unwrap_err());
+        for named in ["registry_url", "region", "home_region", "schedule_cache", "lease.store", "development = true"] {
+            assert!(error.contains(named), "{named} missing from: {error}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("schedule.json");
+        let production = format!(
+            "registry_url = \"http://127.0.0.1:8700\"\nregion = \"eu-west-1\"\nhome_region = false\n\
+             schedule_cache = {cache:?}\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\n"
+        );
+        load(dir.path(), &production).unwrap();
+        for (line, named) in [
+            ("registry_url = \"http://127.0.0.1:8700\"\n", "registry_url"),
+            ("home_region = false\n", "home_region"),
+            ("region = \"eu-west-1\"\nhome", "region"),
+        ] {
+            let text = production.replacen(line, if line.ends_with("home") { "home" } else { "" }, 1);
+            let error = format!("{:#}", load(dir.path(), &text).unwrap_err());
+            assert!(error.contains(named), "{named}: {error}");
+        }
+        let relative = production.replace("store = \"dynamodb\"", "store = \"sqlite\"\nsqlite_path = \"leases.db\"");
+        let error = format!("{:#}", load(dir.path(), &relative).unwrap_err());
+        assert!(error.contains("lease.sqlite_path (an absolute path"), "{error}");
+        let absolute = relative.replace("\"leases.db\"", &format!("{:?}", dir.path().join("leases.db")));
+        load(dir.path(), &absolute).unwrap();
+        let error = format!(
+            "{:#}",
+            load(dir.path(), &production.replace("[lease.dynamodb]\nregion = \"eu-west-1\"\n", "")).unwrap_err()
+        );
+        assert!(error.contains("lease.dynamodb.region"), "{error}");
+        let error =
+            format!("{:#}", load(dir.path(), &format!("{production}[clock]\nrequire_sync = false\n")).unwrap_err());
+        assert!(error.contains("clock.require_sync"), "{error}");
+        let error = format!("{:#}", load(dir.path(), &format!("region_number = 3\n{production}")).unwrap_err());
+        assert!(error.contains("no region_number"), "{error}");
+        let created = production.replace("store = \"dynamodb\"", "store = \"dynamodb\"\ncreate_tables = true");
+        assert!(format!("{:#}", load(dir.path(), &created).unwrap_err()).contains("create_tables"));
+        // The same file in development mode needs none of it.
+        load(dir.path(), "development = true\n[clock]\nrequire_sync = false\n").unwrap();
+    }
+
+    #[test]
+    fn machine_ranges_are_per_layout_and_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let embedded = "development = true\n[lease.machines.v1]\nfirst = 64\nlast = 1023\n[lease.machines.v2]\nfirst = 64\nlast = 511\n";
+        let config = load(dir.path(), embedded).unwrap();
+        let lease = config.lease_config();
+        assert_eq!(lease.machines.for_layout(&Layout::v1()), 64..=1023);
+        assert_eq!(lease.machines.for_layout(&Layout::v2()), 64..=511);
+        let error = format!("{:#}", load(dir.path(), &embedded.replace("last = 511", "last = 1023")).unwrap_err());
+        assert!(error.contains("layout v2") && error.contains("0–511"), "{error}");
+        let error = format!(
+            "{:#}",
+            load(dir.path(), &embedded.replace("first = 64\nlast = 1023", "first = 9\nlast = 8")).unwrap_err()
+        );
+        assert!(error.contains("empty"), "{error}");
     }
 
     #[test]
     fn file_and_environment_are_read_and_validated() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("worker.toml");
-        std::fs::write(
-            &path,
-            "listen = \"127.0.0.1:0\"\n[lease]\nfence_ms = 200\nrenew_interval_ms = 1000\nlease_ms = 3000\n",
+        let config = load(
+            dir.path(),
+            "development = true\nlisten = \"127.0.0.1:0\"\n[lease]\nfence_ms = 200\nrenew_interval_ms = 1000\nlease_ms = 3000\n",
         )
         .unwrap();
-        let config = WorkerConfig::load(Some(&path)).unwrap();
         assert_eq!(config.lease.fence_ms, 200);
 
-        std::fs::write(&path, "[lease]\nfence_ms = 20000\n").unwrap();
-        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        let error = format!("{:#}", load(dir.path(), "development = true\n[lease]\nfence_ms = 20000\n").unwrap_err());
         assert!(error.contains("fence"), "{error}");
 
-        std::fs::write(&path, "[lease]\nlast_machine = 1024\n").unwrap();
-        assert!(WorkerConfig::load(Some(&path)).is_err(), "machine 1024 does not fit v1");
+        assert!(
+            load(dir.path(), "development = true\n[lease]\nlast_machine = 1024\n").is_err(),
+            "1024 does not fit v1"
+        );
 
-        std::fs::write(
-            &path,
-            "[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nendpoint = \"http://127.0.0.1:5000\"\n",
+        let config = load(
+            dir.path(),
+            "development = true\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nendpoint = \"http://127.0.0.1:5000\"\n",
         )
         .unwrap();
-        let config = WorkerConfig::load(Some(&path)).unwrap();
-        assert_eq!(config.lease.store, StoreKind::Dynamodb);
+        assert_eq!(config.store_kind(), StoreKind::Dynamodb);
         assert_eq!(config.lease.dynamodb.settings().endpoint.as_deref(), Some("http://127.0.0.1:5000"));
 
-        std::fs::write(&path, "[lease]\nlease_ms = 20000\nrenew_interval_ms = 16000\nfence_ms = 5000\n").unwrap();
-        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        let error = format!(
+            "{:#}",
+            load(
+                dir.path(),
+                "development = true\n[lease]\nlease_ms = 20000\nrenew_interval_ms = 16000\nfence_ms = 5000\n"
+            )
+            .unwrap_err()
+        );
         assert!(error.contains("2 × renew interval ≤ lease − fence"), "one failed renewal would stop issuing: {error}");
 
-        std::fs::write(&path, "[lease.tables]\nv1 = \"leases\"\nv2 = \"leases\"\n").unwrap();
-        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        let error = format!(
+            "{:#}",
+            load(dir.path(), "development = true\n[lease.tables]\nv1 = \"leases\"\nv2 = \"leases\"\n").unwrap_err()
+        );
         assert!(error.contains("for two layouts"), "{error}");
-        std::fs::write(&path, "[lease.tables]\nv1 = \"idgen-leases\"\nv2 = \"idgen-leases-audit\"\n").unwrap();
-        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        let error = format!(
+            "{:#}",
+            load(
+                dir.path(),
+                "development = true\n[lease.tables]\nv1 = \"idgen-leases\"\nv2 = \"idgen-leases-audit\"\n"
+            )
+            .unwrap_err()
+        );
         assert!(error.contains("audit tables"), "{error}");
         assert!(WorkerConfig::default().table_for("audit").is_err(), "idgen-leases-audit is v1's audit table");
         assert_eq!(WorkerConfig::default().table_for("v3").unwrap(), "idgen-leases-v3");
-        std::fs::write(&path, "[lease.tables]\nv1 = \"idgen-leases-v3\"\nv2 = \"idgen-leases-v2\"\n").unwrap();
-        let error = format!("{:#}", WorkerConfig::load(Some(&path)).unwrap_err());
+        let error = format!(
+            "{:#}",
+            load(
+                dir.path(),
+                "development = true\n[lease.tables]\nv1 = \"idgen-leases-v3\"\nv2 = \"idgen-leases-v2\"\n"
+            )
+            .unwrap_err()
+        );
         assert!(error.contains("default table of layout v3"), "{error}");
 
-        std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
-        assert!(WorkerConfig::load(Some(&path)).is_err(), "typos are errors, not silently ignored");
+        assert!(load(dir.path(), "development = true\nlisen = \"127.0.0.1:1\"\n").is_err(), "typos are errors");
     }
 }

@@ -79,9 +79,9 @@ pub async fn run(
 pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
     // A layout the registry added later (v3, …) gets `idgen-leases-<layout>` unless configured.
     let table = &config.table_for(layout)?;
-    Ok(match config.lease.store {
+    Ok(match config.store_kind() {
         StoreKind::Sqlite => {
-            let path = &config.lease.sqlite_path;
+            let path = &config.sqlite_path();
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
             }
@@ -107,8 +107,7 @@ pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Re
                     tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
                 }
                 Err(error) => {
-                    return Err(error)
-                        .with_context(|| format!("lease table {table} in region {}", config.lease.dynamodb.region));
+                    return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
                 }
             }
             Arc::new(store)
@@ -127,23 +126,39 @@ pub struct Worker {
 impl Worker {
     pub async fn build(config: &WorkerConfig, process_start_unix_ms: i64) -> anyhow::Result<Worker> {
         config.validate()?;
+        if config.development {
+            tracing::warn!(
+                "DEVELOPMENT MODE: unset settings take local defaults (region {}, lease file {}, the built-in schedule without a registry); never in production",
+                config.region(),
+                config.sqlite_path().display()
+            );
+        }
         let clock = Arc::new(SystemClock::new(config.clock.require_sync, config.clock.max_error_ms));
         if !config.clock.require_sync {
             tracing::warn!("clock synchronization check is OFF: for development only, never in production");
         }
+        let region = config.region();
         let (schedule, region_number, home_region, names, held) = match &config.registry_url {
             Some(url) => {
                 let snapshot = supervisor::initial_snapshot(config, url).await?;
-                let number = snapshot.region_number(&config.region)?;
-                tracing::info!(region = %config.region, number, horizon = %supervisor::describe_ms(snapshot.horizon_ms), "schedule from the registry");
-                let home = snapshot.home_region == config.region;
+                let number = snapshot.region_number(region)?;
+                tracing::info!(region, number, horizon = %supervisor::describe_ms(snapshot.horizon_ms), "schedule from the registry");
+                let home = snapshot.home_region == region;
+                if let Some(configured) = config.home_region
+                    && configured != home
+                {
+                    anyhow::bail!(
+                        "refusing to start: home_region = {configured} in the configuration, but the registry's home region is {:?} and this is {region:?}",
+                        snapshot.home_region
+                    );
+                }
                 (snapshot.schedule()?, number, home, snapshot.region_names(), Some(snapshot))
             }
             None => (
                 config.schedule(),
-                config.region_number,
-                config.home_region,
-                HashMap::from([(config.region_number, config.region.clone())]),
+                config.region_number(),
+                config.home_region(),
+                HashMap::from([(config.region_number(), region.to_owned())]),
                 None,
             ),
         };
@@ -152,7 +167,7 @@ impl Worker {
             schedule,
             region_number,
             home_region,
-        );
+        )?;
         let mut registry = Registry::default();
         let generator_metrics = Arc::new(GeneratorMetrics::default());
         generator_metrics.register(&mut registry);
@@ -173,9 +188,10 @@ impl Worker {
         let state = AppState {
             generator,
             region_names,
-            region: config.region.as_str().into(),
+            region: region.into(),
             region_number,
             holder: holder.into(),
+            development: config.development,
             registry: Arc::new(registry),
             http_metrics,
         };
@@ -205,7 +221,12 @@ pub async fn main_with(config: WorkerConfig) -> anyhow::Result<()> {
     let worker = Worker::build(&config, process_start_unix_ms).await?;
     let address = worker.listener.local_addr()?;
     // One line on stdout that scripts and tests read to find the port.
-    println!("idgen-worker listening on http://{address} region={} holder={}", config.region, worker.state.holder);
+    let mode = if config.development { " mode=development" } else { "" };
+    println!(
+        "idgen-worker listening on http://{address} region={} holder={}{mode}",
+        config.region(),
+        worker.state.holder
+    );
     worker.serve(shutdown_signal()).await?;
     tracing::info!("worker stopped");
     Ok(())
@@ -220,8 +241,8 @@ mod tests {
     #[tokio::test]
     async fn a_layout_added_later_gets_its_own_lease_table() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = WorkerConfig::default();
-        config.lease.sqlite_path = dir.path().join("leases.db");
+        let mut config = WorkerConfig::development();
+        config.lease.sqlite_path = Some(dir.path().join("leases.db"));
         // v3 came from the registry; the configuration names tables for v1 and v2 only.
         let store = open_lease_store(&config, "v3").await.unwrap();
         assert_eq!(store.describe(), "sqlite table idgen-leases-v3");

@@ -12,8 +12,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use idgen::core::Timestamp;
-use idgen::{IdGenerator, LeaseKeeper, RegistrySnapshot, StoreError};
+use idgen::{IdGenerator, LeaseKeeper, LeaseStore, RegistrySnapshot, StoreError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -24,11 +27,27 @@ struct Running {
     task: JoinHandle<Result<(), StoreError>>,
 }
 
+/// Opens a layout's lease table. The worker opens what its configuration names
+/// ([`crate::open_lease_store`]); a test can hand in another.
+pub type StoreOpener = Arc<
+    dyn Fn(&WorkerConfig, &str) -> Pin<Box<dyn Future<Output = anyhow::Result<Arc<dyn LeaseStore>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+fn configured_stores() -> StoreOpener {
+    Arc::new(|config: &WorkerConfig, layout: &str| {
+        let (config, layout) = (config.clone(), layout.to_owned());
+        Box::pin(async move { crate::open_lease_store(&config, &layout).await })
+    })
+}
+
 pub struct Supervisor {
     config: WorkerConfig,
     generator: Arc<IdGenerator>,
     holder: String,
     region_names: Arc<RwLock<HashMap<u32, String>>>,
+    stores: StoreOpener,
     keepers: HashMap<String, Running>,
     next_refresh: tokio::time::Instant,
     /// The registry's answer in force; a refresh must be able to replace it.
@@ -51,11 +70,18 @@ impl Supervisor {
             generator,
             holder,
             region_names,
+            stores: configured_stores(),
             keepers: HashMap::new(),
             next_refresh,
             held,
             early_failures: HashMap::new(),
         }
+    }
+
+    /// Lease tables opened by `stores` instead of from the configuration.
+    pub fn with_stores(mut self, stores: StoreOpener) -> Self {
+        self.stores = stores;
+        self
     }
 
     /// Which layouts need a lease at `now_unix_ms`.
@@ -97,6 +123,23 @@ impl Supervisor {
             let since_epoch = u64::try_from(now - idgen::core::EPOCH_UNIX_MS).unwrap_or(0);
             Timestamp::from_millis(since_epoch).map(|t| core.schedule().entry_at(t).layout.name().to_owned())
         });
+        // A keeper whose task ended while it was still needed (it panicked) is started again: its
+        // lease in the generator runs out at the fence, the new keeper claims afresh.
+        let ended: Vec<String> =
+            self.keepers.iter().filter(|(_, r)| r.task.is_finished()).map(|(l, _)| l.clone()).collect();
+        for layout in ended {
+            if let Some(running) = self.keepers.remove(&layout) {
+                match running.task.await {
+                    Err(error) if error.is_panic() => {
+                        tracing::error!(%error, layout, "the lease keeper panicked: starting a new one")
+                    }
+                    outcome => {
+                        tracing::error!(?outcome, layout, "the lease keeper stopped by itself: starting a new one")
+                    }
+                }
+                self.generator.metrics().lease_event(&layout, "keeper_restarted");
+            }
+        }
         let mut failed = None;
         for layout in &needed {
             if self.keepers.contains_key(layout) {
@@ -132,7 +175,7 @@ impl Supervisor {
     }
 
     async fn start_keeper(&mut self, layout: &str) -> anyhow::Result<()> {
-        let store = crate::open_lease_store(&self.config, layout).await?;
+        let store = (self.stores)(&self.config, layout).await?;
         let keeper =
             LeaseKeeper::new(layout, store, self.generator.clone(), self.config.lease_config(), self.holder.clone())?;
         let (stop, stop_rx) = watch::channel(false);
@@ -156,10 +199,11 @@ impl Supervisor {
     }
 
     async fn refresh(&mut self, url: &str) {
+        let region = self.config.region().to_owned();
         match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
             Ok(snapshot) => {
                 let follows = match &self.held {
-                    Some(held) => snapshot.may_replace(held, &self.config.region),
+                    Some(held) => snapshot.may_replace(held, &region),
                     None => Ok(()),
                 };
                 let applied =
@@ -168,6 +212,7 @@ impl Supervisor {
                     });
                 match applied {
                     Ok(()) => {
+                        self.follow_region_status(&snapshot, &region);
                         *self.region_names.write().unwrap_or_else(|p| p.into_inner()) = snapshot.region_names();
                         if let Err(error) = snapshot.save(&self.config.schedule_cache_path()) {
                             tracing::warn!(%error, "could not save the registry copy");
@@ -179,6 +224,26 @@ impl Supervisor {
             }
             Err(error) => tracing::warn!(%error, "registry refresh failed; keeping the copy held"),
         }
+    }
+
+    /// A region the registry no longer lists as active under the number this generator issues
+    /// with (retired, or retired and added again under a new number) stops issuing at once.
+    fn follow_region_status(&self, snapshot: &RegistrySnapshot, region: &str) {
+        let issuing_as = self.generator.with_core(|core| core.region());
+        let retired = match snapshot.region_number(region) {
+            Ok(number) if number == issuing_as => None,
+            Ok(number) => Some(format!(
+                "region {region} now has number {number} in the registry, not {issuing_as}: its old number is \
+                 retired; restart the worker to issue under the new one"
+            )),
+            Err(_) => {
+                Some(format!("region {region} (number {issuing_as}) is not active in the registry: it was retired"))
+            }
+        };
+        if let Some(reason) = &retired {
+            tracing::error!(reason, "no more IDs under this region");
+        }
+        self.generator.with_core(|core| core.set_region_retired(retired));
     }
 
     /// Ticks until `shutdown`, then stops every keeper (each releases its number).
@@ -220,16 +285,23 @@ pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Resul
     match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
         Ok(snapshot) => {
             if cache.exists() {
-                match RegistrySnapshot::load(&cache) {
-                    Ok(held) => snapshot.may_replace(&held, &config.region).map_err(|error| {
-                        anyhow::anyhow!(
-                            "refusing to start: {error} (registry {url}, copy {path}). If the registry was restored \
-                             from a backup, repair it; if it was reset on purpose (development only), delete {path}",
-                            path = cache.display()
-                        )
-                    })?,
-                    Err(error) => tracing::warn!(%error, "the copy on disk is unreadable: replacing it"),
-                }
+                // An unreadable copy is not replaced silently: it is the schedule this worker was
+                // held to, and the forward-only check needs it.
+                let held = RegistrySnapshot::load(&cache).map_err(|error| {
+                    anyhow::anyhow!(
+                        "refusing to start: the registry copy on disk is unreadable ({error}). Compare it with \
+                         the registry's GET {url}/v1/layouts; if the registry is the one this worker has always \
+                         followed, delete {path} and start again",
+                        path = cache.display()
+                    )
+                })?;
+                snapshot.may_replace(&held, config.region()).map_err(|error| {
+                    anyhow::anyhow!(
+                        "refusing to start: {error} (registry {url}, copy {path}). If the registry was restored \
+                         from a backup, repair it; if it was reset on purpose (development only), delete {path}",
+                        path = cache.display()
+                    )
+                })?;
             }
             snapshot.save(&cache).map_err(|error| {
                 anyhow::anyhow!("{error}: the worker needs this copy to restart while the registry is down")

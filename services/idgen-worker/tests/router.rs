@@ -23,7 +23,8 @@ struct Fixture {
 fn fixture() -> Fixture {
     let clock = Arc::new(ManualClock::new(NOW));
     let mut core =
-        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, true);
+        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, true)
+            .unwrap();
     core.install_lease(Lease {
         layout: "v1".into(),
         machine: 37,
@@ -43,6 +44,7 @@ fn fixture() -> Fixture {
         region: "eu-west-1".into(),
         region_number: 2,
         holder: "test/pid-1/1".into(),
+        development: false,
         registry: Arc::new(registry),
         http_metrics,
     };

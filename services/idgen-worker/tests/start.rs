@@ -1,6 +1,7 @@
 //! What a worker checks before it serves: a port it cannot bind, a registry that contradicts the
-//! copy saved by an earlier run, a copy it cannot save, and DynamoDB lease tables that do not
-//! exist (against moto, started by ./scripts/test). Each start goes through `Worker::build`.
+//! copy saved by an earlier run, a copy it cannot save or read, a home-region flag the registry
+//! contradicts, and DynamoDB lease tables that do not exist (against moto, started by
+//! ./scripts/test). Each start goes through `Worker::build`.
 
 use std::sync::{Arc, Mutex};
 
@@ -23,13 +24,13 @@ fn now_ms() -> u64 {
 fn config(dir: &std::path::Path) -> WorkerConfig {
     let mut config = WorkerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
-        region: "eu-west-1".into(),
+        region: Some("eu-west-1".into()),
         shutdown_grace_ms: 100,
         schedule_cache: Some(dir.join("schedule.json")),
-        ..WorkerConfig::default()
+        ..WorkerConfig::development()
     };
     config.clock.require_sync = false;
-    config.lease.sqlite_path = dir.join("leases.db");
+    config.lease.sqlite_path = Some(dir.join("leases.db"));
     config
 }
 
@@ -151,7 +152,7 @@ async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
     );
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path());
-    config.lease.store = StoreKind::Dynamodb;
+    config.lease.store = Some(StoreKind::Dynamodb);
     config.lease.dynamodb.endpoint = Some(endpoint);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     let unique = format!("start-{}-{nanos}", std::process::id());
@@ -174,5 +175,33 @@ async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
     config.lease.create_tables = true;
     start_and_stop(&config).await.unwrap();
     config.lease.create_tables = false;
+    start_and_stop(&config).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreadable_copy_on_disk_refuses_the_start_instead_of_being_replaced() {
+    // Before, a copy that could not be read was replaced by whatever the registry said, skipping
+    // the forward-only check the copy exists for.
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _) = registry(published(now_ms() + 30 * DAY, now_ms() + 10 * DAY)).await;
+    let mut config = config(dir.path());
+    config.registry_url = Some(url);
+    std::fs::write(dir.path().join("schedule.json"), b"{\"layouts\": [trunc").unwrap();
+    let error = format!("{:#}", Worker::build(&config, 1).await.err().expect("the copy is unreadable"));
+    assert!(error.contains("refusing to start") && error.contains("unreadable"), "{error}");
+    assert!(error.contains("schedule.json") && error.contains("delete"), "says what to do: {error}");
+    assert_eq!(std::fs::read(dir.path().join("schedule.json")).unwrap(), b"{\"layouts\": [trunc", "left as it was");
+}
+
+#[tokio::test]
+async fn a_home_region_flag_the_registry_contradicts_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _) = registry(published(now_ms() + 30 * DAY, now_ms() + 10 * DAY)).await;
+    let mut config = config(dir.path());
+    config.registry_url = Some(url);
+    config.home_region = Some(true); // the registry's home region is us-east-1, this is eu-west-1
+    let error = format!("{:#}", Worker::build(&config, 1).await.err().expect("not the home region"));
+    assert!(error.contains("home_region = true") && error.contains("us-east-1"), "{error}");
+    config.home_region = Some(false);
     start_and_stop(&config).await.unwrap();
 }

@@ -143,9 +143,10 @@ impl Ticker {
             let mut waiters: Vec<(i64, oneshot::Sender<()>)> = Vec::new();
             loop {
                 let now_ns = system_unix_ns();
-                waiters.retain_mut(|(target, _)| (*target as i128) * 1_000_000 > now_ns);
+                waiters.retain_mut(|(target, waiter)| (*target as i128) * 1_000_000 > now_ns && !waiter.is_closed());
                 // `retain_mut` dropped the due senders, which wakes their receivers with an
-                // error: that is the signal. (Dropping is cheaper than sending `()`.)
+                // error: that is the signal. (Dropping is cheaper than sending `()`.) Waiters
+                // that gave up (a clock step back made their target far away) go too.
                 let next = waiters.iter().map(|(target, _)| *target).min();
                 let received = match next {
                     None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::lease_store::{AuditKind, ClaimOutcome, Conditional, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED};
+use crate::lease_store::{
+    AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
+};
 
 /// Opens handles to one fresh table. Each `open` is an independent client (its own connections),
 /// as separate processes would have.
@@ -34,7 +36,27 @@ pub async fn claim_free_number(factory: &dyn StoreFactory) {
     assert_eq!(row.holder, "a/pid-1/1");
     assert_eq!(row.lease_expiry, T0 + LEASE);
     assert_eq!(row.lease_epoch, 1);
+    assert!(row.claim_token.is_some(), "a claim leaves its token on the row");
+    assert_eq!(row.expiry_before_quarantine, None);
     assert_eq!(store.get(37).await.unwrap(), Some(row));
+}
+
+/// Two claimants with the same holder string and the same expiry (two processes in containers
+/// with one configured name, PID 1 and the same start millisecond): the second one's failed
+/// condition must not be taken for its own earlier write. Only the claim token tells them apart.
+pub async fn a_claim_meeting_the_same_holder_and_expiry_is_taken_unless_it_carries_our_token(
+    factory: &dyn StoreFactory,
+) {
+    let (a, b) = (factory.open().await, factory.open().await);
+    let holder = "web-7/pid-1/1790424000000";
+    let (first, second) = (ClaimToken::random(), ClaimToken::random());
+    let row = claimed(a.claim_as(21, holder, &first, T0, T0 + LEASE).await.unwrap());
+    assert_eq!(b.claim_as(21, holder, &second, T0, T0 + LEASE).await.unwrap(), ClaimOutcome::Taken);
+    // The first claimant retrying its own claim (its answer was lost) finds it applied.
+    assert_eq!(a.claim_as(21, holder, &first, T0, T0 + LEASE).await.unwrap(), ClaimOutcome::Claimed(row.clone()));
+    assert_eq!(b.get(21).await.unwrap(), Some(row), "nothing changed");
+    let claims = a.history(Some(21), T0, T0 + 100).await.unwrap();
+    assert!(claims.iter().all(|e| e.kind == AuditKind::Claim && e.lease_epoch == 1), "{claims:?}");
 }
 
 pub async fn claim_needs_expiry_strictly_before_now(factory: &dyn StoreFactory) {
@@ -132,12 +154,38 @@ pub async fn quarantine_defeats_claims_and_renewals(factory: &dyn StoreFactory) 
     let fresh = store.quarantine(171, "oncall", T0).await.unwrap();
     assert_eq!((fresh.holder.as_str(), fresh.lease_epoch), (QUARANTINED, 1));
     // Lifting it only works on a quarantined row, and leaves the number free after the given expiry.
-    assert_eq!(store.release_quarantine(9, "oncall", T0 + LEASE, T0).await.unwrap(), Conditional::ConditionFailed);
-    assert_eq!(store.release_quarantine(170, "oncall", T0 + 2 * LEASE, T0 + 20).await.unwrap(), Conditional::Applied);
-    let lifted = store.get(170).await.unwrap().unwrap();
+    assert_eq!(store.release_quarantine(9, "oncall", T0 + LEASE, T0).await.unwrap(), None);
+    let lifted = store.release_quarantine(170, "oncall", T0 + 2 * LEASE, T0 + 20).await.unwrap().unwrap();
     assert_eq!((lifted.lease_expiry, lifted.lease_epoch), (T0 + 2 * LEASE, q.lease_epoch + 1));
+    assert_eq!((lifted.holder.as_str(), lifted.expiry_before_quarantine), ("released-by:oncall", None));
+    assert_eq!(store.get(170).await.unwrap(), Some(lifted));
+    assert_eq!(store.release_quarantine(170, "oncall", T0 + 2 * LEASE, T0 + 20).await.unwrap(), None, "lifted once");
     assert_eq!(store.claim(170, "b", T0 + 2 * LEASE, T0 + 3 * LEASE).await.unwrap(), ClaimOutcome::Taken);
     claimed(store.claim(170, "b", T0 + 2 * LEASE + 1, T0 + 3 * LEASE).await.unwrap());
+}
+
+/// A holder cut off from the table by the quarantine may go on issuing until its own expiry −
+/// fence. Lifting must not hand the number out before that, whatever lease the operator's tool
+/// is configured with: the pre-quarantine expiry is kept on the row and the lift never goes below it.
+pub async fn lifting_a_quarantine_never_moves_a_holders_expiry_back(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let long = T0 + 10 * LEASE;
+    claimed(store.claim(44, "a", T0, long).await.unwrap());
+    assert_eq!(store.renew(44, "a", 1, long + 7, T0 + 1).await.unwrap(), Conditional::Applied);
+    let q = store.quarantine(44, "oncall", T0 + 5).await.unwrap();
+    assert_eq!(q.expiry_before_quarantine, Some(long + 7));
+    let again = store.quarantine(44, "oncall", T0 + 6).await.unwrap();
+    assert_eq!(again.expiry_before_quarantine, Some(long + 7), "a second quarantine keeps what the first kept");
+    // The operator's tool asks for "a lease from now", shorter than the holder's.
+    let lifted = store.release_quarantine(44, "oncall", T0 + LEASE, T0 + 10).await.unwrap().unwrap();
+    assert_eq!(lifted.lease_expiry, long + 7);
+    assert_eq!(store.claim(44, "b", T0 + LEASE + 1, T0 + 2 * LEASE).await.unwrap(), ClaimOutcome::Taken);
+    assert_eq!(store.claim(44, "b", long + 7, long + LEASE).await.unwrap(), ClaimOutcome::Taken);
+    claimed(store.claim(44, "b", long + 8, long + LEASE).await.unwrap());
+    // A later minimum wins over an earlier kept expiry.
+    store.quarantine(44, "oncall", long + 9).await.unwrap();
+    let lifted = store.release_quarantine(44, "oncall", long + 5 * LEASE, long + 10).await.unwrap().unwrap();
+    assert_eq!(lifted.lease_expiry, long + 5 * LEASE);
 }
 
 pub async fn list_and_history(factory: &dyn StoreFactory) {
@@ -199,11 +247,13 @@ macro_rules! lease_store_conformance {
     ($factory:path) => {
         $crate::lease_store_conformance!(@tests $factory;
             claim_free_number,
+            a_claim_meeting_the_same_holder_and_expiry_is_taken_unless_it_carries_our_token,
             claim_needs_expiry_strictly_before_now,
             renew_checks_holder_epoch_and_forward_expiry,
             a_stale_holder_cannot_renew_after_a_takeover,
             release_lets_a_successor_start_at_once,
             quarantine_defeats_claims_and_renewals,
+            lifting_a_quarantine_never_moves_a_holders_expiry_back,
             list_and_history,
             racing_claimants_exactly_one_wins
         );

@@ -30,8 +30,8 @@ use aws_sdk_dynamodb::types::{
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 use crate::lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
-    StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS,
+    QUARANTINED, StoreError,
 };
 
 type Item = HashMap<String, AttributeValue>;
@@ -153,6 +153,11 @@ fn lease_row(item: &Item) -> Result<LeaseRow, StoreError> {
         holder: string(item, "holder")?,
         lease_expiry: number(item, "lease_expiry")?,
         lease_epoch: number(item, "lease_epoch")?,
+        claim_token: item.contains_key("claim_token").then(|| string(item, "claim_token")).transpose()?,
+        expiry_before_quarantine: item
+            .contains_key("expiry_before_quarantine")
+            .then(|| number(item, "expiry_before_quarantine"))
+            .transpose()?,
     })
 }
 
@@ -174,16 +179,29 @@ enum TableState {
     Active,
 }
 
-/// The row as it was before a failed condition, when it already holds what we meant to write:
-/// a retry that met its own first attempt.
-fn already_ours(old: Option<&Item>, holder: &str, expiry: i64, epoch: Option<u64>) -> Option<LeaseRow> {
-    lease_row(old?).ok().filter(|row| row.is_ours(holder, expiry, epoch))
+/// The row as it was before a failed condition, when `ours` says it already holds what we meant
+/// to write: a retry that met its own first attempt.
+fn already_ours(old: Option<&Item>, ours: impl FnOnce(&LeaseRow) -> bool) -> Option<LeaseRow> {
+    lease_row(old?).ok().filter(ours)
 }
+
+/// How often a read-then-write (quarantine, lift) is tried again when the row changed between
+/// the read and the conditional write.
+const READ_WRITE_ATTEMPTS: usize = 5;
 
 impl DynamoDbLeaseStore {
     /// A store on `table` (and its audit table `<table>-audit`). Does not create anything.
     pub fn new(client: Client, table: &str) -> Self {
         DynamoDbLeaseStore { client, table: table.to_owned(), audit: format!("{table}-audit") }
+    }
+
+    /// A conditional update of one row's lease attributes, ALL_OLD on a failed condition.
+    fn update(&self, machine: u32) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(machine))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
     }
 
     pub fn audit_table(&self) -> &str {
@@ -325,29 +343,33 @@ impl LeaseStore for DynamoDbLeaseStore {
         format!("dynamodb table {}", self.table)
     }
 
-    async fn claim(
+    fn table_key(&self) -> String {
+        let region = self.client.config().region().map_or_else(String::new, ToString::to_string);
+        format!("dynamodb:{region}:{}", self.table)
+    }
+
+    async fn claim_as(
         &self,
         machine: u32,
         holder: &str,
+        token: &ClaimToken,
         now_unix_ms: i64,
         expiry_unix_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
         let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("machine_id", n(machine))
+            .update(machine)
             .update_expression(
-                "SET holder = :me, lease_expiry = :expiry, lease_epoch = if_not_exists(lease_epoch, :zero) + :one",
+                "SET holder = :me, lease_expiry = :expiry, claim_token = :token, \
+                 lease_epoch = if_not_exists(lease_epoch, :zero) + :one REMOVE expiry_before_quarantine",
             )
             .condition_expression("attribute_not_exists(machine_id) OR lease_expiry < :now")
             .expression_attribute_values(":me", s(holder))
             .expression_attribute_values(":now", n(now_unix_ms))
             .expression_attribute_values(":expiry", n(expiry_unix_ms))
+            .expression_attribute_values(":token", s(token.as_str()))
             .expression_attribute_values(":zero", n(0))
             .expression_attribute_values(":one", n(1))
             .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         let row = match result {
@@ -355,8 +377,10 @@ impl LeaseStore for DynamoDbLeaseStore {
                 lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("claim returned no row".into()))?)?
             }
             Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
-                let old = old_item(e.err());
-                match already_ours(old, holder, expiry_unix_ms, None) {
+                // Our own earlier attempt (an SDK retry, or the keeper's after a lost answer) is
+                // the one row carrying our token. Its audit record may never have been written;
+                // one more, with the same values, is better than none.
+                match already_ours(old_item(e.err()), |row| row.claimed_with(token)) {
                     Some(row) => row,
                     None => return Ok(ClaimOutcome::Taken),
                 }
@@ -384,23 +408,19 @@ impl LeaseStore for DynamoDbLeaseStore {
         now_unix_ms: i64,
     ) -> Result<Conditional, StoreError> {
         let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("machine_id", n(machine))
+            .update(machine)
             .update_expression("SET lease_expiry = :new_expiry")
             .condition_expression("holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry")
             .expression_attribute_values(":me", s(holder))
             .expression_attribute_values(":my_epoch", n(epoch))
             .expression_attribute_values(":new_expiry", n(new_expiry_unix_ms))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match result {
             Ok(_) => Ok(Conditional::Applied),
             Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
                 let old = old_item(e.err());
-                if already_ours(old, holder, new_expiry_unix_ms, Some(epoch)).is_some() {
+                if already_ours(old, |row| row.renewed_by(holder, epoch, new_expiry_unix_ms)).is_some() {
                     return Ok(Conditional::Applied);
                 }
                 self.record_or_log(AuditEvent::new(
@@ -451,76 +471,141 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError> {
-        // The playbook's command 3, as the SDK sends it.
-        let output = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("machine_id", n(machine))
-            .update_expression("SET #h = :q, lease_expiry = :far ADD lease_epoch :one")
-            .expression_attribute_names("#h", "holder")
-            .expression_attribute_values(":q", s(QUARANTINED))
-            .expression_attribute_values(":far", n(QUARANTINE_EXPIRY_UNIX_MS))
-            .expression_attribute_values(":one", n(1))
-            .return_values(ReturnValue::AllNew)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        let row =
-            lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("quarantine returned no row".into()))?)?;
-        self.record_or_log(AuditEvent::new(
-            AuditKind::Quarantine,
-            machine,
-            operator,
-            row.lease_epoch,
-            row.lease_expiry,
-            now_unix_ms,
-        ))
-        .await;
-        Ok(row)
+        // The playbook's command 3 (holder, far expiry, epoch + 1), plus the expiry the row had,
+        // which an update expression cannot copy conditionally: read the row, then write under
+        // the condition that it is still what was read (a renewal may move its expiry meanwhile).
+        for _ in 0..READ_WRITE_ATTEMPTS {
+            let before = self.get(machine).await?;
+            let kept = match &before {
+                Some(row) if row.holder == QUARANTINED => row.expiry_before_quarantine,
+                Some(row) => Some(row.lease_expiry),
+                None => None,
+            };
+            let mut update = self
+                .update(machine)
+                .expression_attribute_names("#h", "holder")
+                .expression_attribute_values(":q", s(QUARANTINED))
+                .expression_attribute_values(":far", n(QUARANTINE_EXPIRY_UNIX_MS))
+                .expression_attribute_values(":one", n(1))
+                .return_values(ReturnValue::AllNew);
+            update = match kept {
+                Some(kept) => update
+                    .update_expression(
+                        "SET #h = :q, lease_expiry = :far, expiry_before_quarantine = :kept \
+                         ADD lease_epoch :one REMOVE claim_token",
+                    )
+                    .expression_attribute_values(":kept", n(kept)),
+                None => update.update_expression(
+                    "SET #h = :q, lease_expiry = :far ADD lease_epoch :one REMOVE claim_token, expiry_before_quarantine",
+                ),
+            };
+            update = match &before {
+                Some(row) => update
+                    .condition_expression(
+                        "#h = :was_holder AND lease_epoch = :was_epoch AND lease_expiry = :was_expiry",
+                    )
+                    .expression_attribute_values(":was_holder", s(row.holder.clone()))
+                    .expression_attribute_values(":was_epoch", n(row.lease_epoch))
+                    .expression_attribute_values(":was_expiry", n(row.lease_expiry)),
+                None => update.condition_expression("attribute_not_exists(machine_id)"),
+            };
+            let row = match update.send().await {
+                Ok(output) => lease_row(
+                    output.attributes().ok_or_else(|| StoreError::Invalid("quarantine returned no row".into()))?,
+                )?,
+                Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                    // Our own first attempt (its answer lost) looks exactly like this.
+                    let expected_epoch = before.as_ref().map_or(1, |row| row.lease_epoch + 1);
+                    match already_ours(old_item(e.err()), |row| {
+                        row.holder == QUARANTINED
+                            && row.lease_epoch == expected_epoch
+                            && row.expiry_before_quarantine == kept
+                    }) {
+                        Some(row) => row,
+                        None => continue, // changed between the read and the write: read again
+                    }
+                }
+                Err(error) => return Err(unavailable(error)),
+            };
+            self.record_or_log(AuditEvent::new(
+                AuditKind::Quarantine,
+                machine,
+                operator,
+                row.lease_epoch,
+                row.lease_expiry,
+                now_unix_ms,
+            ))
+            .await;
+            return Ok(row);
+        }
+        Err(StoreError::Unavailable(format!(
+            "machine {machine}'s row changed under {READ_WRITE_ATTEMPTS} quarantine attempts in a row; try again"
+        )))
     }
 
     async fn release_quarantine(
         &self,
         machine: u32,
         operator: &str,
-        expiry_unix_ms: i64,
+        min_expiry_unix_ms: i64,
         now_unix_ms: i64,
-    ) -> Result<Conditional, StoreError> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("machine_id", n(machine))
-            .update_expression("SET #h = :released, lease_expiry = :expiry ADD lease_epoch :one")
-            .condition_expression("#h = :q")
-            .expression_attribute_names("#h", "holder")
-            .expression_attribute_values(":released", s(format!("released-by:{operator}")))
-            .expression_attribute_values(":expiry", n(expiry_unix_ms))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":q", s(QUARANTINED))
-            .return_values(ReturnValue::AllNew)
-            .send()
+    ) -> Result<Option<LeaseRow>, StoreError> {
+        let released = format!("released-by:{operator}");
+        for _ in 0..READ_WRITE_ATTEMPTS {
+            let Some(before) = self.get(machine).await? else {
+                return Ok(None);
+            };
+            if before.holder != QUARANTINED {
+                return Ok(None);
+            }
+            let expiry = before.expiry_before_quarantine.unwrap_or(min_expiry_unix_ms).max(min_expiry_unix_ms);
+            let result = self
+                .update(machine)
+                .update_expression(
+                    "SET #h = :released, lease_expiry = :expiry ADD lease_epoch :one REMOVE expiry_before_quarantine",
+                )
+                .condition_expression("#h = :q AND lease_epoch = :was_epoch")
+                .expression_attribute_names("#h", "holder")
+                .expression_attribute_values(":released", s(released.clone()))
+                .expression_attribute_values(":expiry", n(expiry))
+                .expression_attribute_values(":one", n(1))
+                .expression_attribute_values(":q", s(QUARANTINED))
+                .expression_attribute_values(":was_epoch", n(before.lease_epoch))
+                .return_values(ReturnValue::AllNew)
+                .send()
+                .await;
+            let row = match result {
+                Ok(output) => lease_row(
+                    output.attributes().ok_or_else(|| StoreError::Invalid("release returned no row".into()))?,
+                )?,
+                Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                    // An SDK retry that met its own applied lift: that is "lifted", not "was not
+                    // quarantined".
+                    match already_ours(old_item(e.err()), |row| {
+                        row.holder == released
+                            && row.lease_epoch == before.lease_epoch + 1
+                            && row.lease_expiry == expiry
+                    }) {
+                        Some(row) => row,
+                        None => continue,
+                    }
+                }
+                Err(error) => return Err(unavailable(error)),
+            };
+            self.record_or_log(AuditEvent::new(
+                AuditKind::ReleaseQuarantine,
+                machine,
+                operator,
+                row.lease_epoch,
+                row.lease_expiry,
+                now_unix_ms,
+            ))
             .await;
-        let row = match result {
-            Ok(output) => {
-                lease_row(output.attributes().ok_or_else(|| StoreError::Invalid("release returned no row".into()))?)?
-            }
-            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
-                return Ok(Conditional::ConditionFailed);
-            }
-            Err(error) => return Err(unavailable(error)),
-        };
-        self.record_or_log(AuditEvent::new(
-            AuditKind::ReleaseQuarantine,
-            machine,
-            operator,
-            row.lease_epoch,
-            expiry_unix_ms,
-            now_unix_ms,
-        ))
-        .await;
-        Ok(Conditional::Applied)
+            return Ok(Some(row));
+        }
+        Err(StoreError::Unavailable(format!(
+            "machine {machine}'s row changed under {READ_WRITE_ATTEMPTS} lift attempts in a row; try again"
+        )))
     }
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError> {

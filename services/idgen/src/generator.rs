@@ -5,20 +5,40 @@
 //! outside the lock on the clock's waiter, so no tokio worker is blocked and no core spins.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use idgen_core::Generator;
-use idgen_core::generator::{LeaseView, NotNow, Refusal, WaitCause};
+use idgen_core::generator::{LeaseView, NotNow, Refusal, Run, WaitCause};
 use idgen_core::uuid::UuidV7State;
+use idgen_core::{Generator, MAX_WAIT_BEHIND_LIMIT_MS};
 use rand::Rng;
 
 use crate::clock::{Clock, SyncStatus};
 use crate::metrics::{GeneratorMetrics, LayoutLabel, ReasonLabel};
 
 pub struct IdGenerator {
-    core: Mutex<Generator>,
-    uuid: Mutex<UuidV7State>,
+    core: Mutex<Locked>,
     clock: Arc<dyn Clock>,
     metrics: Arc<GeneratorMetrics>,
+}
+
+/// What the request path changes, under one lock.
+struct Locked {
+    generator: Generator,
+    uuid: UuidV7State,
+    /// The wall-clock millisecond in which the clock's sync state was last read.
+    sync_read_unix_ms: Option<i64>,
+}
+
+impl Locked {
+    /// Reads the clock's sync state once in every millisecond that issues anything, so no ID or
+    /// UUID carries a millisecond in which the kernel had already reported the clock
+    /// unsynchronized. One `adjtimex` per busy millisecond; nothing when the check is off.
+    fn follow_clock_sync(&mut self, now_unix_ms: i64, clock: &dyn Clock) {
+        if self.sync_read_unix_ms != Some(now_unix_ms) {
+            self.sync_read_unix_ms = Some(now_unix_ms);
+            self.generator.set_clock_unsynchronized(clock.sync_status().refusal());
+        }
+    }
 }
 
 /// What `/healthz` reports.
@@ -30,7 +50,8 @@ pub enum Health {
 
 impl IdGenerator {
     pub fn new(core: Generator, clock: Arc<dyn Clock>, metrics: Arc<GeneratorMetrics>) -> Self {
-        IdGenerator { core: Mutex::new(core), uuid: Mutex::new(UuidV7State::default()), clock, metrics }
+        let locked = Locked { generator: core, uuid: UuidV7State::default(), sync_read_unix_ms: None };
+        IdGenerator { core: Mutex::new(locked), clock, metrics }
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -43,47 +64,60 @@ impl IdGenerator {
 
     /// Runs `f` on the core state. For the lease keeper and tests; never held across an await.
     pub fn with_core<R>(&self, f: impl FnOnce(&mut Generator) -> R) -> R {
-        f(&mut self.lock())
+        f(&mut self.lock().generator)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Generator> {
+    fn lock(&self) -> MutexGuard<'_, Locked> {
         // A panic while holding the lock cannot leave the core half-updated: `issue` changes
         // state only after every check has passed. So a poisoned lock is still consistent.
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The lock, with the clock's sync state read for the millisecond `now`.
+    fn lock_at(&self, now_unix_ms: i64) -> MutexGuard<'_, Locked> {
+        let mut locked = self.lock();
+        locked.follow_clock_sync(now_unix_ms, &*self.clock);
+        locked
+    }
+
+    /// One ID. The same path as a batch, without collecting into a vector.
     pub async fn next_id(&self) -> Result<u64, Refusal> {
-        Ok(self.next_ids(1).await?[0])
+        let mut id = 0;
+        self.issue(1, |run| id = run.first).await?;
+        Ok(id)
     }
 
     /// `count` (≥ 1) strictly increasing IDs. A batch is issued in as few runs as the sequence
     /// allows; when a millisecond is used up it spills into the next.
     pub async fn next_ids(&self, count: u32) -> Result<Vec<u64>, Refusal> {
+        let mut ids = Vec::with_capacity(count.max(1) as usize);
+        self.issue(count, |run| ids.extend(run.ids())).await?;
+        Ok(ids)
+    }
+
+    /// Issues `count` (≥ 1) IDs as runs handed to `take`, waiting (outside the lock) when the core
+    /// asks to. On a refusal, runs already handed out are simply never used: gaps are allowed,
+    /// repeats are not.
+    async fn issue(&self, count: u32, mut take: impl FnMut(&Run)) -> Result<(), Refusal> {
         let count = count.max(1);
-        let mut ids = Vec::with_capacity(count as usize);
+        let mut issued = 0;
         loop {
             let now = self.clock.unix_ms();
-            let step = self.lock().issue(now, count - ids.len() as u32);
+            let step = self.lock_at(now).generator.issue(now, count - issued);
             match step {
                 Ok(run) => {
-                    ids.extend(run.ids());
-                    if ids.len() == count as usize {
+                    take(&run);
+                    issued += run.count;
+                    if issued == count {
                         self.metrics.ids_issued.inc_by(u64::from(count));
-                        return Ok(ids);
+                        return Ok(());
                     }
                 }
-                Err(NotNow::Wait { until_unix_ms, cause }) => {
-                    match cause {
-                        WaitCause::SequenceExhausted => self.metrics.sequence_spills.inc(),
-                        WaitCause::ClockBehind => self.metrics.clock_behind_events.inc(),
-                    };
-                    self.clock.wait_until(until_unix_ms).await;
-                }
+                Err(NotNow::Wait { until_unix_ms, cause }) => self.wait(now, until_unix_ms, cause).await,
                 Err(NotNow::Refuse(refusal)) => {
                     self.count_refusal(&refusal);
-                    if !ids.is_empty() {
-                        // Already issued IDs are simply never used: gaps are allowed, repeats are not.
-                        self.metrics.ids_issued.inc_by(ids.len() as u64);
+                    if issued > 0 {
+                        self.metrics.ids_issued.inc_by(u64::from(issued));
                     }
                     return Err(refusal);
                 }
@@ -91,20 +125,57 @@ impl IdGenerator {
         }
     }
 
+    /// Waits for the millisecond the core asked for, but no longer than that wait should take
+    /// (at most a few ms): if the clock steps back meanwhile, the target is far away, and the
+    /// caller must re-read the clock and be refused (`clock_behind`), not sleep out the step.
+    async fn wait(&self, now_unix_ms: i64, until_unix_ms: i64, cause: WaitCause) {
+        match cause {
+            WaitCause::SequenceExhausted => self.metrics.sequence_spills.inc(),
+            WaitCause::ClockBehind => self.metrics.clock_behind_events.inc(),
+        };
+        let expected_ms = (until_unix_ms - now_unix_ms).clamp(0, MAX_WAIT_BEHIND_LIMIT_MS) as u64;
+        let limit = Duration::from_millis(expected_ms + 2);
+        let _ = tokio::time::timeout(limit, self.clock.wait_until(until_unix_ms)).await;
+    }
+
     /// `count` increasing UUIDv7s. They need no lease (uniqueness is by randomness), but they
-    /// carry the time, so they too are refused while the clock is unsynchronized.
-    pub fn next_uuids(&self, count: u32) -> Result<Vec<[u8; 16]>, Refusal> {
-        if let Some(reason) = self.clock.sync_status().refusal() {
-            let refusal = Refusal::ClockUnsynchronized { reason };
-            self.count_refusal(&refusal);
-            return Err(refusal);
+    /// carry the time, so they follow the same clock rules: refused while the clock is
+    /// unsynchronized, a small step back waited out, a large one refused.
+    pub async fn next_uuids(&self, count: u32) -> Result<Vec<[u8; 16]>, Refusal> {
+        let count = count.max(1) as usize;
+        let mut uuids = Vec::with_capacity(count);
+        loop {
+            let now = self.clock.unix_ms();
+            let step = {
+                let mut rng = rand::rng();
+                let mut locked = self.lock_at(now);
+                let Locked { generator, uuid, .. } = &mut *locked;
+                let max_wait_behind_ms = generator.config().max_wait_behind_ms;
+                match generator.unsynchronized() {
+                    Some(reason) => Err(NotNow::Refuse(Refusal::ClockUnsynchronized { reason: reason.to_owned() })),
+                    None => loop {
+                        if uuids.len() == count {
+                            break Ok(());
+                        }
+                        match uuid.next(now, max_wait_behind_ms, rng.random(), rng.random()) {
+                            Ok(bytes) => uuids.push(bytes),
+                            Err(not_now) => break Err(not_now),
+                        }
+                    },
+                }
+            };
+            match step {
+                Ok(()) => {
+                    self.metrics.uuids_issued.inc_by(uuids.len() as u64);
+                    return Ok(uuids);
+                }
+                Err(NotNow::Wait { until_unix_ms, cause }) => self.wait(now, until_unix_ms, cause).await,
+                Err(NotNow::Refuse(refusal)) => {
+                    self.count_refusal(&refusal);
+                    return Err(refusal);
+                }
+            }
         }
-        let mut rng = rand::rng();
-        let mut state = self.uuid.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let uuids: Vec<[u8; 16]> =
-            (0..count.max(1)).map(|_| state.next(self.clock.unix_ms(), rng.random(), rng.random())).collect();
-        self.metrics.uuids_issued.inc_by(uuids.len() as u64);
-        Ok(uuids)
     }
 
     fn count_refusal(&self, refusal: &Refusal) {
@@ -117,7 +188,8 @@ impl IdGenerator {
     pub fn health(&self) -> Health {
         let now = self.clock.unix_ms();
         let clock = self.clock.sync_status();
-        let core = self.lock();
+        let locked = self.lock_at(now);
+        let core = &locked.generator;
         let leases = core.leases();
         match core.check(now) {
             Ok(()) | Err(NotNow::Wait { .. }) => Health::Issuing { leases, clock },
@@ -128,7 +200,8 @@ impl IdGenerator {
     /// Brings the gauges up to date; call before a scrape.
     pub fn refresh_gauges(&self) {
         let now = self.clock.unix_ms();
-        let core = self.lock();
+        let locked = self.lock();
+        let core = &locked.generator;
         let fence = core.config().fence_ms;
         for entry in core.schedule().entries() {
             let label = LayoutLabel { layout: entry.layout.name().to_owned() };

@@ -11,39 +11,82 @@
 //! and the keeper claims another. When the table cannot be reached, nothing changes: the generator
 //! keeps issuing until its fence and the keeper retries. On shutdown, release.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idgen_core::{Layout, Lease};
+use idgen_core::{InstallError, Layout, Lease};
 use rand::Rng;
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::generator::IdGenerator;
-use crate::lease_store::{ClaimOutcome, Conditional, LeaseStore, StoreError};
+use crate::lease_store::{ClaimOutcome, ClaimToken, Conditional, LeaseStore, MAX_LEASE_MS, StoreError};
 
-/// Lease timing and the machine-number range. Validated: 0 < fence < renew interval < lease
-/// (SPEC §2), and two renew intervals fit before the fence (one renewal may fail and the next
-/// still lands before issuing stops).
+/// Which machine numbers a generator may claim, per layout. Fleet workers take 0–63, embedded
+/// generators 64 and up (SPEC §2), so the two never compete for a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineRanges {
+    /// For layouts not listed below: from `first` to `last`, or to the layout's highest number.
+    pub first: u32,
+    pub last: Option<u32>,
+    /// Per-layout ranges, e.g. v1 64–1023 and v2 64–511.
+    pub layouts: BTreeMap<String, RangeInclusive<u32>>,
+}
+
+impl MachineRanges {
+    /// A fleet worker's: 0–63 in every layout.
+    pub fn fleet() -> Self {
+        MachineRanges { first: 0, last: Some(63), layouts: BTreeMap::new() }
+    }
+
+    /// An embedded generator's: 64 up to each layout's highest number (v1 64–1023, v2 64–511).
+    pub fn embedded() -> Self {
+        MachineRanges { first: 64, last: None, layouts: BTreeMap::new() }
+    }
+
+    /// The same range in every layout.
+    pub fn everywhere(range: RangeInclusive<u32>) -> Self {
+        MachineRanges { first: *range.start(), last: Some(*range.end()), layouts: BTreeMap::new() }
+    }
+
+    /// This range for `layout` instead of the default.
+    pub fn with_layout(mut self, layout: &str, range: RangeInclusive<u32>) -> Self {
+        self.layouts.insert(layout.to_owned(), range);
+        self
+    }
+
+    pub fn for_layout(&self, layout: &Layout) -> RangeInclusive<u32> {
+        match self.layouts.get(layout.name()) {
+            Some(range) => range.clone(),
+            None => self.first..=self.last.unwrap_or(layout.max_machine()),
+        }
+    }
+}
+
+/// Lease timing and the machine-number ranges. Validated: 0 < fence < renew interval < lease ≤
+/// [`MAX_LEASE_MS`] (SPEC §2), and two renew intervals fit before the fence (one renewal may fail
+/// and the next still lands before issuing stops).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
     pub lease_ms: i64,
     pub renew_interval_ms: i64,
     pub fence_ms: i64,
-    pub machines: RangeInclusive<u32>,
+    pub machines: MachineRanges,
     /// Longest wait between claim attempts when every number is taken or the table is down.
     pub max_backoff_ms: i64,
 }
 
 impl Default for LeaseConfig {
+    /// The SPEC's timing, and the embedded generator's range (64 and up).
     fn default() -> Self {
         LeaseConfig {
             lease_ms: 300_000,
             renew_interval_ms: 10_000,
             fence_ms: 5_000,
-            machines: 0..=63,
+            machines: MachineRanges::embedded(),
             max_backoff_ms: 30_000,
         }
     }
@@ -52,13 +95,18 @@ impl Default for LeaseConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum LeaseConfigError {
     #[error(
-        "lease timing must satisfy 0 < fence < renew interval < lease, and 2 × renew interval ≤ lease − fence (one failed renewal must not stop issuing): fence {fence_ms} ms, renew interval {renew_interval_ms} ms, lease {lease_ms} ms"
+        "lease timing must satisfy 0 < fence < renew interval < lease ≤ {MAX_LEASE_MS} ms, and 2 × renew interval ≤ lease − fence (one failed renewal must not stop issuing): fence {fence_ms} ms, renew interval {renew_interval_ms} ms, lease {lease_ms} ms"
     )]
     Timing { fence_ms: i64, renew_interval_ms: i64, lease_ms: i64 },
     #[error("machine range {first}–{last} is empty or outside layout {layout}'s 0–{max}")]
     Range { first: u32, last: u32, layout: String, max: u32 },
     #[error("max backoff must be at least 100 ms, not {0}")]
     Backoff(i64),
+    #[error("layout {0} is not in the generator's schedule")]
+    UnknownLayout(String),
+    /// Two keepers of one holder on one table would each take the other's row for its own.
+    #[error("{table} already has a lease keeper for holder {holder} in this process: one generator per table")]
+    SecondKeeper { table: String, holder: String },
 }
 
 impl LeaseConfig {
@@ -67,6 +115,7 @@ impl LeaseConfig {
         if !(0 < self.fence_ms
             && self.fence_ms < self.renew_interval_ms
             && self.renew_interval_ms < self.lease_ms
+            && self.lease_ms <= MAX_LEASE_MS
             && fits(self.lease_ms, self.fence_ms, self.renew_interval_ms))
         {
             return Err(LeaseConfigError::Timing {
@@ -75,7 +124,8 @@ impl LeaseConfig {
                 lease_ms: self.lease_ms,
             });
         }
-        let (first, last) = (*self.machines.start(), *self.machines.end());
+        let range = self.machines.for_layout(layout);
+        let (first, last) = (*range.start(), *range.end());
         if first > last || last > layout.max_machine() {
             return Err(LeaseConfigError::Range {
                 first,
@@ -91,6 +141,29 @@ impl LeaseConfig {
     }
 }
 
+/// The (table, holder) pairs that have a keeper in this process.
+static KEPT: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+
+/// A keeper's place in [`KEPT`], given back when the keeper is dropped (also by a panic).
+struct KeptTable((String, String));
+
+impl KeptTable {
+    fn take(table: String, holder: &str) -> Result<Self, LeaseConfigError> {
+        let key = (table, holder.to_owned());
+        let mut kept = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !kept.insert(key.clone()) {
+            return Err(LeaseConfigError::SecondKeeper { table: key.0, holder: key.1 });
+        }
+        Ok(KeptTable(key))
+    }
+}
+
+impl Drop for KeptTable {
+    fn drop(&mut self) {
+        KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.0);
+    }
+}
+
 /// What one tick did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -100,6 +173,19 @@ pub enum Outcome {
         machine: u32,
         epoch: u64,
         expiry_unix_ms: i64,
+    },
+    /// An earlier claim whose answer was lost had applied (the row carries its token): the
+    /// number is ours, and is renewed at once.
+    Adopted {
+        machine: u32,
+        epoch: u64,
+        expiry_unix_ms: i64,
+    },
+    /// The generator could not issue under a lease on this layout (e.g. this region's number
+    /// does not fit it): nothing is claimed; retried after `retry_in`.
+    CannotUse {
+        error: InstallError,
+        retry_in: Duration,
     },
     /// Every number in the range is held by someone else.
     AllTaken {
@@ -133,12 +219,22 @@ pub enum Outcome {
     },
 }
 
+/// A claim whose answer never came: it may have applied. Retried first, with the same token.
+#[derive(Debug, Clone)]
+struct PendingClaim {
+    machine: u32,
+    token: ClaimToken,
+    now_unix_ms: i64,
+    expiry_unix_ms: i64,
+}
+
 #[derive(Debug, Clone)]
 enum State {
     /// `retry_at: None`: claim at the next tick.
     Unclaimed {
         failures: u32,
         retry_at: Option<Instant>,
+        pending: Option<PendingClaim>,
     },
     Held {
         machine: u32,
@@ -152,15 +248,18 @@ pub struct LeaseKeeper {
     store: Arc<dyn LeaseStore>,
     generator: Arc<IdGenerator>,
     config: LeaseConfig,
+    machines: RangeInclusive<u32>,
     holder: String,
     state: State,
     /// How often the clock's sync state is re-read while nothing else is due.
     sync_check_every: Duration,
+    _kept: KeptTable,
 }
 
 impl LeaseKeeper {
-    /// A keeper for `layout` (which must be in the generator's schedule). `holder` should be
-    /// [`crate::default_holder`] unless several generators share one process.
+    /// A keeper for `layout` (which must be in the generator's schedule), as `holder`
+    /// ([`crate::holder`]). One process keeps at most one lease per table and holder: a second
+    /// keeper for the same pair is refused, since the two could not tell their rows apart.
     pub fn new(
         layout: &str,
         store: Arc<dyn LeaseStore>,
@@ -170,17 +269,20 @@ impl LeaseKeeper {
     ) -> Result<Self, LeaseConfigError> {
         let known = generator.with_core(|core| core.schedule().layout(layout).cloned());
         let Some(known) = known else {
-            return Err(LeaseConfigError::Range { first: 0, last: 0, layout: layout.to_owned(), max: 0 });
+            return Err(LeaseConfigError::UnknownLayout(layout.to_owned()));
         };
         config.validate(&known)?;
+        let kept = KeptTable::take(store.table_key(), &holder)?;
         Ok(LeaseKeeper {
             layout: layout.to_owned(),
             store,
             generator,
+            machines: config.machines.for_layout(&known),
             config,
             holder,
-            state: State::Unclaimed { failures: 0, retry_at: None },
+            state: State::Unclaimed { failures: 0, retry_at: None, pending: None },
             sync_check_every: Duration::from_secs(1),
+            _kept: kept,
         })
     }
 
@@ -211,12 +313,14 @@ impl LeaseKeeper {
         let sync = clock.sync_status().refusal();
         self.generator.with_core(|core| core.set_clock_unsynchronized(sync.clone()));
         match self.state.clone() {
-            State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) && sync.is_some() => {
-                self.state = State::Unclaimed { failures, retry_at: Some(now + self.sync_check_every) };
+            State::Unclaimed { failures, retry_at, pending }
+                if retry_at.is_none_or(|at| now >= at) && sync.is_some() =>
+            {
+                self.state = State::Unclaimed { failures, retry_at: Some(now + self.sync_check_every), pending };
                 Outcome::ClockUnsynchronized { reason: sync.unwrap_or_default() }
             }
-            State::Unclaimed { failures, retry_at } if retry_at.is_none_or(|at| now >= at) => {
-                self.claim(now, failures).await
+            State::Unclaimed { failures, retry_at, pending } if retry_at.is_none_or(|at| now >= at) => {
+                self.claim(now, failures, pending).await
             }
             State::Held { machine, epoch, renew_at } if now >= renew_at => self.renew(now, machine, epoch).await,
             _ => Outcome::Idle,
@@ -253,10 +357,14 @@ impl LeaseKeeper {
                 let then = match self.generator.clock().sync_status().refusal() {
                     // The same rule as any claim: none on an unsynchronized clock.
                     Some(reason) => {
-                        self.state = State::Unclaimed { failures: 0, retry_at: Some(now + self.sync_check_every) };
+                        self.state = State::Unclaimed {
+                            failures: 0,
+                            retry_at: Some(now + self.sync_check_every),
+                            pending: None,
+                        };
                         Outcome::ClockUnsynchronized { reason }
                     }
-                    None => self.claim(now, 0).await,
+                    None => self.claim(now, 0, None).await,
                 };
                 Outcome::Lost { machine, then: Box::new(then) }
             }
@@ -270,56 +378,108 @@ impl LeaseKeeper {
         }
     }
 
-    async fn claim(&mut self, now: Instant, failures: u32) -> Outcome {
-        let (first, last) = (*self.config.machines.start(), *self.config.machines.end());
+    async fn claim(&mut self, now: Instant, failures: u32, pending: Option<PendingClaim>) -> Outcome {
+        if let Some(pending) = pending {
+            // The last claim's answer was lost. If it applied, the row carries its token and the
+            // number is ours; without this, the number would sit unused for a whole lease.
+            let PendingClaim { machine, ref token, now_unix_ms, expiry_unix_ms } = pending;
+            match self.store.claim_as(machine, &self.holder, token, now_unix_ms, expiry_unix_ms).await {
+                Ok(ClaimOutcome::Claimed(row)) => {
+                    return self
+                        .install(now, failures, machine, row.lease_epoch, now_unix_ms, expiry_unix_ms, true)
+                        .await;
+                }
+                Ok(ClaimOutcome::Taken) => {} // it never applied: claim afresh
+                Err(error) => return self.unavailable(now, failures, error, Some(pending)),
+            }
+        }
+        let (first, last) = (*self.machines.start(), *self.machines.end());
         let size = last - first + 1;
         let start = rand::rng().random_range(0..size);
         for offset in 0..size {
             let machine = first + (start + offset) % size;
+            // Never take a row the generator cannot use (e.g. this region's number does not fit
+            // the layout): each retry would take another, until the range is drained.
+            if let Err(error) = self.generator.with_core(|core| core.check_installable(&self.layout, machine)) {
+                return self.cannot_use(now, failures, error);
+            }
             let wall = self.generator.clock().unix_ms();
             let expiry = wall + self.config.lease_ms;
-            match self.store.claim(machine, &self.holder, wall, expiry).await {
+            let token = ClaimToken::random();
+            match self.store.claim_as(machine, &self.holder, &token, wall, expiry).await {
                 Ok(ClaimOutcome::Claimed(row)) => {
-                    let lease = Lease {
-                        layout: self.layout.clone(),
-                        machine,
-                        epoch: row.lease_epoch,
-                        expiry_unix_ms: expiry,
-                        floor_unix_ms: wall,
-                    };
-                    if let Err(error) = self.generator.with_core(|core| core.install_lease(lease)) {
-                        // E.g. this region's number does not fit the layout. Trying the next
-                        // machine number would only take more rows the generator cannot use: stop,
-                        // leave this row to expire, and retry later.
-                        tracing::error!(%error, machine, layout = %self.layout, "claimed a lease the generator cannot use");
-                        let retry_in = self.backoff(failures);
-                        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in) };
-                        return Outcome::StoreUnavailable { error: StoreError::Invalid(error.to_string()), retry_in };
-                    }
-                    self.generator.metrics().lease_event(&self.layout, "claim");
-                    tracing::info!(layout = %self.layout, machine, epoch = row.lease_epoch, expiry, "claimed machine number");
-                    self.state = State::Held {
-                        machine,
-                        epoch: row.lease_epoch,
-                        renew_at: now + ms(self.config.renew_interval_ms),
-                    };
-                    return Outcome::Claimed { machine, epoch: row.lease_epoch, expiry_unix_ms: expiry };
+                    return self.install(now, failures, machine, row.lease_epoch, wall, expiry, false).await;
                 }
                 Ok(ClaimOutcome::Taken) => continue,
                 Err(error) => {
-                    self.generator.metrics().lease_event(&self.layout, "store_unavailable");
-                    let retry_in = self.backoff(failures);
-                    tracing::warn!(layout = %self.layout, %error, ?retry_in, "claim could not reach the lease table");
-                    self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in) };
-                    return Outcome::StoreUnavailable { error, retry_in };
+                    let pending = PendingClaim { machine, token, now_unix_ms: wall, expiry_unix_ms: expiry };
+                    return self.unavailable(now, failures, error, Some(pending));
                 }
             }
         }
         self.generator.metrics().lease_event(&self.layout, "claim_all_taken");
         let retry_in = self.backoff(failures);
         tracing::warn!(layout = %self.layout, first, last, ?retry_in, "every machine number in the range is taken");
-        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in) };
+        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in), pending: None };
         Outcome::AllTaken { retry_in }
+    }
+
+    /// Starts issuing under a claimed row. Should the generator refuse it after all, the number
+    /// is given back at once (nothing was issued under it).
+    #[allow(clippy::too_many_arguments)]
+    async fn install(
+        &mut self,
+        now: Instant,
+        failures: u32,
+        machine: u32,
+        epoch: u64,
+        floor_unix_ms: i64,
+        expiry_unix_ms: i64,
+        adopted: bool,
+    ) -> Outcome {
+        let lease = Lease { layout: self.layout.clone(), machine, epoch, expiry_unix_ms, floor_unix_ms };
+        if let Err(error) = self.generator.with_core(|core| core.install_lease(lease)) {
+            let wall = self.generator.clock().unix_ms();
+            // The stored expiry goes back to the claim's `:now`: anyone whose clock is past it
+            // may claim, and nothing was issued at or above it.
+            if let Err(release) = self.store.release(machine, &self.holder, epoch, floor_unix_ms, wall).await {
+                tracing::warn!(error = %release, machine, "could not give back an unusable claim; it expires on its own");
+            }
+            return self.cannot_use(now, failures, error);
+        }
+        let event = if adopted { "claim_adopted" } else { "claim" };
+        self.generator.metrics().lease_event(&self.layout, event);
+        tracing::info!(layout = %self.layout, machine, epoch, expiry = expiry_unix_ms, adopted, "claimed machine number");
+        // An adopted claim is older than a fresh one: renew it at once.
+        let renew_at = if adopted { now } else { now + ms(self.config.renew_interval_ms) };
+        self.state = State::Held { machine, epoch, renew_at };
+        if adopted {
+            Outcome::Adopted { machine, epoch, expiry_unix_ms }
+        } else {
+            Outcome::Claimed { machine, epoch, expiry_unix_ms }
+        }
+    }
+
+    fn cannot_use(&mut self, now: Instant, failures: u32, error: InstallError) -> Outcome {
+        self.generator.metrics().lease_event(&self.layout, "claim_unusable");
+        let retry_in = self.backoff(failures);
+        tracing::error!(%error, layout = %self.layout, ?retry_in, "the generator cannot issue under this layout: not claiming");
+        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in), pending: None };
+        Outcome::CannotUse { error, retry_in }
+    }
+
+    fn unavailable(
+        &mut self,
+        now: Instant,
+        failures: u32,
+        error: StoreError,
+        pending: Option<PendingClaim>,
+    ) -> Outcome {
+        self.generator.metrics().lease_event(&self.layout, "store_unavailable");
+        let retry_in = self.backoff(failures);
+        tracing::warn!(layout = %self.layout, %error, ?retry_in, "claim could not reach the lease table");
+        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in), pending };
+        Outcome::StoreUnavailable { error, retry_in }
     }
 
     /// Exponential from 250 ms up to the configured maximum, with ±50 % jitter.
@@ -336,16 +496,29 @@ impl LeaseKeeper {
             return Ok(());
         };
         // Released: never claim again from this keeper.
-        self.state =
-            State::Unclaimed { failures: 0, retry_at: Some(Instant::now() + Duration::from_secs(86_400 * 365)) };
+        self.state = State::Unclaimed {
+            failures: 0,
+            retry_at: Some(Instant::now() + Duration::from_secs(86_400 * 365)),
+            pending: None,
+        };
         let Some(release) = self.generator.with_core(|core| core.begin_release(&self.layout)) else {
             return Ok(());
         };
         let wall = self.generator.clock().unix_ms();
         let outcome =
             self.store.release(release.machine, &self.holder, release.epoch, release.expiry_unix_ms, wall).await?;
-        self.generator.metrics().lease_event(&self.layout, "release");
-        tracing::info!(layout = %self.layout, machine = release.machine, expiry = release.expiry_unix_ms, ?outcome, "released machine number");
+        match outcome {
+            Conditional::Applied => {
+                self.generator.metrics().lease_event(&self.layout, "release");
+                tracing::info!(layout = %self.layout, machine = release.machine, expiry = release.expiry_unix_ms, "released machine number");
+            }
+            Conditional::ConditionFailed => tracing::warn!(
+                layout = %self.layout,
+                machine = release.machine,
+                epoch = release.epoch,
+                "nothing to release: the row no longer names this holder and epoch (taken over or quarantined)"
+            ),
+        }
         Ok(())
     }
 

@@ -11,6 +11,11 @@ pub const QUARANTINED: &str = "QUARANTINED";
 /// 2100-01-01T00:00:00Z: a quarantined row's expiry, so nobody's `lease_expiry < :now` holds.
 pub const QUARANTINE_EXPIRY_UNIX_MS: i64 = 4_102_444_800_000;
 
+/// The longest lease any generator may hold (validated at start-up, [`crate::LeaseConfig`]).
+/// Lifting a quarantine keeps the number unclaimable at least this long, so a holder the
+/// quarantine cut off is past its own expiry first, whatever lease it was configured with.
+pub const MAX_LEASE_MS: i64 = 3_600_000;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRow {
     pub machine_id: u32,
@@ -18,13 +23,41 @@ pub struct LeaseRow {
     /// Unix ms, by the holder's clock.
     pub lease_expiry: i64,
     pub lease_epoch: u64,
+    /// The random token of the claim that made this lease (absent on rows written by a
+    /// quarantine, a lift, or by hand).
+    pub claim_token: Option<String>,
+    /// While quarantined: the expiry the row had before, which a holder cut off by the
+    /// quarantine may still believe it holds. Lifting never sets the expiry below it.
+    pub expiry_before_quarantine: Option<i64>,
 }
 
 impl LeaseRow {
-    /// Whether this row is what our own write left: our holder and expiry, and our epoch when we
-    /// know it (a claim does not). A retry that meets its own first attempt's row is `Applied`.
-    pub fn is_ours(&self, holder: &str, expiry_unix_ms: i64, epoch: Option<u64>) -> bool {
-        self.holder == holder && self.lease_expiry == expiry_unix_ms && epoch.is_none_or(|e| e == self.lease_epoch)
+    /// Whether this row is what our own claim left. Only the claim attempt that drew `token`
+    /// can have written it; holder and expiry alone cannot tell two claimants apart.
+    pub fn claimed_with(&self, token: &ClaimToken) -> bool {
+        self.claim_token.as_deref() == Some(token.as_str())
+    }
+
+    /// Whether this row is what our own renewal left: our holder, our epoch and the new expiry.
+    /// Holders are unique per process and one process keeps one lease per table (see
+    /// [`crate::LeaseKeeper::new`]), so nobody else writes this holder on this row.
+    pub fn renewed_by(&self, holder: &str, epoch: u64, expiry_unix_ms: i64) -> bool {
+        self.holder == holder && self.lease_epoch == epoch && self.lease_expiry == expiry_unix_ms
+    }
+}
+
+/// 128 random bits drawn for one claim attempt (and kept for its retries), written on the row,
+/// so a retry can tell its own applied claim from anyone else's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimToken(String);
+
+impl ClaimToken {
+    pub fn random() -> Self {
+        ClaimToken(format!("{:032x}", rand::random::<u128>()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -115,14 +148,31 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A name for logs and health reports (the table name).
     fn describe(&self) -> String;
 
-    /// `attribute_not_exists(machine_id) OR lease_expiry < :now` → set holder, expiry and epoch + 1.
+    /// Who this table is, for the one-keeper-per-table rule: the same for two handles on one table.
+    fn table_key(&self) -> String;
+
+    /// `attribute_not_exists(machine_id) OR lease_expiry < :now` → set holder, expiry, the claim
+    /// token and epoch + 1. A failed condition on a row that already carries `token` is our own
+    /// earlier attempt (its answer was lost): `Claimed`, and recorded in the audit if it was not.
+    async fn claim_as(
+        &self,
+        machine: u32,
+        holder: &str,
+        token: &ClaimToken,
+        now_unix_ms: i64,
+        expiry_unix_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// A claim with a fresh token.
     async fn claim(
         &self,
         machine: u32,
         holder: &str,
         now_unix_ms: i64,
         expiry_unix_ms: i64,
-    ) -> Result<ClaimOutcome, StoreError>;
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_as(machine, holder, &ClaimToken::random(), now_unix_ms, expiry_unix_ms).await
+    }
 
     /// `holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry` → set expiry.
     /// `Applied` exactly when the row afterwards names us, our epoch and `new_expiry` — so a
@@ -147,19 +197,22 @@ pub trait LeaseStore: Send + Sync + 'static {
         now_unix_ms: i64,
     ) -> Result<Conditional, StoreError>;
 
-    /// Unconditional: holder `QUARANTINED`, expiry 2100-01-01, epoch + 1 (the row is created if absent).
+    /// Unconditional: holder `QUARANTINED`, expiry 2100-01-01, epoch + 1 (the row is created if
+    /// absent). The expiry it had is kept in `expiry_before_quarantine` (a second quarantine keeps
+    /// the first one's).
     async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError>;
 
-    /// `holder = QUARANTINED` → holder `released-by:<operator>`, the given expiry, epoch + 1. The
-    /// caller passes an expiry a full lease ahead, so any holder stopped by the quarantine is
-    /// past its own expiry before a new claim can succeed.
+    /// Lifts a quarantine: holder `released-by:<operator>`, epoch + 1, and an expiry of the later
+    /// of `expiry_before_quarantine` and `min_expiry_unix_ms`, so no holder cut off by the
+    /// quarantine can still be issuing when a new claim succeeds. `None` if the row is not
+    /// quarantined; a retry that meets its own applied lift returns the lifted row.
     async fn release_quarantine(
         &self,
         machine: u32,
         operator: &str,
-        expiry_unix_ms: i64,
+        min_expiry_unix_ms: i64,
         now_unix_ms: i64,
-    ) -> Result<Conditional, StoreError>;
+    ) -> Result<Option<LeaseRow>, StoreError>;
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError>;
 

@@ -21,10 +21,10 @@ pub mod sqlite;
 pub use clock::{Clock, ManualClock, SyncStatus, SystemClock, system_unix_ms};
 pub use dynamodb::{DynamoDbLeaseStore, DynamoDbSettings};
 pub use generator::{Health, IdGenerator};
-pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, Outcome};
+pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRanges, Outcome};
 pub use lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
-    StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS,
+    QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 pub use metrics::GeneratorMetrics;
 pub use registry::RegistrySnapshot;
@@ -32,17 +32,20 @@ pub use sqlite::SqliteLeaseStore;
 
 pub use idgen_core as core;
 
-/// `<host>/pid-<pid>/<process start Unix ms>`: a restarted process is a new holder.
+/// `<host>/pid-<pid>/<process start Unix ms>/<nonce>`: a restarted process is a new holder.
 pub fn default_holder(process_start_unix_ms: i64) -> String {
     holder(None, process_start_unix_ms)
 }
 
-/// `<name>/pid-<pid>/<process start Unix ms>`, `name` defaulting to the host name. Only the name
-/// can be chosen: two processes never share a holder, even with one configuration file, because
-/// a lease store tells its holders apart by this string alone.
+/// `<name>/pid-<pid>/<process start Unix ms>/<nonce>`, `name` defaulting to the host name. Only
+/// the name can be chosen. The nonce is 64 random bits drawn once per process: in containers the
+/// name, PID 1 and the start millisecond can all be the same for two processes, and a lease
+/// store tells holders apart by this string.
 pub fn holder(name: Option<&str>, process_start_unix_ms: i64) -> String {
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let nonce = NONCE.get_or_init(rand::random);
     let name = name.map(str::trim).filter(|n| !n.is_empty()).map_or_else(hostname, str::to_owned);
-    format!("{name}/pid-{}/{}", std::process::id(), process_start_unix_ms)
+    format!("{name}/pid-{}/{}/{nonce:016x}", std::process::id(), process_start_unix_ms)
 }
 
 fn hostname() -> String {
@@ -96,10 +99,14 @@ mod tests {
     #[test]
     fn a_holder_name_never_makes_two_processes_one_holder() {
         let pid = std::process::id();
-        assert_eq!(super::holder(Some("web-7"), 5), format!("web-7/pid-{pid}/5"));
+        let web = super::holder(Some("web-7"), 5);
+        let (prefix, nonce) = web.rsplit_once('/').unwrap();
+        assert_eq!(prefix, format!("web-7/pid-{pid}/5"));
+        assert!(nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit()), "{web}");
         let default = super::default_holder(5);
-        assert!(default.ends_with(&format!("/pid-{pid}/5")) && !default.starts_with('/'), "{default}");
+        assert!(default.contains(&format!("/pid-{pid}/5/")) && !default.starts_with('/'), "{default}");
         assert_eq!(super::holder(Some("  "), 5), default, "a blank name is the host name");
         assert_ne!(super::holder(Some("web-7"), 5), super::holder(Some("web-7"), 6), "a restart is a new holder");
+        assert_eq!(super::holder(Some("web-7"), 5), web, "one process is one holder");
     }
 }

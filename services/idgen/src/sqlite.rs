@@ -16,8 +16,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 
 use crate::lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
-    StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS,
+    QUARANTINED, StoreError,
 };
 
 #[derive(Clone)]
@@ -25,7 +25,12 @@ pub struct SqliteLeaseStore {
     pool: SqlitePool,
     table: String,
     audit: String,
+    /// The database file, as SQLite resolved it.
+    file: String,
 }
+
+/// The columns every query reads a lease row from.
+const ROW: &str = "machine_id, holder, lease_expiry, lease_epoch, claim_token, expiry_before_quarantine";
 
 fn unavailable(error: sqlx::Error) -> StoreError {
     StoreError::Unavailable(error.to_string())
@@ -42,9 +47,65 @@ fn check_table_name(name: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Filesystems whose locking SQLite cannot rely on (`statfs(2)` magic numbers): network
+/// filesystems and FUSE. On them two processes can both see their conditional write succeed.
+const SHARED_FILESYSTEMS: &[(u64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x517b, "SMB"),
+    (0xff53_4d42, "CIFS"),
+    (0xfe53_4d42, "SMB2"),
+    (0x6573_5546, "FUSE"),
+    (0x0102_1997, "9P"),
+    (0x00c3_6400, "Ceph"),
+    (0x5346_414f, "AFS"),
+    (0x7375_7245, "Coda"),
+    (0x0bd0_0bd0, "Lustre"),
+    (0x0116_1970, "GFS2"),
+    (0x7461_636f, "OCFS2"),
+];
+
+/// The kind of filesystem a `statfs` magic number names, if it is one SQLite's locking does not
+/// hold on.
+pub fn shared_filesystem(magic: u64) -> Option<&'static str> {
+    SHARED_FILESYSTEMS.iter().find(|(m, _)| *m == magic & 0xffff_ffff).map(|(_, name)| *name)
+}
+
+/// Refuses a lease file on a network or FUSE filesystem. Checks the file, or the nearest
+/// directory above it that exists.
+#[cfg(target_os = "linux")]
+pub fn check_local_filesystem(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let absolute =
+        std::path::absolute(path).map_err(|e| StoreError::Misconfigured(format!("{}: {e}", path.display())))?;
+    let existing = absolute.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_bytes())
+        .map_err(|_| StoreError::Misconfigured(format!("{}: a NUL byte in the path", path.display())))?;
+    // SAFETY: statfs writes into the zeroed struct we own; the path is a valid C string.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(StoreError::Misconfigured(format!("statfs {}: {error}", existing.display())));
+    }
+    match shared_filesystem(stat.f_type as u64) {
+        Some(kind) => Err(StoreError::Misconfigured(format!(
+            "{} is on a {kind} filesystem, where SQLite's locking does not make a lease write atomic \
+             across processes: put the lease file on a local disk (or use DynamoDB)",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn check_local_filesystem(_path: &Path) -> Result<(), StoreError> {
+    Ok(())
+}
+
 impl SqliteLeaseStore {
-    /// Opens (creating if needed) the file and the lease and audit tables.
+    /// Opens (creating if needed) the file and the lease and audit tables. The file must be on a
+    /// local filesystem ([`check_local_filesystem`]).
     pub async fn open(path: &Path, table: &str) -> Result<Self, StoreError> {
+        check_local_filesystem(path)?;
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
             .map_err(unavailable)?
             .create_if_missing(true)
@@ -59,7 +120,11 @@ impl SqliteLeaseStore {
     pub async fn with_pool(pool: SqlitePool, table: &str) -> Result<Self, StoreError> {
         check_table_name(table)?;
         let audit = format!("{table}-audit");
-        let store = SqliteLeaseStore { pool, table: table.to_owned(), audit };
+        let file: String = sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .fetch_one(&pool)
+            .await
+            .map_err(unavailable)?;
+        let store = SqliteLeaseStore { pool, table: table.to_owned(), audit, file };
         store.create_tables().await?;
         Ok(store)
     }
@@ -86,7 +151,33 @@ impl SqliteLeaseStore {
                CREATE INDEX IF NOT EXISTS "{audit}-by-time" ON "{audit}" (at_unix_ms);"#
         );
         sqlx::raw_sql(&ddl).execute(&self.pool).await.map_err(unavailable)?;
+        // Files made before claim tokens and kept quarantine expiries get the two columns. Several
+        // processes may open an old file at once: a column another one just added is fine.
+        for column in ["claim_token TEXT", "expiry_before_quarantine INTEGER"] {
+            let added =
+                sqlx::raw_sql(&format!(r#"ALTER TABLE "{table}" ADD COLUMN {column}"#)).execute(&self.pool).await;
+            match added {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(e)) if e.message().contains("duplicate column") => {}
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
         Ok(())
+    }
+
+    /// Records an event whose outcome is already decided (a renewal refused): a lost record
+    /// must not turn that outcome into an error the keeper would act on, so it is logged loudly.
+    async fn record_or_log(&self, event: &AuditEvent) {
+        if let Err(error) = self.audit(&self.pool, event).await {
+            tracing::error!(
+                %error,
+                table = %self.audit,
+                "audit record lost: {} of machine {} by {}",
+                event.kind.as_str(),
+                event.machine_id,
+                event.holder
+            );
+        }
     }
 
     /// Records `event` in the transaction that made the change, then commits both.
@@ -130,6 +221,8 @@ fn row_to_lease(row: &sqlx::sqlite::SqliteRow) -> Result<LeaseRow, StoreError> {
         holder: row.try_get("holder").map_err(unavailable)?,
         lease_expiry: row.try_get("lease_expiry").map_err(unavailable)?,
         lease_epoch: u64::try_from(epoch).map_err(|_| StoreError::Invalid(format!("lease_epoch {epoch}")))?,
+        claim_token: row.try_get("claim_token").map_err(unavailable)?,
+        expiry_before_quarantine: row.try_get("expiry_before_quarantine").map_err(unavailable)?,
     })
 }
 
@@ -139,22 +232,29 @@ impl LeaseStore for SqliteLeaseStore {
         format!("sqlite table {}", self.table)
     }
 
-    async fn claim(
+    fn table_key(&self) -> String {
+        format!("sqlite:{}:{}", self.file, self.table)
+    }
+
+    async fn claim_as(
         &self,
         machine: u32,
         holder: &str,
+        token: &ClaimToken,
         now_unix_ms: i64,
         expiry_unix_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
         let t = &self.table;
         let sql = format!(
-            r#"INSERT INTO "{t}" (machine_id, holder, lease_expiry, lease_epoch) VALUES (?1, ?2, ?3, 1)
+            r#"INSERT INTO "{t}" (machine_id, holder, lease_expiry, lease_epoch, claim_token) VALUES (?1, ?2, ?3, 1, ?5)
                ON CONFLICT (machine_id) DO UPDATE
                   SET holder = excluded.holder,
                       lease_expiry = excluded.lease_expiry,
-                      lease_epoch = "{t}".lease_epoch + 1
+                      lease_epoch = "{t}".lease_epoch + 1,
+                      claim_token = excluded.claim_token,
+                      expiry_before_quarantine = NULL
                 WHERE "{t}".lease_expiry < ?4
-               RETURNING machine_id, holder, lease_expiry, lease_epoch"#
+               RETURNING {ROW}"#
         );
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
         let row = sqlx::query(&sql)
@@ -162,11 +262,17 @@ impl LeaseStore for SqliteLeaseStore {
             .bind(holder)
             .bind(expiry_unix_ms)
             .bind(now_unix_ms)
+            .bind(token.as_str())
             .fetch_optional(&mut *tx)
             .await
             .map_err(unavailable)?;
         let Some(row) = row else {
-            return Ok(ClaimOutcome::Taken);
+            drop(tx);
+            // Our own earlier attempt whose answer was lost (its audit record committed with it).
+            return Ok(match self.get(machine).await? {
+                Some(row) if row.claimed_with(token) => ClaimOutcome::Claimed(row),
+                _ => ClaimOutcome::Taken,
+            });
         };
         let lease = row_to_lease(&row)?;
         let event = AuditEvent::new(AuditKind::Claim, machine, holder, lease.lease_epoch, expiry_unix_ms, now_unix_ms);
@@ -199,11 +305,13 @@ impl LeaseStore for SqliteLeaseStore {
             return Ok(Conditional::Applied);
         }
         let current = self.get(machine).await?;
-        if current.is_some_and(|row| row.is_ours(holder, new_expiry_unix_ms, Some(epoch))) {
+        if current.is_some_and(|row| row.renewed_by(holder, epoch, new_expiry_unix_ms)) {
             return Ok(Conditional::Applied);
         }
+        // The lease is lost: that must reach the keeper (which stops issuing at once) even if the
+        // audit record cannot be written.
         let event = AuditEvent::new(AuditKind::RenewFailed, machine, holder, epoch, new_expiry_unix_ms, now_unix_ms);
-        self.audit(&self.pool, &event).await?;
+        self.record_or_log(&event).await;
         Ok(Conditional::ConditionFailed)
     }
 
@@ -238,13 +346,18 @@ impl LeaseStore for SqliteLeaseStore {
 
     async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError> {
         let t = &self.table;
+        // SET expressions read the row as it was, so the kept expiry is the one before this write;
+        // a second quarantine keeps the first one's.
         let sql = format!(
             r#"INSERT INTO "{t}" (machine_id, holder, lease_expiry, lease_epoch) VALUES (?1, ?2, ?3, 1)
                ON CONFLICT (machine_id) DO UPDATE
                   SET holder = excluded.holder,
                       lease_expiry = excluded.lease_expiry,
-                      lease_epoch = "{t}".lease_epoch + 1
-               RETURNING machine_id, holder, lease_expiry, lease_epoch"#
+                      lease_epoch = "{t}".lease_epoch + 1,
+                      claim_token = NULL,
+                      expiry_before_quarantine = CASE WHEN "{t}".holder = ?2
+                          THEN "{t}".expiry_before_quarantine ELSE "{t}".lease_expiry END
+               RETURNING {ROW}"#
         );
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
         let row = sqlx::query(&sql)
@@ -271,48 +384,51 @@ impl LeaseStore for SqliteLeaseStore {
         &self,
         machine: u32,
         operator: &str,
-        expiry_unix_ms: i64,
+        min_expiry_unix_ms: i64,
         now_unix_ms: i64,
-    ) -> Result<Conditional, StoreError> {
+    ) -> Result<Option<LeaseRow>, StoreError> {
         let sql = format!(
-            r#"UPDATE "{}" SET holder = ?1, lease_expiry = ?2, lease_epoch = lease_epoch + 1
+            r#"UPDATE "{}" SET holder = ?1,
+                      lease_expiry = MAX(COALESCE(expiry_before_quarantine, ?2), ?2),
+                      lease_epoch = lease_epoch + 1,
+                      expiry_before_quarantine = NULL
                 WHERE machine_id = ?3 AND holder = ?4
-               RETURNING lease_epoch"#,
+               RETURNING {ROW}"#,
             self.table
         );
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
         let row = sqlx::query(&sql)
             .bind(format!("released-by:{operator}"))
-            .bind(expiry_unix_ms)
+            .bind(min_expiry_unix_ms)
             .bind(machine)
             .bind(QUARANTINED)
             .fetch_optional(&mut *tx)
             .await
             .map_err(unavailable)?;
         let Some(row) = row else {
-            return Ok(Conditional::ConditionFailed);
+            return Ok(None);
         };
-        let epoch: i64 = row.try_get("lease_epoch").map_err(unavailable)?;
-        let event =
-            AuditEvent::new(AuditKind::ReleaseQuarantine, machine, operator, epoch as u64, expiry_unix_ms, now_unix_ms);
+        let lease = row_to_lease(&row)?;
+        let event = AuditEvent::new(
+            AuditKind::ReleaseQuarantine,
+            machine,
+            operator,
+            lease.lease_epoch,
+            lease.lease_expiry,
+            now_unix_ms,
+        );
         self.commit_audited(tx, &event).await?;
-        Ok(Conditional::Applied)
+        Ok(Some(lease))
     }
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError> {
-        let sql = format!(
-            r#"SELECT machine_id, holder, lease_expiry, lease_epoch FROM "{}" WHERE machine_id = ?"#,
-            self.table
-        );
+        let sql = format!(r#"SELECT {ROW} FROM "{}" WHERE machine_id = ?"#, self.table);
         let row = sqlx::query(&sql).bind(machine).fetch_optional(&self.pool).await.map_err(unavailable)?;
         row.as_ref().map(row_to_lease).transpose()
     }
 
     async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        let sql = format!(
-            r#"SELECT machine_id, holder, lease_expiry, lease_epoch FROM "{}" ORDER BY machine_id"#,
-            self.table
-        );
+        let sql = format!(r#"SELECT {ROW} FROM "{}" ORDER BY machine_id"#, self.table);
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await.map_err(unavailable)?;
         rows.iter().map(row_to_lease).collect()
     }
@@ -352,5 +468,28 @@ impl LeaseStore for SqliteLeaseStore {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_and_fuse_filesystems_are_named_local_ones_are_not() {
+        assert_eq!(shared_filesystem(0x6969), Some("NFS"));
+        assert_eq!(shared_filesystem(0x6573_5546), Some("FUSE"));
+        // statfs' f_type is a signed word on some targets: CIFS' magic comes back sign-extended.
+        assert_eq!(shared_filesystem(0xff53_4d42_u32 as i32 as i64 as u64), Some("CIFS"));
+        for local in [
+            0xef53,      /* ext4 */
+            0x5846_5342, /* XFS */
+            0x0102_1994, /* tmpfs */
+            0x9123_683e, /* btrfs */
+        ] {
+            assert_eq!(shared_filesystem(local), None, "{local:#x}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        check_local_filesystem(&dir.path().join("not/yet/leases.db")).unwrap();
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use idgen::core::{Generator, GeneratorConfig, OPEN_HORIZON, Refusal, Schedule};
 use idgen::{
-    AuditEvent, AuditKind, ClaimOutcome, Conditional, GeneratorMetrics, IdGenerator, LeaseConfig, LeaseKeeper,
-    LeaseRow, LeaseStore, ManualClock, Outcome, SqliteLeaseStore, StoreError, SyncStatus,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseConfig,
+    LeaseConfigError, LeaseKeeper, LeaseRow, LeaseStore, MachineRanges, ManualClock, Outcome, SqliteLeaseStore,
+    StoreError, SyncStatus,
 };
 use tokio::time::Instant;
 
@@ -26,16 +27,27 @@ async fn fixture() -> Fixture {
 }
 
 fn config(machines: std::ops::RangeInclusive<u32>) -> LeaseConfig {
-    LeaseConfig { lease_ms: 3_000, renew_interval_ms: 1_000, fence_ms: 500, machines, max_backoff_ms: 2_000 }
+    LeaseConfig {
+        lease_ms: 3_000,
+        renew_interval_ms: 1_000,
+        fence_ms: 500,
+        machines: MachineRanges::everywhere(machines),
+        max_backoff_ms: 2_000,
+    }
 }
 
 fn generator(clock: &Arc<ManualClock>) -> Arc<IdGenerator> {
+    generator_in(clock, 0, true)
+}
+
+fn generator_in(clock: &Arc<ManualClock>, region: u32, home: bool) -> Arc<IdGenerator> {
     let core = Generator::new(
         GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
         Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
-        0,
-        true,
-    );
+        region,
+        home,
+    )
+    .unwrap();
     Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())))
 }
 
@@ -141,7 +153,7 @@ async fn an_unsynchronized_clock_refuses_until_it_recovers() {
     assert_eq!(k.machine(), None);
     assert_eq!(k.tick(now).await, Outcome::Idle, "checked again a second later, not in a busy loop");
     assert!(matches!(g.next_id().await, Err(Refusal::ClockUnsynchronized { .. })));
-    assert!(matches!(g.next_uuids(1), Err(Refusal::ClockUnsynchronized { .. })));
+    assert!(matches!(g.next_uuids(1).await, Err(Refusal::ClockUnsynchronized { .. })));
     f.clock.set_sync_status(SyncStatus::Synchronized { estimated_error_us: 800 });
     assert!(matches!(k.tick(now + Duration::from_secs(1)).await, Outcome::Claimed { .. }));
     assert!(g.next_id().await.is_ok());
@@ -174,6 +186,11 @@ fn lease_timing_leaves_room_for_one_failed_renewal() {
     let timing =
         |lease_ms, renew_interval_ms, fence_ms| LeaseConfig { lease_ms, renew_interval_ms, fence_ms, ..config(0..=63) };
     timing(300_000, 10_000, 5_000).validate(&v1).unwrap();
+    timing(idgen::MAX_LEASE_MS, 10_000, 5_000).validate(&v1).unwrap();
+    assert!(
+        timing(idgen::MAX_LEASE_MS + 1, 10_000, 5_000).validate(&v1).is_err(),
+        "longer than a quarantine lift allows for"
+    );
     timing(3_000, 1_000, 500).validate(&v1).unwrap();
     timing(3_000, 1_250, 500).validate(&v1).unwrap();
     for (lease, renew, fence) in [
@@ -188,10 +205,12 @@ fn lease_timing_leaves_room_for_one_failed_renewal() {
     }
 }
 
-/// A lease table that can be switched off: every call answers `Unavailable` while it is down.
+/// A lease table that can be switched off (every call answers `Unavailable` while it is down),
+/// or made to lose the answers to claims that it applies.
 struct Switchable {
     inner: Arc<dyn LeaseStore>,
     down: std::sync::atomic::AtomicBool,
+    lose_answers: std::sync::atomic::AtomicBool,
 }
 
 impl Switchable {
@@ -208,9 +227,16 @@ impl LeaseStore for Switchable {
     fn describe(&self) -> String {
         self.inner.describe()
     }
-    async fn claim(&self, m: u32, h: &str, now: i64, exp: i64) -> Result<ClaimOutcome, StoreError> {
+    fn table_key(&self) -> String {
+        self.inner.table_key()
+    }
+    async fn claim_as(&self, m: u32, h: &str, t: &ClaimToken, now: i64, exp: i64) -> Result<ClaimOutcome, StoreError> {
         self.check()?;
-        self.inner.claim(m, h, now, exp).await
+        let outcome = self.inner.claim_as(m, h, t, now, exp).await;
+        if self.lose_answers.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the claim went through, its answer was lost".into()));
+        }
+        outcome
     }
     async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
         self.check()?;
@@ -224,7 +250,7 @@ impl LeaseStore for Switchable {
         self.check()?;
         self.inner.quarantine(m, o, now).await
     }
-    async fn release_quarantine(&self, m: u32, o: &str, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+    async fn release_quarantine(&self, m: u32, o: &str, exp: i64, now: i64) -> Result<Option<LeaseRow>, StoreError> {
         self.check()?;
         self.inner.release_quarantine(m, o, exp, now).await
     }
@@ -242,11 +268,15 @@ impl LeaseStore for Switchable {
     }
 }
 
+fn switchable(f: &Fixture) -> Arc<Switchable> {
+    Arc::new(Switchable { inner: f.store.clone(), down: false.into(), lose_answers: false.into() })
+}
+
 #[tokio::test]
 async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
     let mut now = Instant::now();
     let f = fixture().await;
-    let store = Arc::new(Switchable { inner: f.store.clone(), down: false.into() });
+    let store = switchable(&f);
     let g = generator(&f.clock);
     let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(0..=63), "a".into()).unwrap();
     assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
@@ -286,4 +316,82 @@ async fn a_clock_step_back_does_not_lose_the_lease() {
     f.clock.set(T0 + 1_500);
     assert_eq!(k.tick(now).await, Outcome::Renewed { machine, expiry_unix_ms: T0 + 4_500 });
     assert!(g.next_id().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_adopted_not_left_for_a_whole_lease() {
+    // Before, the keeper claimed afresh after a lost answer: with a range of one number, its own
+    // applied claim made the number "taken" and it stayed without a lease for the whole lease.
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let store = switchable(&f);
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(5..=5), "a".into()).unwrap();
+    store.lose_answers.store(true, std::sync::atomic::Ordering::SeqCst);
+    let Outcome::StoreUnavailable { retry_in, .. } = k.tick(now).await else { panic!() };
+    let row = f.store.get(5).await.unwrap().unwrap();
+    assert_eq!((row.holder.as_str(), row.lease_epoch), ("a", 1), "the claim went through");
+    store.lose_answers.store(false, std::sync::atomic::Ordering::SeqCst);
+    now += retry_in;
+    f.clock.advance(300);
+    assert_eq!(k.tick(now).await, Outcome::Adopted { machine: 5, epoch: 1, expiry_unix_ms: T0 + 3_000 });
+    assert!(g.next_id().await.is_ok(), "issuing under the adopted number");
+    let floor = g.with_core(|c| c.lease("v1").unwrap().floor_unix_ms);
+    assert_eq!(floor, T0, "its floor is the :now the claim was made with");
+    assert!(matches!(k.tick(now).await, Outcome::Renewed { machine: 5, .. }), "and renewed at once");
+}
+
+#[tokio::test]
+async fn a_lost_claim_whose_row_is_no_longer_ours_is_not_adopted() {
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let store = switchable(&f);
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(5..=5), "a".into()).unwrap();
+    store.lose_answers.store(true, std::sync::atomic::Ordering::SeqCst);
+    let Outcome::StoreUnavailable { retry_in, .. } = k.tick(now).await else { panic!() };
+    store.lose_answers.store(false, std::sync::atomic::Ordering::SeqCst);
+    // Meanwhile the row was quarantined and lifted: it no longer carries our token.
+    f.store.quarantine(5, "oncall", T0).await.unwrap();
+    f.store.release_quarantine(5, "oncall", T0 + 10, T0).await.unwrap().unwrap();
+    now += retry_in;
+    f.clock.advance(3_001);
+    let outcome = k.tick(now).await;
+    assert!(matches!(outcome, Outcome::Claimed { machine: 5, epoch: 4, .. }), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn a_number_the_generator_cannot_use_is_never_claimed() {
+    // Region 9 does not fit v2's three region bits. Before, every retry claimed one more number
+    // it could not use and left it held for a whole lease, until the range was drained.
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator_in(&f.clock, 9, false);
+    let mut k = LeaseKeeper::new("v2", f.store.clone(), g.clone(), config(0..=3), "a".into()).unwrap();
+    for _ in 0..5 {
+        let outcome = k.tick(now).await;
+        let Outcome::CannotUse { retry_in, .. } = outcome else { panic!("{outcome:?}") };
+        now += retry_in;
+    }
+    assert!(f.store.list().await.unwrap().is_empty(), "no row was taken");
+    assert_eq!(k.machine(), None);
+}
+
+#[tokio::test]
+async fn two_keepers_of_one_holder_on_one_table_are_refused() {
+    let f = fixture().await;
+    let (g1, g2) = (generator(&f.clock), generator(&f.clock));
+    let first = keeper(&f, &g1, 0..=63, "web-7/pid-1/5/00");
+    let refused = LeaseKeeper::new("v1", f.store.clone(), g2.clone(), config(0..=63), "web-7/pid-1/5/00".into());
+    assert!(matches!(refused, Err(LeaseConfigError::SecondKeeper { .. })), "one table, one holder, one keeper");
+    // Another handle on the same file is the same table.
+    let dir = f._dir.path().join("leases.db");
+    let other: Arc<dyn LeaseStore> = Arc::new(SqliteLeaseStore::open(&dir, "idgen-leases").await.unwrap());
+    let refused = LeaseKeeper::new("v1", other.clone(), g2.clone(), config(0..=63), "web-7/pid-1/5/00".into());
+    assert!(matches!(refused, Err(LeaseConfigError::SecondKeeper { .. })));
+    // Another table, or the first keeper gone: fine.
+    let v2: Arc<dyn LeaseStore> = Arc::new(SqliteLeaseStore::open(&dir, "idgen-leases-v2").await.unwrap());
+    LeaseKeeper::new("v2", v2, g2.clone(), config(0..=63), "web-7/pid-1/5/00".into()).unwrap();
+    drop(first);
+    LeaseKeeper::new("v1", other, g2, config(0..=63), "web-7/pid-1/5/00".into()).unwrap();
 }

@@ -28,7 +28,8 @@ fn batches_reach_the_sequence_cap_without_burning_a_core() {
         let clock = Arc::new(SystemClock::new(false, 5));
         let now = clock.unix_ms();
         let mut core =
-            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true);
+            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true)
+                .unwrap();
         core.install_lease(Lease {
             layout: "v1".into(),
             machine: 1,

@@ -1,0 +1,216 @@
+//! The supervisor while a worker runs: a region the registry retires stops issuing at the next
+//! refresh, and a lease keeper that panicked is started again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::get;
+use idgen::core::{Generator, GeneratorConfig};
+use idgen::{
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseRow, LeaseStore,
+    SqliteLeaseStore, StoreError, SystemClock,
+};
+use idgen_worker::config::WorkerConfig;
+use idgen_worker::supervisor::{StoreOpener, Supervisor};
+use idgen_worker::{Worker, api};
+use serde_json::{Value, json};
+
+const DAY: u64 = 86_400_000;
+
+fn now_ms() -> u64 {
+    (idgen::system_unix_ms() - idgen::core::EPOCH_UNIX_MS) as u64
+}
+
+type Published = Arc<Mutex<(Value, Value)>>;
+
+/// A stand-in registry publishing `layouts` and `regions` as the test sets them.
+async fn registry(layouts: Value, regions: Value) -> (String, Published) {
+    let shared = Arc::new(Mutex::new((layouts, regions)));
+    let app = axum::Router::new()
+        .route("/v1/layouts", get(|State(s): State<Published>| async move { Json(s.lock().unwrap().0.clone()) }))
+        .route("/v1/regions", get(|State(s): State<Published>| async move { Json(s.lock().unwrap().1.clone()) }))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, shared)
+}
+
+/// The next ID, once the keeper (a task of its own) has claimed.
+async fn first_id(generator: &IdGenerator) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match generator.next_id().await {
+            Ok(id) => return id,
+            Err(refusal) if tokio::time::Instant::now() > deadline => panic!("never issued: {refusal}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+fn short_lease(dir: &std::path::Path) -> WorkerConfig {
+    let mut config = WorkerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        region: Some("eu-west-1".into()),
+        shutdown_grace_ms: 100,
+        schedule_cache: Some(dir.join("schedule.json")),
+        registry_refresh_ms: 100,
+        ..WorkerConfig::development()
+    };
+    config.clock.require_sync = false;
+    config.lease.sqlite_path = Some(dir.join("leases.db"));
+    (config.lease.lease_ms, config.lease.renew_interval_ms, config.lease.fence_ms) = (3_000, 1_000, 500);
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
+    // Before, a retired region's running workers kept issuing under its number until restarted.
+    let dir = tempfile::tempdir().unwrap();
+    let layouts = json!({
+        "layouts": [
+            {"name": "v1", "region_bits": 0, "machine_bits": 10, "sequence_bits": 12, "from_ms": 0},
+            {"name": "v2", "region_bits": 3, "machine_bits": 9, "sequence_bits": 10, "from_ms": now_ms() - DAY},
+        ],
+        "horizon_ms": now_ms() + 30 * DAY,
+        "home_region": "us-east-1",
+    });
+    let active = json!({"regions": [
+        {"name": "us-east-1", "number": 0, "status": "active"},
+        {"name": "eu-west-1", "number": 1, "status": "active"},
+    ]});
+    let (url, published) = registry(layouts, active.clone()).await;
+    let mut config = short_lease(dir.path());
+    config.registry_url = Some(url);
+    let worker = Worker::build(&config, 1).await.unwrap();
+    let state = worker.state.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(worker.serve(async move {
+        let _ = stopped.await;
+    }));
+    let id = first_id(&state.generator).await;
+    assert_eq!((id >> 19) & 0b111, 1, "with region number 1");
+
+    published.lock().unwrap().1 = json!({"regions": [
+        {"name": "us-east-1", "number": 0, "status": "active"},
+        {"name": "eu-west-1", "number": 1, "status": "retired"},
+    ]});
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while state.generator.next_id().await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "still issuing under a retired region");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let health = api::healthz(State(state.clone())).await;
+    assert_eq!(health.status(), 503);
+    let body: Value =
+        serde_json::from_slice(&axum::body::to_bytes(health.into_body(), 1 << 16).await.unwrap()).unwrap();
+    assert_eq!(body["reason"], "schedule", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("retired"), "{body}");
+
+    // Added again under a new number: still refusing (the old number stays retired) until restart.
+    published.lock().unwrap().1 = json!({"regions": [
+        {"name": "us-east-1", "number": 0, "status": "active"},
+        {"name": "eu-west-1", "number": 1, "status": "retired"},
+        {"name": "eu-west-1", "number": 2, "status": "active"},
+    ]});
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let refused = state.generator.next_id().await.unwrap_err();
+    assert!(refused.to_string().contains("now has number 2"), "{refused}");
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
+
+/// A lease table whose first handle panics on its first renewal.
+struct PanicsOnRenew {
+    inner: SqliteLeaseStore,
+    armed: Arc<AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for PanicsOnRenew {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn table_key(&self) -> String {
+        self.inner.table_key()
+    }
+    async fn claim_as(&self, m: u32, h: &str, t: &ClaimToken, now: i64, e: i64) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim_as(m, h, t, now, e).await
+    }
+    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            panic!("a bug in a lease store");
+        }
+        self.inner.renew(m, h, e, exp, now).await
+    }
+    async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+        self.inner.release(m, h, e, exp, now).await
+    }
+    async fn quarantine(&self, m: u32, o: &str, now: i64) -> Result<LeaseRow, StoreError> {
+        self.inner.quarantine(m, o, now).await
+    }
+    async fn release_quarantine(&self, m: u32, o: &str, e: i64, now: i64) -> Result<Option<LeaseRow>, StoreError> {
+        self.inner.release_quarantine(m, o, e, now).await
+    }
+    async fn get(&self, m: u32) -> Result<Option<LeaseRow>, StoreError> {
+        self.inner.get(m).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        self.inner.list().await
+    }
+    async fn history(&self, m: Option<u32>, from: i64, to: i64) -> Result<Vec<AuditEvent>, StoreError> {
+        self.inner.history(m, from, to).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keeper_that_panicked_is_started_again() {
+    // Before, the panicked keeper's task stayed in the supervisor's map: nothing renewed, the
+    // worker refused at the fence and never claimed again.
+    let dir = tempfile::tempdir().unwrap();
+    let config = short_lease(dir.path());
+    let core = Generator::new(
+        GeneratorConfig { fence_ms: config.lease.fence_ms, max_wait_behind_ms: 5 },
+        config.schedule(),
+        0,
+        true,
+    )
+    .unwrap();
+    let generator =
+        Arc::new(IdGenerator::new(core, Arc::new(SystemClock::new(false, 5)), Arc::new(GeneratorMetrics::default())));
+    let armed = Arc::new(AtomicBool::new(true));
+    let path = dir.path().join("leases.db");
+    let stores: StoreOpener = {
+        let (armed, path) = (armed.clone(), path.clone());
+        Arc::new(move |_config: &WorkerConfig, layout: &str| {
+            let (armed, path, layout) = (armed.clone(), path.clone(), layout.to_owned());
+            Box::pin(async move {
+                let table = if layout == "v1" { "idgen-leases".to_owned() } else { format!("idgen-leases-{layout}") };
+                let inner = SqliteLeaseStore::open(&path, &table).await?;
+                Ok(Arc::new(PanicsOnRenew { inner, armed }) as Arc<dyn LeaseStore>)
+            })
+        })
+    };
+    let holder = idgen::holder(Some("test"), 1);
+    let names = Arc::new(std::sync::RwLock::new(Default::default()));
+    let mut supervisor = Supervisor::new(config, generator.clone(), holder, names, None).with_stores(stores);
+    assert_eq!(supervisor.step().await.unwrap(), vec!["v1".to_owned()]);
+    first_id(&generator).await;
+    // The first renewal (after a second) panics.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert!(!armed.load(Ordering::SeqCst), "the renewal ran and panicked");
+    supervisor.step().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let store = SqliteLeaseStore::open(&path, "idgen-leases").await.unwrap();
+    let now = idgen::system_unix_ms();
+    let claims = store.history(None, now - 60_000, now).await.unwrap();
+    let claims: Vec<_> = claims.iter().filter(|e| e.kind == AuditKind::Claim).collect();
+    assert_eq!(claims.len(), 2, "a new keeper claimed: {claims:?}");
+    // The new keeper renews: the generator is still issuing after the first lease's fence.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    generator.next_id().await.expect("issuing under the new keeper's lease");
+    supervisor.stop_all().await;
+}
