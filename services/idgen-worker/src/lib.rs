@@ -128,9 +128,9 @@ impl Worker {
         config.validate()?;
         if config.development {
             tracing::warn!(
-                "DEVELOPMENT MODE: unset settings take local defaults (region {}, lease file {}, the built-in schedule without a registry); never in production",
-                config.region(),
-                config.sqlite_path().display()
+                region = config.region(),
+                registry = config.registry_url.as_deref().unwrap_or("none: the built-in schedule, no horizon"),
+                "DEVELOPMENT MODE: settings left out take local defaults; never in production"
             );
         }
         let clock = Arc::new(SystemClock::new(config.clock.require_sync, config.clock.max_error_ms));
