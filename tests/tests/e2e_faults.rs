@@ -461,8 +461,9 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
     let store = idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, "idgen-leases-v2");
     use idgen::LeaseStore;
     let now = now_unix_ms();
-    let idgen::ClaimOutcome::Claimed(row) =
-        store.claim(170, "i-0a1b2c3d4e5f67890/pid-4121/1", now, now + 300_000).await.unwrap()
+    let token = idgen::ClaimToken::random();
+    let holder = "i-0a1b2c3d4e5f67890/pid-4121/1";
+    let idgen::ClaimOutcome::Claimed(row) = store.claim_as(170, holder, &token, now, now + 300_000).await.unwrap()
     else {
         panic!("claim")
     };
@@ -501,6 +502,16 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
     let renewed =
         store.renew(170, "i-0a1b2c3d4e5f67890/pid-4121/1", row.lease_epoch, now + 600_000, now).await.unwrap();
     assert_eq!(renewed, idgen::Conditional::ConditionFailed);
+    // The playbook's update leaves the claim token on the row; a retry of that claim (its answer
+    // lost) must still not take the quarantined row for its own.
+    let retried = store.claim_as(170, holder, &token, now, now + 300_000).await.unwrap();
+    assert_eq!(retried, idgen::ClaimOutcome::Taken);
+    // Lifting a playbook quarantine (no kept expiry) holds the number for the longest lease.
+    let lifted = idgen(&["leases", "--config", config_path, "--layout", "v2", "--json", "release-quarantine", "170"])
+        .await
+        .unwrap();
+    let lifted: serde_json::Value = serde_json::from_str(&lifted).unwrap();
+    assert!(lifted["claimable_after_ms"].as_i64().unwrap() >= now + idgen::MAX_LEASE_MS, "{lifted}");
     println!("playbook: scan, get-item and the quarantine update-item ran verbatim against idgen-leases-v2");
 }
 

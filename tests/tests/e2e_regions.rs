@@ -316,6 +316,32 @@ async fn e2e_leases_commands_follow_the_registrys_schedule() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("region number 2"), "{refused:?}");
+    // A v1 ID (SPEC §1's vector, before the cutover) is the home region's; this is eu-west-1.
+    let refused = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["leases", "--config", config, "quarantine", "--id", "97301141913751557"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("only the home region"), "{refused:?}");
+    // With the layout and number given, the registry is not needed: it works while it is down.
+    let offline = dir.path().join("offline.toml");
+    let unreachable =
+        spec.toml().replace(&registry.url, "http://127.0.0.1:9").replace("eu-1-schedule.json", "none.json");
+    std::fs::write(&offline, unreachable).unwrap();
+    let listed = idgen_e2e::idgen(&[
+        "leases",
+        "--config",
+        offline.to_str().unwrap(),
+        "--layout",
+        "v2",
+        "--json",
+        "get",
+        &machine.to_string(),
+    ])
+    .await
+    .unwrap();
+    assert!(listed.contains("quarantined"), "{listed}");
 
     // Lifting keeps the number out for at least the longest lease any generator may hold.
     let before = now_unix_ms();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use idgen::core::{Schedule, Timestamp, format_unix_ms};
-use idgen::{AuditEvent, LeaseRow, LeaseStore, MAX_LEASE_MS, QUARANTINED, RegistrySnapshot};
+use idgen::{AuditEvent, LeaseRow, LeaseStore, MAX_LEASE_MS, QUARANTINED};
 use idgen_worker::config::{StoreKind, WorkerConfig};
 use serde_json::json;
 
@@ -72,54 +72,74 @@ enum LeasesCommand {
     },
 }
 
-/// The schedule the workers of this configuration issue under, and this region's number.
-async fn schedule_of(config: &WorkerConfig) -> anyhow::Result<(Schedule, u32)> {
-    let Some(url) = &config.registry_url else {
-        return Ok((config.schedule(), config.region_number()));
-    };
-    let snapshot = match RegistrySnapshot::fetch(url, std::time::Duration::from_secs(5)).await {
-        Ok(snapshot) => snapshot,
-        Err(error) => {
-            let cache = config.schedule_cache_path();
-            eprintln!("idgen: the registry is unreachable ({error}); using the workers' copy {}", cache.display());
-            RegistrySnapshot::load(&cache)
-                .with_context(|| format!("the registry {url} is unreachable and its copy cannot be read"))?
-        }
-    };
-    Ok((snapshot.schedule()?, snapshot.region_number(config.region())?))
+/// What the workers of this configuration issue under: the schedule, the numbers this region
+/// has had (active or retired: their IDs still name them) and whether it is the home region.
+struct Issuing {
+    schedule: Schedule,
+    region_numbers: Vec<u32>,
+    home_region: bool,
 }
 
-/// The layout and machine number an ID was issued under, in this configuration's region.
-fn machine_of(id: &str, schedule: &Schedule, region_number: u32) -> anyhow::Result<(String, u32)> {
+/// The registry's answer (its copy on disk when it is down), as the workers take it; without a
+/// registry (development), the configuration's own.
+async fn issuing(config: &WorkerConfig) -> anyhow::Result<Issuing> {
+    let Some(url) = &config.registry_url else {
+        return Ok(Issuing {
+            schedule: config.schedule(),
+            region_numbers: vec![config.region_number()],
+            home_region: config.home_region(),
+        });
+    };
+    let (snapshot, _) = idgen_worker::supervisor::registry_answer(config, url).await?;
+    Ok(Issuing {
+        schedule: snapshot.schedule()?,
+        region_numbers: snapshot.region_numbers(config.region()),
+        home_region: snapshot.home_region == config.region(),
+    })
+}
+
+/// The layout and machine number an ID was issued under, if it was issued in this
+/// configuration's region (whose lease tables these are).
+fn machine_of(id: &str, issuing: &Issuing, config: &WorkerConfig) -> anyhow::Result<(String, u32)> {
     let value: u64 = id.trim().parse().with_context(|| format!("{id:?} is not a 63-bit ID"))?;
-    let decoded = schedule.decode(value).with_context(|| format!("decoding {id}"))?;
-    if let Some(made_in) = decoded.region_number
-        && made_in != region_number
-    {
-        bail!(
-            "ID {id} was issued in region number {made_in}; this configuration's lease tables are region number \
-             {region_number}'s: run this with that region's worker configuration"
-        );
+    let decoded = issuing.schedule.decode(value).with_context(|| format!("decoding {id}"))?;
+    let region = config.region();
+    match decoded.region_number {
+        Some(made_in) if !issuing.region_numbers.contains(&made_in) => bail!(
+            "ID {id} was issued in region number {made_in}; this configuration's lease tables are region \
+             {region}'s ({:?}): run this with that region's worker configuration",
+            issuing.region_numbers
+        ),
+        None if !issuing.home_region => bail!(
+            "ID {id} is of layout {}, which only the home region issues, and {region} is not the home region: \
+             run this with the home region's worker configuration",
+            decoded.layout.name()
+        ),
+        _ => Ok((decoded.layout.name().to_owned(), decoded.machine)),
     }
-    Ok((decoded.layout.name().to_owned(), decoded.machine))
 }
 
 pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
     let config = WorkerConfig::load(args.config.as_deref())?;
-    let (schedule, region_number) = schedule_of(&config).await?;
-    let from_id = match &args.command {
-        LeasesCommand::Quarantine { id: Some(id), .. } => Some(machine_of(id, &schedule, region_number)?),
+    let id = match &args.command {
+        LeasesCommand::Quarantine { id: Some(id), operator, .. } => Some((id.clone(), operator.clone())),
         _ => None,
     };
-    let layout = match (args.layout, &from_id) {
-        (Some(layout), Some((of_id, _))) if layout != *of_id => {
-            bail!("--layout {layout} contradicts the ID, which belongs to layout {of_id}")
+    // The registry is asked only when the table is not named: an explicit --layout and machine
+    // number work while the registry is down and no copy is at hand.
+    let layout = match (args.layout, id) {
+        (Some(layout), None) => layout,
+        (layout, Some((id, operator))) => {
+            let (of_id, machine) = machine_of(&id, &issuing(&config).await?, &config)?;
+            if let Some(layout) = layout.filter(|l| *l != of_id) {
+                bail!("--layout {layout} contradicts the ID, which belongs to layout {of_id}");
+            }
+            let store = idgen_worker::open_lease_store(&config, &of_id).await?;
+            return quarantine_and_print(&*store, &of_id, machine, &operator, args.json).await;
         }
-        (Some(layout), _) => layout,
-        (None, Some((of_id, _))) => of_id.clone(),
         (None, None) => {
             let now = Timestamp::from_unix_ms(idgen::system_unix_ms()).context("the clock is outside the ID range")?;
-            schedule.entry_at(now).layout.name().to_owned()
+            issuing(&config).await?.schedule.entry_at(now).layout.name().to_owned()
         }
     };
     if let LeasesCommand::Init = args.command {
@@ -144,22 +164,8 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
             print_history(&events, args.json);
         }
         LeasesCommand::Quarantine { machine, operator, .. } => {
-            let machine = match (machine, from_id) {
-                (Some(machine), _) => machine,
-                (None, Some((_, machine))) => machine,
-                (None, None) => bail!("give a machine number or --id"),
-            };
-            let row = store.quarantine(machine, &operator, now).await?;
-            if args.json {
-                let mut out = row_json(&row, now);
-                out["layout"] = json!(layout);
-                println!("{out}");
-            } else {
-                println!(
-                    "machine {machine} of layout {layout} quarantined (epoch {}): nobody can claim or renew it. Its last holder stops at its fence; take that host out of service too.",
-                    row.lease_epoch
-                );
-            }
+            let machine = machine.context("give a machine number or --id")?;
+            quarantine_and_print(&*store, &layout, machine, &operator, args.json).await?;
         }
         LeasesCommand::ReleaseQuarantine { machine, operator } => {
             match store.release_quarantine(machine, &operator, now + MAX_LEASE_MS, now).await? {
@@ -177,6 +183,28 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
                 None => bail!("machine {machine} of layout {layout} is not quarantined"),
             }
         }
+    }
+    Ok(())
+}
+
+async fn quarantine_and_print(
+    store: &dyn LeaseStore,
+    layout: &str,
+    machine: u32,
+    operator: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let now = idgen::system_unix_ms();
+    let row = store.quarantine(machine, operator, now).await?;
+    if json {
+        let mut out = row_json(&row, now);
+        out["layout"] = json!(layout);
+        println!("{out}");
+    } else {
+        println!(
+            "machine {machine} of layout {layout} quarantined (epoch {}): nobody can claim or renew it. Its last holder stops at its fence; take that host out of service too.",
+            row.lease_epoch
+        );
     }
     Ok(())
 }

@@ -318,6 +318,11 @@ impl WorkerConfig {
         if !self.clock.require_sync {
             need("clock.require_sync = true (it may be off in development only)");
         }
+        if self.clock.max_error_ms > 5 || self.clock.max_wait_behind_ms > 5 {
+            need(
+                "clock.max_error_ms and clock.max_wait_behind_ms of at most 5 (SPEC §3; more is for development only)",
+            );
+        }
         missing
     }
 

@@ -54,6 +54,8 @@ pub struct Supervisor {
     held: Option<RegistrySnapshot>,
     /// When a keeper for a layout not yet in force last failed to start (for the log).
     early_failures: HashMap<String, tokio::time::Instant>,
+    /// Per layout, how often its keeper ended by itself and when it may be started again.
+    restarts: HashMap<String, (u32, tokio::time::Instant)>,
 }
 
 impl Supervisor {
@@ -75,6 +77,7 @@ impl Supervisor {
             next_refresh,
             held,
             early_failures: HashMap::new(),
+            restarts: HashMap::new(),
         }
     }
 
@@ -123,26 +126,35 @@ impl Supervisor {
             let since_epoch = u64::try_from(now - idgen::core::EPOCH_UNIX_MS).unwrap_or(0);
             Timestamp::from_millis(since_epoch).map(|t| core.schedule().entry_at(t).layout.name().to_owned())
         });
-        // A keeper whose task ended while it was still needed (it panicked) is started again: its
-        // lease in the generator runs out at the fence, the new keeper claims afresh.
+        // A keeper whose task ended while it was still needed (it panicked) is started again, after
+        // a backoff that doubles with each restart (250 ms up to a minute). The new keeper renews
+        // the lease the generator still holds, so a keeper that keeps failing takes no numbers.
         let ended: Vec<String> =
-            self.keepers.iter().filter(|(_, r)| r.task.is_finished()).map(|(l, _)| l.clone()).collect();
+            self.keepers.iter().filter(|(_, running)| running.task.is_finished()).map(|(l, _)| l.clone()).collect();
         for layout in ended {
             if let Some(running) = self.keepers.remove(&layout) {
+                let restarts = self.restarts.get(&layout).map_or(0, |(count, _)| *count) + 1;
+                let delay = Duration::from_millis((125u64 << restarts.min(9)).min(60_000));
+                self.restarts.insert(layout.clone(), (restarts, tokio::time::Instant::now() + delay));
                 match running.task.await {
                     Err(error) if error.is_panic() => {
-                        tracing::error!(%error, layout, "the lease keeper panicked: starting a new one")
+                        tracing::error!(%error, layout, restarts, ?delay, "the lease keeper panicked: starting a new one")
                     }
-                    outcome => {
-                        tracing::error!(?outcome, layout, "the lease keeper stopped by itself: starting a new one")
-                    }
+                    outcome => tracing::error!(
+                        ?outcome,
+                        layout,
+                        restarts,
+                        ?delay,
+                        "the lease keeper stopped by itself: starting a new one"
+                    ),
                 }
                 self.generator.metrics().lease_event(&layout, "keeper_restarted");
             }
         }
         let mut failed = None;
         for layout in &needed {
-            if self.keepers.contains_key(layout) {
+            let backing_off = self.restarts.get(layout).is_some_and(|(_, at)| tokio::time::Instant::now() < *at);
+            if self.keepers.contains_key(layout) || backing_off {
                 continue;
             }
             let Err(error) = self.start_keeper(layout).await else {
@@ -274,19 +286,18 @@ async fn stop(running: Running, layout: &str) {
     }
 }
 
-/// The registry's answer now, or the last good copy on disk.
+/// The registry's answer now, or the last good copy on disk when the registry cannot be reached;
+/// `true` with a fresh answer.
 ///
-/// The answer must follow the copy on disk as a refresh must follow the schedule held
-/// ([`RegistrySnapshot::may_replace`]): a restart is no way around that rule. The answer is then
-/// saved; a worker that cannot save it cannot start, since the copy is what lets it restart while
-/// the registry is down.
-pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Result<RegistrySnapshot> {
+/// A fresh answer must follow the copy on disk as a refresh must follow the schedule held
+/// ([`RegistrySnapshot::may_replace`]): a restart is no way around that rule, and neither is an
+/// operator's tool. An unreadable copy is not replaced silently: it is the schedule this region's
+/// workers were held to, and the forward-only check needs it.
+pub async fn registry_answer(config: &WorkerConfig, url: &str) -> anyhow::Result<(RegistrySnapshot, bool)> {
     let cache = config.schedule_cache_path();
     match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
         Ok(snapshot) => {
             if cache.exists() {
-                // An unreadable copy is not replaced silently: it is the schedule this worker was
-                // held to, and the forward-only check needs it.
                 let held = RegistrySnapshot::load(&cache).map_err(|error| {
                     anyhow::anyhow!(
                         "refusing to start: the registry copy on disk is unreadable ({error}). Compare it with \
@@ -303,18 +314,29 @@ pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Resul
                     )
                 })?;
             }
-            snapshot.save(&cache).map_err(|error| {
-                anyhow::anyhow!("{error}: the worker needs this copy to restart while the registry is down")
-            })?;
-            Ok(snapshot)
+            Ok((snapshot, true))
         }
         Err(error) => {
-            tracing::warn!(%error, cache = %cache.display(), "registry unreachable at start-up: using the last good copy");
-            RegistrySnapshot::load(&cache).map_err(|cached| {
+            tracing::warn!(%error, cache = %cache.display(), "registry unreachable: using the last good copy");
+            let copy = RegistrySnapshot::load(&cache).map_err(|cached| {
                 anyhow::anyhow!("the registry is unreachable ({error}) and there is no usable copy ({cached})")
-            })
+            })?;
+            Ok((copy, false))
         }
     }
+}
+
+/// The registry's answer at start-up ([`registry_answer`]), saved as the new copy when fresh; a
+/// worker that cannot save it cannot start, since the copy is what lets it restart while the
+/// registry is down.
+pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Result<RegistrySnapshot> {
+    let (snapshot, fresh) = registry_answer(config, url).await?;
+    if fresh {
+        snapshot.save(&config.schedule_cache_path()).map_err(|error| {
+            anyhow::anyhow!("{error}: the worker needs this copy to restart while the registry is down")
+        })?;
+    }
+    Ok(snapshot)
 }
 
 /// Timestamp helper for logs.

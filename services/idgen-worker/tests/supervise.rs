@@ -167,9 +167,11 @@ impl LeaseStore for PanicsOnRenew {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keeper_that_panicked_is_started_again() {
+async fn a_keeper_that_panicked_is_started_again_and_keeps_its_number() {
     // Before, the panicked keeper's task stayed in the supervisor's map: nothing renewed, the
-    // worker refused at the fence and never claimed again.
+    // worker refused at the fence and never claimed again. A restarted keeper must not claim a
+    // new number either (one panicking in a loop would drain the range): it renews the one the
+    // generator still holds.
     let dir = tempfile::tempdir().unwrap();
     let config = short_lease(dir.path());
     let core = Generator::new(
@@ -198,19 +200,24 @@ async fn a_keeper_that_panicked_is_started_again() {
     let names = Arc::new(std::sync::RwLock::new(Default::default()));
     let mut supervisor = Supervisor::new(config, generator.clone(), holder, names, None).with_stores(stores);
     assert_eq!(supervisor.step().await.unwrap(), vec!["v1".to_owned()]);
-    first_id(&generator).await;
+    let machine = (first_id(&generator).await >> 12) & 0x3ff;
     // The first renewal (after a second) panics.
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     assert!(!armed.load(Ordering::SeqCst), "the renewal ran and panicked");
-    supervisor.step().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    supervisor.step().await.unwrap(); // notices, and backs off
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    supervisor.step().await.unwrap(); // starts the new keeper
+    // It renews: the generator still issues under the same number past the first lease's fence
+    // (a 3 s lease with a 500 ms fence, claimed about 1.7 s before).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let id = generator.next_id().await.expect("issuing under the renewed lease");
+    assert_eq!((id >> 12) & 0x3ff, machine, "the same number");
     let store = SqliteLeaseStore::open(&path, "idgen-leases").await.unwrap();
     let now = idgen::system_unix_ms();
-    let claims = store.history(None, now - 60_000, now).await.unwrap();
-    let claims: Vec<_> = claims.iter().filter(|e| e.kind == AuditKind::Claim).collect();
-    assert_eq!(claims.len(), 2, "a new keeper claimed: {claims:?}");
-    // The new keeper renews: the generator is still issuing after the first lease's fence.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    generator.next_id().await.expect("issuing under the new keeper's lease");
+    let events = store.history(None, now - 60_000, now).await.unwrap();
+    let claims: Vec<_> = events.iter().filter(|e| e.kind == AuditKind::Claim).collect();
+    assert_eq!(claims.len(), 1, "no second number taken: {claims:?}");
+    let row = store.get(machine as u32).await.unwrap().unwrap();
+    assert!(row.lease_expiry > now + 1_000, "renewed by the new keeper: {row:?}");
     supervisor.stop_all().await;
 }

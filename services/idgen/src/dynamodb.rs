@@ -380,7 +380,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 // Our own earlier attempt (an SDK retry, or the keeper's after a lost answer) is
                 // the one row carrying our token. Its audit record may never have been written;
                 // one more, with the same values, is better than none.
-                match already_ours(old_item(e.err()), |row| row.claimed_with(token)) {
+                match already_ours(old_item(e.err()), |row| row.claimed_by(holder, token)) {
                     Some(row) => row,
                     None => return Ok(ClaimOutcome::Taken),
                 }

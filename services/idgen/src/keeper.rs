@@ -273,6 +273,12 @@ impl LeaseKeeper {
         };
         config.validate(&known)?;
         let kept = KeptTable::take(store.table_key(), &holder)?;
+        // A lease the generator still holds on this layout is one whose keeper died (a panic):
+        // keep renewing it rather than take another number and leave this one held for a lease.
+        let state = match generator.with_core(|core| core.lease(layout)) {
+            Some(held) => State::Held { machine: held.machine, epoch: held.epoch, renew_at: Instant::now() },
+            None => State::Unclaimed { failures: 0, retry_at: None, pending: None },
+        };
         Ok(LeaseKeeper {
             layout: layout.to_owned(),
             store,
@@ -280,7 +286,7 @@ impl LeaseKeeper {
             machines: config.machines.for_layout(&known),
             config,
             holder,
-            state: State::Unclaimed { failures: 0, retry_at: None, pending: None },
+            state,
             sync_check_every: Duration::from_secs(1),
             _kept: kept,
         })
@@ -389,7 +395,7 @@ impl LeaseKeeper {
                         .install(now, failures, machine, row.lease_epoch, now_unix_ms, expiry_unix_ms, true)
                         .await;
                 }
-                Ok(ClaimOutcome::Taken) => {} // it never applied: claim afresh
+                Ok(_) => {} // it never applied, or the row has changed since: claim afresh
                 Err(error) => return self.unavailable(now, failures, error, Some(pending)),
             }
         }
@@ -492,6 +498,16 @@ impl LeaseKeeper {
     /// Stops issuing under this layout's lease and writes back its last issued timestamp + 1, so a
     /// successor can start at once.
     pub async fn release(&mut self) -> Result<(), StoreError> {
+        if let State::Unclaimed { pending: Some(pending), .. } = &self.state {
+            // A claim whose answer was lost may have applied: give it back too, or it stays
+            // held for a whole lease. Nothing was issued under it, so its own `:now` will do.
+            let machine = pending.machine;
+            let ours = self.store.get(machine).await?.filter(|row| row.claimed_by(&self.holder, &pending.token));
+            if let Some(row) = ours {
+                let wall = self.generator.clock().unix_ms();
+                self.store.release(machine, &self.holder, row.lease_epoch, pending.now_unix_ms, wall).await?;
+            }
+        }
         let State::Held { .. } = self.state else {
             return Ok(());
         };

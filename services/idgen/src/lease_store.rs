@@ -32,10 +32,12 @@ pub struct LeaseRow {
 }
 
 impl LeaseRow {
-    /// Whether this row is what our own claim left. Only the claim attempt that drew `token`
-    /// can have written it; holder and expiry alone cannot tell two claimants apart.
-    pub fn claimed_with(&self, token: &ClaimToken) -> bool {
-        self.claim_token.as_deref() == Some(token.as_str())
+    /// Whether this row is what our own claim left: it names us and carries the token only that
+    /// claim attempt drew. Holder and expiry alone cannot tell two claimants apart; the token
+    /// alone would also match a row someone rewrote without removing it (the AWS CLI
+    /// playbook's quarantine, an older binary's claim).
+    pub fn claimed_by(&self, holder: &str, token: &ClaimToken) -> bool {
+        self.holder == holder && self.claim_token.as_deref() == Some(token.as_str())
     }
 
     /// Whether this row is what our own renewal left: our holder, our epoch and the new expiry.

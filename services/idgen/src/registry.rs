@@ -165,8 +165,19 @@ impl RegistrySnapshot {
         // Unique per writer: processes sharing one configuration share this path.
         let temporary = path.with_extension(format!("{}.{:08x}.tmp", std::process::id(), rand::random::<u32>()));
         let text = serde_json::to_vec_pretty(self).map_err(|e| RegistryError::Invalid(e.to_string()))?;
-        std::fs::write(&temporary, text).map_err(cache_error)?;
-        std::fs::rename(&temporary, path).map_err(cache_error)
+        // Durable before it replaces the old copy: after a power loss the copy is the old one or
+        // the new one, never an empty or torn file a restart would refuse.
+        let mut file = std::fs::File::create(&temporary).map_err(cache_error)?;
+        std::io::Write::write_all(&mut file, &text).map_err(cache_error)?;
+        file.sync_all().map_err(cache_error)?;
+        std::fs::rename(&temporary, path).map_err(cache_error)?;
+        let directory = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(directory).and_then(|d| d.sync_all()).map_err(cache_error)
+    }
+
+    /// Every number the region `name` has had, active or retired (its IDs decode to any of them).
+    pub fn region_numbers(&self, name: &str) -> Vec<u32> {
+        self.regions.iter().filter(|r| r.name == name).map(|r| r.number).collect()
     }
 
     pub fn load(path: &Path) -> Result<Self, RegistryError> {

@@ -270,7 +270,7 @@ impl LeaseStore for SqliteLeaseStore {
             drop(tx);
             // Our own earlier attempt whose answer was lost (its audit record committed with it).
             return Ok(match self.get(machine).await? {
-                Some(row) if row.claimed_with(token) => ClaimOutcome::Claimed(row),
+                Some(row) if row.claimed_by(holder, token) => ClaimOutcome::Claimed(row),
                 _ => ClaimOutcome::Taken,
             });
         };

@@ -395,3 +395,22 @@ async fn two_keepers_of_one_holder_on_one_table_are_refused() {
     drop(first);
     LeaseKeeper::new("v1", other, g2, config(0..=63), "web-7/pid-1/5/00".into()).unwrap();
 }
+
+#[tokio::test]
+async fn a_release_gives_back_a_claim_whose_answer_was_lost() {
+    let now = Instant::now();
+    let f = fixture().await;
+    let store = switchable(&f);
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(5..=5), "a".into()).unwrap();
+    store.lose_answers.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(k.tick(now).await, Outcome::StoreUnavailable { .. }));
+    store.lose_answers.store(false, std::sync::atomic::Ordering::SeqCst);
+    k.release().await.unwrap();
+    let row = f.store.get(5).await.unwrap().unwrap();
+    assert_eq!(row.lease_expiry, T0, "given back at the claim's :now, not held for a whole lease");
+    f.clock.advance(1);
+    let g2 = generator(&f.clock);
+    let mut k2 = keeper(&f, &g2, 5..=5, "b");
+    assert!(matches!(k2.tick(now).await, Outcome::Claimed { machine: 5, .. }), "a successor claims at once");
+}
