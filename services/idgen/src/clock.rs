@@ -62,7 +62,17 @@ impl SystemClock {
 /// The system clock's Unix milliseconds, for timestamps that are only recorded (audit rows,
 /// creation times, CLI reports); IDs take their time from a [`Clock`].
 pub fn system_unix_ms() -> i64 {
-    (system_unix_ns() / 1_000_000) as i64
+    // Read on every request: the realtime clock straight from the vDSO, then seconds and
+    // milliseconds, without `SystemTime`'s checked subtraction or a 128-bit division.
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes into the timespec we own; CLOCK_REALTIME always exists.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+    }
+    #[cfg(not(target_os = "linux"))]
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64 * 1000 + i64::from(d.subsec_millis()))
 }
 
 fn system_unix_ns() -> i128 {

@@ -1,22 +1,28 @@
 //! [`IdGenerator`]: the core state machine behind a mutex, with a clock and metrics.
 //!
-//! This is the request path: memory, the clock and nothing else. When the core asks to wait (the
-//! millisecond's sequence is used up, or the clock is a few ms behind), the waiting happens
-//! outside the lock on the clock's waiter, so no tokio worker is blocked and no core spins.
+//! This is the request path: memory, the clock and nothing else. Within a millisecond, IDs come
+//! from a run the core has already issued, one atomic add each and no lock ([`crate::fast_path`]);
+//! the core's lock is taken once per millisecond to issue the next run, and whenever there is no
+//! run to take from. When the core asks to wait (the millisecond's sequence is used up, or the
+//! clock is a few ms behind), the waiting happens outside the lock on the clock's waiter, so no
+//! tokio worker is blocked and no core spins.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use idgen_core::generator::{LeaseView, NotNow, Refusal, Run, WaitCause};
+use idgen_core::generator::{LeaseView, NotNow, Refusal, WaitCause};
 use idgen_core::uuid::UuidV7State;
 use idgen_core::{Generator, MAX_WAIT_BEHIND_LIMIT_MS};
 use rand::Rng;
 
 use crate::clock::{Clock, SyncStatus};
+use crate::fast_path::{Runs, Taken};
 use crate::metrics::{GeneratorMetrics, LayoutLabel, ReasonLabel};
 
 pub struct IdGenerator {
     core: Mutex<Locked>,
+    /// The rest of the current millisecond's run, for requests that need no lock.
+    runs: Runs,
     clock: Arc<dyn Clock>,
     metrics: Arc<GeneratorMetrics>,
 }
@@ -51,7 +57,7 @@ pub enum Health {
 impl IdGenerator {
     pub fn new(core: Generator, clock: Arc<dyn Clock>, metrics: Arc<GeneratorMetrics>) -> Self {
         let locked = Locked { generator: core, uuid: UuidV7State::default(), sync_read_unix_ms: None };
-        IdGenerator { core: Mutex::new(locked), clock, metrics }
+        IdGenerator { core: Mutex::new(locked), runs: Runs::default(), clock, metrics }
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -63,8 +69,17 @@ impl IdGenerator {
     }
 
     /// Runs `f` on the core state. For the lease keeper and tests; never held across an await.
+    /// The fast path's run is closed first: whatever `f` changes (a lost lease, a release, the
+    /// clock's state, the schedule) holds for every ID issued after it returns.
     pub fn with_core<R>(&self, f: impl FnOnce(&mut Generator) -> R) -> R {
-        f(&mut self.lock().generator)
+        let mut locked = self.lock();
+        self.close_run();
+        f(&mut locked.generator)
+    }
+
+    /// Closes the fast path's run and counts what it handed out. Called with the core's lock held.
+    fn close_run(&self) {
+        self.metrics.ids_issued.inc_by(self.runs.close());
     }
 
     fn lock(&self) -> MutexGuard<'_, Locked> {
@@ -73,17 +88,20 @@ impl IdGenerator {
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The lock, with the clock's sync state read for the millisecond `now`.
-    fn lock_at(&self, now_unix_ms: i64) -> MutexGuard<'_, Locked> {
+    /// The lock, and the clock read once it is held (so time spent waiting for the lock never
+    /// looks like a clock behind the last issued millisecond), with its sync state for that
+    /// millisecond.
+    fn lock_now(&self) -> (MutexGuard<'_, Locked>, i64) {
         let mut locked = self.lock();
-        locked.follow_clock_sync(now_unix_ms, &*self.clock);
-        locked
+        let now = self.clock.unix_ms();
+        locked.follow_clock_sync(now, &*self.clock);
+        (locked, now)
     }
 
     /// One ID. The same path as a batch, without collecting into a vector.
     pub async fn next_id(&self) -> Result<u64, Refusal> {
         let mut id = 0;
-        self.issue(1, |run| id = run.first).await?;
+        self.issue(1, |taken| id = taken.first).await?;
         Ok(id)
     }
 
@@ -91,34 +109,62 @@ impl IdGenerator {
     /// allows; when a millisecond is used up it spills into the next.
     pub async fn next_ids(&self, count: u32) -> Result<Vec<u64>, Refusal> {
         let mut ids = Vec::with_capacity(count.max(1) as usize);
-        self.issue(count, |run| ids.extend(run.ids())).await?;
+        self.issue(count, |taken| ids.extend(taken.first..taken.first + u64::from(taken.count))).await?;
         Ok(ids)
     }
 
-    /// Issues `count` (≥ 1) IDs as runs handed to `take`, waiting (outside the lock) when the core
-    /// asks to. On a refusal, runs already handed out are simply never used: gaps are allowed,
-    /// repeats are not.
-    async fn issue(&self, count: u32, mut take: impl FnMut(&Run)) -> Result<(), Refusal> {
+    /// Issues `count` (≥ 1) IDs as runs handed to `take`: from the current millisecond's run
+    /// without a lock while it lasts, else through the core (which issues the rest of the
+    /// millisecond: this request keeps what it needs and publishes the remainder), waiting outside
+    /// the lock when the core asks to. On a refusal, runs already handed out are simply never
+    /// used: gaps are allowed, repeats are not.
+    async fn issue(&self, count: u32, mut take: impl FnMut(Taken)) -> Result<(), Refusal> {
         let count = count.max(1);
         let mut issued = 0;
         loop {
             let now = self.clock.unix_ms();
-            let step = self.lock_at(now).generator.issue(now, count - issued);
+            if let Some(taken) = self.runs.take(now, count - issued) {
+                take(taken);
+                issued += taken.count;
+                if issued == count {
+                    return Ok(());
+                }
+                continue;
+            }
+            let (now, step) = {
+                let (mut locked, now) = self.lock_now();
+                let step = match self.runs.take(now, count - issued) {
+                    // Another request issued this millisecond's run while we waited for the lock.
+                    Some(taken) => Ok(taken),
+                    None => match locked.generator.issue(now, u32::MAX) {
+                        Ok(run) => {
+                            let mine = run.count.min(count - issued);
+                            let replaced =
+                                self.runs.publish(run.unix_ms, run.first, u64::from(run.count), u64::from(mine));
+                            self.metrics.ids_issued.inc_by(replaced);
+                            Ok(Taken { first: run.first, count: mine })
+                        }
+                        Err(not_now) => {
+                            // Every slow path that issues nothing resets the run, so requests that
+                            // keep failing cannot pile offsets onto one run's ticket.
+                            self.close_run();
+                            Err(not_now)
+                        }
+                    },
+                };
+                (now, step)
+            };
             match step {
-                Ok(run) => {
-                    take(&run);
-                    issued += run.count;
+                Ok(taken) => {
+                    take(taken);
+                    issued += taken.count;
                     if issued == count {
-                        self.metrics.ids_issued.inc_by(u64::from(count));
                         return Ok(());
                     }
                 }
                 Err(NotNow::Wait { until_unix_ms, cause }) => self.wait(now, until_unix_ms, cause).await,
                 Err(NotNow::Refuse(refusal)) => {
                     self.count_refusal(&refusal);
-                    if issued > 0 {
-                        self.metrics.ids_issued.inc_by(u64::from(issued));
-                    }
                     return Err(refusal);
                 }
             }
@@ -145,13 +191,12 @@ impl IdGenerator {
         let count = count.max(1) as usize;
         let mut uuids = Vec::with_capacity(count);
         loop {
-            let now = self.clock.unix_ms();
-            let step = {
+            let (now, step) = {
                 let mut rng = rand::rng();
-                let mut locked = self.lock_at(now);
+                let (mut locked, now) = self.lock_now();
                 let Locked { generator, uuid, .. } = &mut *locked;
                 let max_wait_behind_ms = generator.config().max_wait_behind_ms;
-                match generator.unsynchronized() {
+                let step = match generator.unsynchronized() {
                     Some(reason) => Err(NotNow::Refuse(Refusal::ClockUnsynchronized { reason: reason.to_owned() })),
                     None => loop {
                         if uuids.len() == count {
@@ -162,7 +207,8 @@ impl IdGenerator {
                             Err(not_now) => break Err(not_now),
                         }
                     },
-                }
+                };
+                (now, step)
             };
             match step {
                 Ok(()) => {
@@ -186,9 +232,8 @@ impl IdGenerator {
     }
 
     pub fn health(&self) -> Health {
-        let now = self.clock.unix_ms();
         let clock = self.clock.sync_status();
-        let locked = self.lock_at(now);
+        let (locked, now) = self.lock_now();
         let core = &locked.generator;
         let leases = core.leases();
         match core.check(now) {
@@ -201,6 +246,8 @@ impl IdGenerator {
     pub fn refresh_gauges(&self) {
         let now = self.clock.unix_ms();
         let locked = self.lock();
+        // Count what the live run has handed out (the next request opens a new one).
+        self.close_run();
         let core = &locked.generator;
         let fence = core.config().fence_ms;
         for entry in core.schedule().entries() {

@@ -11,6 +11,7 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod dynamodb;
+mod fast_path;
 pub mod generator;
 pub mod keeper;
 pub mod lease_store;

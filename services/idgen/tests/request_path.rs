@@ -94,3 +94,92 @@ async fn uuids_follow_the_clock_rules_of_ids() {
     let next = tokio::time::timeout(Duration::from_millis(20), waiting).await.unwrap().unwrap().unwrap();
     assert!(next[0] > first[2]);
 }
+
+/// The lock-free fast path under fire: six threads issue single IDs and batches on the real
+/// clock while another thread drops the lease and installs one on a new machine number every few
+/// milliseconds, and retires and reinstates the region. Every ID must be unique, each thread's
+/// IDs must increase, and every ID must lie inside a lease it was issued under: at or above the
+/// lease's floor, below its expiry − fence, and not after the millisecond the lease was dropped.
+#[test]
+fn many_threads_never_share_an_id_while_the_lease_changes_under_them() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let clock = Arc::new(idgen::SystemClock::new(false, 5));
+    let now = idgen::Clock::unix_ms(&*clock);
+    let core = Generator::new(
+        GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
+        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
+        0,
+        true,
+    )
+    .unwrap();
+    let g = Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())));
+    let lease = |machine: u32, floor: i64| Lease {
+        layout: "v1".into(),
+        machine,
+        epoch: u64::from(machine),
+        expiry_unix_ms: floor + 60_000,
+        floor_unix_ms: floor,
+    };
+    g.with_core(|c| c.install_lease(lease(1, now))).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let issuers: Vec<_> = (0..6)
+        .map(|t| {
+            let (g, stop) = (g.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let mut ids = Vec::new();
+                runtime.block_on(async {
+                    let mut i = 0u32;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let result = if t % 2 == 0 {
+                            g.next_id().await.map(|id| vec![id])
+                        } else {
+                            g.next_ids(1 + i % 40).await
+                        };
+                        if let Ok(batch) = result {
+                            ids.extend(batch);
+                        }
+                    }
+                });
+                ids
+            })
+        })
+        .collect();
+    // (machine, floor, expiry, dropped at) for every lease installed.
+    let mut leases = vec![(1u32, now, now + 60_000, i64::MAX)];
+    let deadline = std::time::Instant::now() + Duration::from_millis(1_500);
+    let mut machine = 1;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(3));
+        let at = idgen::Clock::unix_ms(&*clock);
+        machine += 1;
+        g.with_core(|c| {
+            c.drop_lease("v1");
+            c.set_region_retired(if machine % 7 == 0 { Some("retired".into()) } else { None });
+            c.install_lease(lease(machine, at))
+        })
+        .unwrap();
+        // Dropped no later than the millisecond this call returned in.
+        leases.last_mut().unwrap().3 = idgen::Clock::unix_ms(&*clock);
+        leases.push((machine, at, at + 60_000, i64::MAX));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for issuer in issuers {
+        let ids = issuer.join().unwrap();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "one thread's IDs strictly increase");
+        all.extend(ids);
+    }
+    assert!(all.len() > 10_000, "only {} IDs issued", all.len());
+    for &id in &all {
+        let (ts, m) = ((id >> 22) as i64 + idgen::core::EPOCH_UNIX_MS, ((id >> 12) & 0x3ff) as u32);
+        let (_, floor, expiry, dropped) = leases.iter().find(|l| l.0 == m).expect("a machine that was leased");
+        assert!(*floor <= ts && ts < expiry - 500 && ts <= *dropped, "ID {id} at {ts} outside lease of {m}");
+    }
+    let total = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "an ID was issued twice");
+    println!("{total} IDs across {} leases, no ID twice", leases.len());
+}
