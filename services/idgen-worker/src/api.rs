@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use idgen::core::{Schedule, format_unix_ms, uuid};
 use idgen::{Health, IdGenerator, SyncStatus};
 use prometheus_client::registry::Registry;
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
@@ -20,8 +21,26 @@ use crate::error::ApiError;
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 pub const MAX_BATCH: u64 = 1_000;
 
+/// What every handler reads, behind one `Arc`: axum clones the state for every request, and one
+/// reference count is all that clone should cost.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+pub struct Shared {
     pub generator: Arc<IdGenerator>,
     /// Region names by number, for decoding (until the registry supplies them).
     pub region_names: Arc<std::sync::RwLock<HashMap<u32, String>>>,
@@ -34,18 +53,67 @@ pub struct AppState {
     pub http_metrics: Arc<crate::http_metrics::HttpMetrics>,
 }
 
-/// Reads at most `MAX_BODY_BYTES`; an empty body (or only whitespace) is `None`.
-async fn read_body(body: Body) -> Result<Option<Map<String, Value>>, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
-        ApiError::bad_request("body_too_large", format!("request body is larger than {MAX_BODY_BYTES} bytes"))
-    })?;
+/// The body, refused beyond `MAX_BODY_BYTES` (also when a client goes away mid-body: the body
+/// cannot be read either way). Read frame by frame: a small body is one frame, taken as it is.
+async fn body_bytes(mut body: Body) -> Result<Bytes, ApiError> {
+    use axum::body::HttpBody;
+    use http_body_util::BodyExt;
+    let too_large =
+        || ApiError::bad_request("body_too_large", format!("request body is larger than {MAX_BODY_BYTES} bytes"));
+    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
+        return Err(too_large());
+    }
+    let mut bytes = Bytes::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(chunk) = frame.map_err(|_| too_large())?.into_data() else {
+            continue; // trailers
+        };
+        // Bounded by the limit, so joining the rare second frame by copying is fine.
+        bytes = if bytes.is_empty() { chunk } else { [bytes.as_ref(), chunk.as_ref()].concat().into() };
+        if bytes.len() > MAX_BODY_BYTES {
+            return Err(too_large());
+        }
+        if body.is_end_stream() {
+            break; // all of it (no need to poll once more for the end)
+        }
+    }
+    Ok(bytes)
+}
+
+/// The body as a JSON object; an empty body (or only whitespace) is `None`. This general reading
+/// is the one that words the errors; the typed fast paths below fall back to it on anything they
+/// do not accept, so every error code and message comes from here.
+fn parse_object(bytes: &[u8]) -> Result<Option<Map<String, Value>>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    match serde_json::from_slice::<Value>(&bytes) {
+    match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => Ok(Some(map)),
         Ok(_) | Err(_) => Err(ApiError::bad_request("invalid_body", "request body must be a JSON object")),
     }
+}
+
+/// Whether the body is a JSON object at the top (a derived struct would also take an array).
+fn is_object(bytes: &[u8]) -> bool {
+    bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// Whether a `POST /v1/ids` body is one of those it takes: nothing, or an object without fields.
+fn accepts_no_fields(bytes: &[u8]) -> bool {
+    let trimmed = bytes.trim_ascii();
+    trimmed.is_empty() || trimmed == b"{}" || (is_object(bytes) && serde_json::from_slice::<NoFields>(bytes).is_ok())
+}
+
+/// `POST /v1/ids`: `{}` (any whitespace) or nothing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+/// `POST /v1/ids:batch` and `/v1/uuids`: `{"count": n}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CountOnly {
+    count: u64,
 }
 
 /// `{"count": n}` with 1 ≤ n ≤ 1000; nothing else allowed in the object.
@@ -71,21 +139,62 @@ fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result
     Ok(count as u32)
 }
 
-pub async fn create_id(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
-    if let Some(field) = read_body(body).await?.and_then(|body| body.keys().next().cloned()) {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            format!("unknown field {field:?}; send {{}} or an empty body"),
-        ));
+/// `POST /v1/ids` (any other method: 405), answered straight from the request.
+pub async fn single_id(state: &AppState, request: axum::extract::Request) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return ApiError::method_not_allowed().into_response();
+    }
+    create_id(state, request.into_body()).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn create_id(state: &AppState, body: Body) -> Result<Response, ApiError> {
+    let bytes = body_bytes(body).await?;
+    if !accepts_no_fields(&bytes) {
+        let field = parse_object(&bytes)?.and_then(|body| body.keys().next().cloned());
+        if let Some(field) = field {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!("unknown field {field:?}; send {{}} or an empty body"),
+            ));
+        }
     }
     let id = state.generator.next_id().await.map_err(|refusal| ApiError::refused(&refusal))?;
-    Ok(Json(json!({ "id": id.to_string(), "id_num": id })))
+    Ok(json_response(id_json(id)))
+}
+
+/// A 200 with a JSON body written by hand (the response `Json` would build, without the detour).
+fn json_response(body: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(body));
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response
+}
+
+/// `{"id":"…","id_num":…}`, what `json!` would write, into one buffer.
+pub fn id_json(id: u64) -> Vec<u8> {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(id).as_bytes();
+    let mut body = Vec::with_capacity(22 + 2 * digits.len());
+    body.extend_from_slice(b"{\"id\":\"");
+    body.extend_from_slice(digits);
+    body.extend_from_slice(b"\",\"id_num\":");
+    body.extend_from_slice(digits);
+    body.push(b'}');
+    body
+}
+
+/// The count of a `{"count": n}` body: typed when the body is exactly that, else through the
+/// general reading (for its error messages); `default` when there is no body.
+fn count_of(bytes: &[u8], default: Option<u64>) -> Result<u32, ApiError> {
+    match is_object(bytes).then(|| serde_json::from_slice::<CountOnly>(bytes)) {
+        Some(Ok(CountOnly { count })) if (1..=MAX_BATCH).contains(&count) => Ok(count as u32),
+        _ => parse_count(parse_object(bytes)?, default),
+    }
 }
 
 pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
-    let count = parse_count(read_body(body).await?, None)?;
+    let count = count_of(&body_bytes(body).await?, None)?;
     let ids = state.generator.next_ids(count).await.map_err(|refusal| ApiError::refused(&refusal))?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], ids_json(&ids)).into_response())
+    Ok(json_response(ids_json(&ids)))
 }
 
 /// `{"ids":["…","…"]}` written straight into one buffer. At the layout cap a worker answers ~4,000
@@ -107,7 +216,7 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
 }
 
 pub async fn create_uuids(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
-    let count = parse_count(read_body(body).await?, Some(1))?;
+    let count = count_of(&body_bytes(body).await?, Some(1))?;
     let uuids = state.generator.next_uuids(count).await.map_err(|refusal| ApiError::refused(&refusal))?;
     Ok(Json(json!({ "ids": uuids.iter().map(uuid::format).collect::<Vec<_>>() })))
 }
@@ -245,6 +354,54 @@ pub async fn not_found() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the handlers decided before the typed fast paths: the general reading alone.
+    fn general_count(bytes: &[u8], default: Option<u64>) -> Result<u32, ApiError> {
+        parse_count(parse_object(bytes)?, default)
+    }
+
+    fn general_no_fields(bytes: &[u8]) -> Result<(), ApiError> {
+        match parse_object(bytes)?.and_then(|body| body.keys().next().cloned()) {
+            Some(field) => Err(ApiError::bad_request(
+                "invalid_body",
+                format!("unknown field {field:?}; send {{}} or an empty body"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn fast_no_fields(bytes: &[u8]) -> Result<(), ApiError> {
+        if !accepts_no_fields(bytes) {
+            return general_no_fields(bytes);
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        /// The typed fast paths answer exactly as the general reading: the same count, or the
+        /// same error code and message, for bodies near and far from the valid ones.
+        #[test]
+        fn typed_bodies_answer_as_the_general_reading(
+            body in proptest::prop_oneof![
+                r#"[ \t\n]*\{[ ]*("count"[ ]*:[ ]*(-?[0-9]{1,5}(\.[0-9])?|1e3|"7"|null|true|\[1\])[ ]*(,[ ]*"(count|x)"[ ]*:[ ]*[0-9])?)?[ ]*\}[ ]*"#,
+                r#"\[[0-9]{0,4}\]|"[a-z]*"|[0-9]{1,4}|null|\{|\}|"#,
+                ".{0,12}",
+            ],
+            default in proptest::option::of(1u64..=3),
+        ) {
+            let bytes = body.as_bytes();
+            proptest::prop_assert_eq!(count_of(bytes, default), general_count(bytes, default), "{}", body);
+            proptest::prop_assert_eq!(fast_no_fields(bytes), general_no_fields(bytes), "{}", body);
+        }
+    }
+
+    #[test]
+    fn id_json_is_what_serde_json_would_write() {
+        for id in [0, 7, 97_301_141_913_751_557, u64::MAX >> 1] {
+            let expected = serde_json::to_vec(&json!({ "id": id.to_string(), "id_num": id })).unwrap();
+            assert_eq!(id_json(id), expected);
+        }
+    }
 
     #[test]
     fn ids_json_is_what_serde_json_would_write() {

@@ -1,12 +1,14 @@
 //! Request counts by route and status, and a latency histogram by route.
+//!
+//! Recorded around the whole router by the worker's service ([`crate::App`]), which names the
+//! route itself ([`crate::route_of`]), without a label lookup or allocation per request: each
+//! route's histogram and its counters for the usual statuses are looked up in the families once,
+//! on first use, and kept. The series and their labels are exactly those of a plain `Family`
+//! lookup.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
 
-use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
-use axum::middleware::Next;
-use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -30,16 +32,35 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.5, 15))
 }
 
+/// The statuses whose counters are kept per route and method (others go through the family).
+const KEPT_STATUSES: [u16; 8] = [200, 201, 400, 404, 405, 413, 429, 503];
+/// The methods the kept counters are for (others go through the family).
+const KEPT_METHODS: [Method; 2] = [Method::GET, Method::POST];
+
+/// One route's handles, filled on first use.
+struct RouteHandles {
+    route: &'static str,
+    latency: OnceLock<Histogram>,
+    /// `[method][status]`, in the order of `KEPT_METHODS` and `KEPT_STATUSES`.
+    requests: [[OnceLock<Counter>; KEPT_STATUSES.len()]; KEPT_METHODS.len()],
+}
+
 pub struct HttpMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    routes: Vec<RouteHandles>,
 }
 
 impl HttpMetrics {
-    pub fn register(registry: &mut Registry) -> Arc<Self> {
+    /// Registers the metrics; `routes` are the router's paths, whose handles are kept.
+    pub fn register(registry: &mut Registry, routes: &[&'static str]) -> Arc<Self> {
         let metrics = Arc::new(HttpMetrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
+            routes: routes
+                .iter()
+                .map(|route| RouteHandles { route, latency: OnceLock::new(), requests: Default::default() })
+                .collect(),
         });
         registry.register("idgen_http_requests", "HTTP requests by method, route and status", metrics.requests.clone());
         registry.register(
@@ -49,23 +70,49 @@ impl HttpMetrics {
         );
         metrics
     }
+
+    /// Counts one request of `route` and observes its latency.
+    pub fn record(&self, route: &'static str, method: &Method, status: u16, elapsed_seconds: f64) {
+        let Some(handles) = self.routes.iter().find(|handles| handles.route == route) else {
+            return self.record_by_labels(route, method, status, elapsed_seconds);
+        };
+        handles
+            .latency
+            .get_or_init(|| self.latency.get_or_create(&RouteLabel { route: route.to_owned() }).clone())
+            .observe(elapsed_seconds);
+        let kept = KEPT_METHODS.iter().position(|m| m == method).zip(KEPT_STATUSES.iter().position(|s| *s == status));
+        match kept {
+            Some((m, s)) => handles.requests[m][s]
+                .get_or_init(|| {
+                    let labels = RequestLabels { method: label(method).to_owned(), route: route.to_owned(), status };
+                    self.requests.get_or_create(&labels).clone()
+                })
+                .inc(),
+            None => {
+                let labels = RequestLabels { method: label(method).to_owned(), route: route.to_owned(), status };
+                self.requests.get_or_create(&labels).inc()
+            }
+        };
+    }
+
+    fn record_by_labels(&self, route: &str, method: &Method, status: u16, elapsed_seconds: f64) {
+        self.latency.get_or_create(&RouteLabel { route: route.to_owned() }).observe(elapsed_seconds);
+        let labels = RequestLabels { method: label(method).to_owned(), route: route.to_owned(), status };
+        self.requests.get_or_create(&labels).inc();
+    }
 }
 
-pub async fn record(State(metrics): State<Arc<HttpMetrics>>, request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_owned();
-    // Callers choose the method: only the standard ones become label values, or a client sending
-    // made-up methods would grow the label set (and /metrics) without bound.
-    let method = match *request.method() {
-        Method::GET | Method::POST | Method::PUT | Method::DELETE | Method::HEAD | Method::OPTIONS | Method::PATCH => {
-            request.method().as_str()
-        }
+/// Callers choose the method: only the standard ones become label values, or a client sending
+/// made-up methods would grow the label set (and /metrics) without bound.
+fn label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
         _ => "other",
     }
-    .to_owned();
-    let start = Instant::now();
-    let response = next.run(request).await;
-    let elapsed = start.elapsed().as_secs_f64();
-    metrics.latency.get_or_create(&RouteLabel { route: route.clone() }).observe(elapsed);
-    metrics.requests.get_or_create(&RequestLabels { method, route, status: response.status().as_u16() }).inc();
-    response
 }

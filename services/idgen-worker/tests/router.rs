@@ -36,9 +36,9 @@ fn fixture() -> Fixture {
     let mut registry = Registry::default();
     let metrics = Arc::new(GeneratorMetrics::default());
     metrics.register(&mut registry);
-    let http_metrics = HttpMetrics::register(&mut registry);
+    let http_metrics = HttpMetrics::register(&mut registry, &idgen_worker::ROUTES);
     let generator = Arc::new(IdGenerator::new(core, clock.clone(), metrics));
-    let state = AppState {
+    let state = AppState::new(idgen_worker::api::Shared {
         generator,
         region_names: Arc::new(std::sync::RwLock::new(HashMap::from([(2, "eu-west-1".to_owned())]))),
         region: "eu-west-1".into(),
@@ -47,7 +47,7 @@ fn fixture() -> Fixture {
         development: false,
         registry: Arc::new(registry),
         http_metrics,
-    };
+    });
     Fixture { state, clock }
 }
 
@@ -314,4 +314,67 @@ async fn unknown_routes_and_methods_are_json_errors() {
     assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
     let (status, _, body, _) = call(&f, Method::DELETE, "/healthz", "").await;
     assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+}
+
+/// The HTTP metrics name a request's route themselves (no layer on every route): for any path,
+/// that must be the route axum matched, or `unmatched` where axum falls back.
+#[tokio::test]
+async fn the_metrics_route_label_is_the_route_axum_matches() {
+    use axum::extract::MatchedPath;
+    use axum::routing::any;
+    let mut echo = axum::Router::new();
+    for route in idgen_worker::ROUTES {
+        echo = echo.route(route, any(|matched: MatchedPath| async move { matched.as_str().to_owned() }));
+    }
+    let echo = echo.fallback(|| async { "unmatched".to_owned() });
+    let mut paths: Vec<String> = [
+        "/v1/ids",
+        "/v1/ids/",
+        "/v1/ids:batch",
+        "/v1/ids:batch/",
+        "/v1/ids/1/decode",
+        "/v1/ids//decode",
+        "/v1/ids/a/b/decode",
+        "/v1/ids/x/decode/",
+        "/v1/ids/%2F/decode",
+        "/V1/ids",
+        "/healthz",
+        "/healthz/",
+        "/metrics",
+        "/",
+        "//v1/ids",
+        "/v1/uuids",
+        "/v1/idsx",
+        "/v1/ids/decode",
+        "/v1/ids/1/decodex",
+        "/v1/ids/{id}/decode",
+        "/v1/ids%3Abatch",
+        "/v1/ids/:id/decode",
+        "/v1/ids/*/decode",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let segments = ["v1", "ids", "ids:batch", "uuids", "healthz", "metrics", "decode", "1", "", "x%20"];
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..2_000 {
+        let mut path = String::new();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        for i in 0..(seed % 5) {
+            path.push('/');
+            path.push_str(segments[((seed >> (8 * i + 8)) % segments.len() as u64) as usize]);
+        }
+        if path.is_empty() {
+            path.push('/');
+        }
+        paths.push(path);
+    }
+    for path in paths {
+        let request = Request::builder().uri(&path).body(Body::empty()).unwrap();
+        let response = echo.clone().oneshot(request).await.unwrap();
+        let matched = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(idgen_worker::route_of(&path), String::from_utf8_lossy(&matched), "path {path:?}");
+    }
 }
