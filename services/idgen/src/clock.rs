@@ -1,14 +1,15 @@
 //! Clocks: the wall clock that goes into IDs and lease times, its synchronization state, and a way
 //! to wait for a given millisecond without blocking a tokio worker thread or spinning a core.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{Notify, watch};
 
 pub type WaitFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
@@ -45,7 +46,7 @@ pub trait Clock: Send + Sync + 'static {
 pub struct SystemClock {
     require_sync: bool,
     max_error_us: i64,
-    ticker: OnceLock<Ticker>,
+    ticker: OnceLock<Option<&'static Ticker>>,
 }
 
 impl SystemClock {
@@ -92,18 +93,14 @@ impl Clock for SystemClock {
     }
 
     fn wait_until(&self, target_unix_ms: i64) -> WaitFuture<'_> {
-        let ticker = self.ticker.get_or_init(Ticker::spawn);
-        let (tx, rx) = oneshot::channel();
-        let sent = ticker.requests.lock().is_ok_and(|requests| requests.send((target_unix_ms, tx)).is_ok());
-        Box::pin(async move {
-            if sent {
-                let _ = rx.await;
-            } else {
-                // The ticker thread is gone (only at process exit); fall back to the coarse timer.
+        match self.ticker.get_or_init(Ticker::spawn).and_then(|ticker| ticker.register(target_unix_ms)) {
+            Some(notified) => notified,
+            None => Box::pin(async move {
+                // Already due, or the ticker thread could not start: the coarse timer.
                 let wait = (target_unix_ms as i128 * 1_000_000 - system_unix_ns()).max(0);
                 tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
-            }
-        })
+            }),
+        }
     }
 }
 
@@ -135,47 +132,94 @@ pub fn kernel_sync_status(_max_error_us: i64) -> SyncStatus {
 }
 
 /// One thread that wakes waiters at millisecond boundaries. It sleeps in the kernel with a 1 µs
-/// timer slack, so a waiter wakes within microseconds of its millisecond, and it runs only while
-/// somebody is waiting: no tokio worker is blocked and no core spins.
+/// timer slack, so a waiter wakes within microseconds of its millisecond; no tokio worker is
+/// blocked and no core spins. Waiters for one millisecond share one wake-up (a batch of requests
+/// at the sequence cap all wait for the same next millisecond), and the thread is woken only
+/// when a waiter needs it earlier than it already sleeps: at the cap it keeps sleeping from one
+/// millisecond boundary to the next for a few idle milliseconds, so the next waiters find it
+/// already on its way.
 struct Ticker {
-    requests: Mutex<mpsc::Sender<(i64, oneshot::Sender<()>)>>,
+    state: Mutex<TickerState>,
+    wake: Condvar,
 }
 
+struct TickerState {
+    waiters: BTreeMap<i64, Arc<Notify>>,
+    /// The millisecond the thread sleeps until (`i64::MAX`: until woken).
+    sleeping_until: i64,
+}
+
+/// Idle millisecond boundaries the thread still wakes on before it sleeps until woken.
+const LINGER_MS: u32 = 20;
+
 impl Ticker {
-    fn spawn() -> Ticker {
-        let (tx, rx) = mpsc::channel::<(i64, oneshot::Sender<()>)>();
-        let spawned = std::thread::Builder::new().name("idgen-ms-ticker".into()).spawn(move || {
-            #[cfg(target_os = "linux")]
-            // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
-            unsafe {
-                libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64);
+    /// The ticker thread, started once per process (leaked: it lives as long as the process).
+    fn spawn() -> Option<&'static Ticker> {
+        let ticker: &'static Ticker = Box::leak(Box::new(Ticker {
+            state: Mutex::new(TickerState { waiters: BTreeMap::new(), sleeping_until: i64::MAX }),
+            wake: Condvar::new(),
+        }));
+        match std::thread::Builder::new().name("idgen-ms-ticker".into()).spawn(move || ticker.run()) {
+            Ok(_) => Some(ticker),
+            Err(error) => {
+                tracing::error!(%error, "could not start the millisecond ticker thread; waits use the tokio timer");
+                None
             }
-            let mut waiters: Vec<(i64, oneshot::Sender<()>)> = Vec::new();
-            loop {
-                let now_ns = system_unix_ns();
-                waiters.retain_mut(|(target, waiter)| (*target as i128) * 1_000_000 > now_ns && !waiter.is_closed());
-                // `retain_mut` dropped the due senders, which wakes their receivers with an
-                // error: that is the signal. (Dropping is cheaper than sending `()`.) Waiters
-                // that gave up (a clock step back made their target far away) go too.
-                let next = waiters.iter().map(|(target, _)| *target).min();
-                let received = match next {
-                    None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-                    Some(target) => {
-                        let wait = (target as i128 * 1_000_000 - now_ns).max(0) as u64;
-                        rx.recv_timeout(Duration::from_nanos(wait))
-                    }
-                };
-                match received {
-                    Ok(waiter) => waiters.push(waiter),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                }
-            }
-        });
-        if let Err(error) = spawned {
-            tracing::error!(%error, "could not start the millisecond ticker thread; waits use the tokio timer");
         }
-        Ticker { requests: Mutex::new(tx) }
+    }
+
+    /// A future that resolves at `target_unix_ms`; `None` if that is already past.
+    fn register(&self, target_unix_ms: i64) -> Option<Pin<Box<OwnedNotified>>> {
+        if target_unix_ms as i128 * 1_000_000 <= system_unix_ns() {
+            return None;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let notify = state.waiters.entry(target_unix_ms).or_insert_with(|| Arc::new(Notify::new())).clone();
+        let mut notified = Box::pin(notify.notified_owned());
+        // Registered before the lock is released, so the thread's notify_waiters cannot miss it.
+        notified.as_mut().enable();
+        if target_unix_ms < state.sleeping_until {
+            state.sleeping_until = target_unix_ms;
+            self.wake.notify_one();
+        }
+        Some(notified)
+    }
+
+    fn run(&self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64);
+        }
+        let mut idle = 0;
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        loop {
+            let now_ns = system_unix_ns();
+            while let Some(entry) = state.waiters.first_entry() {
+                if (*entry.key() as i128) * 1_000_000 > now_ns {
+                    break;
+                }
+                entry.remove().notify_waiters();
+            }
+            let until = match state.waiters.keys().next() {
+                Some(&target) => {
+                    idle = 0;
+                    target
+                }
+                None if idle < LINGER_MS => {
+                    idle += 1;
+                    (now_ns / 1_000_000) as i64 + 1
+                }
+                None => i64::MAX,
+            };
+            state.sleeping_until = until;
+            state = if until == i64::MAX {
+                self.wake.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner())
+            } else {
+                let wait = Duration::from_nanos((until as i128 * 1_000_000 - now_ns).max(0) as u64);
+                self.wake.wait_timeout(state, wait).unwrap_or_else(|poisoned| poisoned.into_inner()).0
+            };
+        }
     }
 }
 
@@ -240,6 +284,29 @@ mod tests {
             assert!(clock.unix_ms() >= target);
         }
         assert_eq!(clock.sync_status(), SyncStatus::NotChecked);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_for_one_millisecond_share_a_wake_and_an_earlier_one_is_not_held_back() {
+        let clock = std::sync::Arc::new(SystemClock::new(false, 5));
+        let now = clock.unix_ms();
+        let late = now + 1_500;
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let clock = clock.clone();
+                tokio::spawn(async move {
+                    clock.wait_until(late).await;
+                    clock.unix_ms()
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        // The ticker now sleeps until `late`; a waiter for an earlier millisecond wakes it.
+        clock.wait_until(now + 20).await;
+        assert!(clock.unix_ms() < late, "the early waiter was held back to the late one's millisecond");
+        for waiter in waiters {
+            assert!(waiter.await.unwrap() >= late, "woken before its millisecond");
+        }
     }
 
     #[tokio::test]

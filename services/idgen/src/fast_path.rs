@@ -178,6 +178,64 @@ mod tests {
         assert!(runs.run(stale + SLOTS as u64).is_some_and(|run| run.unix_ms == 7 + SLOTS as i64));
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Publish { ms: i64, count: u64, taken: u64 },
+        Take { ms: i64, want: u32 },
+        Close,
+    }
+
+    use proptest::prelude::*;
+
+    proptest::proptest! {
+        /// Against a model of one current run: every take hands out exactly what the model says
+        /// (the run's next IDs, in its millisecond only, never past its end), and what each
+        /// publish or close reports as handed out is what was.
+        #[test]
+        fn takes_follow_a_model_of_the_current_run(ops in proptest::collection::vec(
+            proptest::prop_oneof![
+                (0i64..4, 0u64..6, 0u64..3).prop_map(|(ms, count, taken)| Op::Publish { ms, count, taken: taken.min(count) }),
+                (0i64..4, 1u32..4).prop_map(|(ms, want)| Op::Take { ms, want }),
+                proptest::strategy::Just(Op::Close),
+            ],
+            1..60,
+        )) {
+            let runs = Runs::default();
+            // (ms, first, count, next offset) of the current run, as the model sees it.
+            let mut model: Option<(i64, u64, u64, u64)> = None;
+            let mut first = 0u64;
+            for op in ops {
+                match op {
+                    Op::Publish { ms, count, taken } => {
+                        let handed = runs.publish(ms, first, count, taken);
+                        prop_assert_eq!(handed, model.map_or(0, |(_, _, count, next)| next.min(count)));
+                        model = Some((ms, first, count, taken));
+                        first += 100;
+                    }
+                    Op::Close => {
+                        let handed = runs.close();
+                        prop_assert_eq!(handed, model.map_or(0, |(_, _, count, next)| next.min(count)));
+                        model = None;
+                    }
+                    Op::Take { ms, want } => {
+                        let expected = match &mut model {
+                            Some((run_ms, run_first, count, next)) if *run_ms == ms => {
+                                let offset = *next;
+                                *next += u64::from(want);
+                                (offset < *count).then(|| Taken {
+                                    first: *run_first + offset,
+                                    count: (*count - offset).min(u64::from(want)) as u32,
+                                })
+                            }
+                            _ => None,
+                        };
+                        prop_assert_eq!(runs.take(ms, want), expected);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn many_threads_take_disjoint_increasing_ids() {
         let runs = std::sync::Arc::new(Runs::default());
