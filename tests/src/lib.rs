@@ -46,6 +46,8 @@ pub struct WorkerSpec {
     pub env: Vec<(String, String)>,
     /// Extra top-level TOML lines (e.g. `registry_url = "…"`, `region = "…"`).
     pub extra: String,
+    /// Extra TOML sections, appended last (e.g. `[tls]`, `[quotas]`).
+    pub sections: String,
     pub lease_ms: i64,
     pub renew_interval_ms: i64,
     pub fence_ms: i64,
@@ -65,6 +67,7 @@ impl WorkerSpec {
             store,
             env: Vec::new(),
             extra: String::new(),
+            sections: String::new(),
             lease_ms: 3_000,
             renew_interval_ms: 1_000,
             fence_ms: 500,
@@ -98,13 +101,14 @@ impl WorkerSpec {
             "development = true\nlisten = \"127.0.0.1:0\"\nshutdown_grace_ms = 2000\n{extra}\n\
              [lease]\n{store}lease_ms = {lease}\nrenew_interval_ms = {renew}\n\
              fence_ms = {fence}\nfirst_machine = {first}\nlast_machine = {last}\nmax_backoff_ms = {backoff}\n\
-             {dynamodb}[clock]\nrequire_sync = false\n",
+             {dynamodb}[clock]\nrequire_sync = false\n{sections}",
             lease = self.lease_ms,
             renew = self.renew_interval_ms,
             fence = self.fence_ms,
             first = self.machines.0,
             last = self.machines.1,
             backoff = self.max_backoff_ms,
+            sections = self.sections,
             extra = if self.extra.contains("region =") {
                 self.extra.clone()
             } else {

@@ -77,11 +77,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(up::run(args))),
-        Command::Worker { config, create_tables } => {
+        Command::Worker { config: file, create_tables } => {
             idgen_worker::init_tracing();
-            WorkerConfig::load(config.as_deref()).and_then(|mut config| {
+            WorkerConfig::load(file.as_deref()).and_then(|mut config| {
                 config.lease.create_tables |= create_tables;
-                runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config)))
+                runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config, file)))
             })
         }
         Command::Registry { config } => {

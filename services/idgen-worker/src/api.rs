@@ -1,6 +1,7 @@
 //! The HTTP/JSON endpoints of SPEC §4.1. Every handler answers from memory.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::Json;
@@ -11,6 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idgen::core::{Schedule, format_unix_ms, uuid};
 use idgen::{Health, IdGenerator, SyncStatus};
+use idgen_server::Caller;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -49,6 +51,8 @@ pub struct Shared {
     pub holder: Arc<str>,
     /// Development mode (`/healthz` says so).
     pub development: bool,
+    /// IDs per second per caller.
+    pub quotas: Arc<idgen_server::Quotas>,
     pub registry: Arc<Registry>,
     pub http_metrics: Arc<crate::http_metrics::HttpMetrics>,
 }
@@ -140,14 +144,30 @@ fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result
 }
 
 /// `POST /v1/ids` (any other method: 405), answered straight from the request.
-pub async fn single_id(state: &AppState, request: axum::extract::Request) -> Response {
+pub async fn single_id(state: &AppState, caller: &Caller, request: axum::extract::Request) -> Response {
     if request.method() != axum::http::Method::POST {
         return ApiError::method_not_allowed().into_response();
     }
-    create_id(state, request.into_body()).await.unwrap_or_else(IntoResponse::into_response)
+    create_id(state, caller, request.into_body()).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn create_id(state: &AppState, body: Body) -> Result<Response, ApiError> {
+/// Issues `count` IDs (or UUIDs) for `caller` if its quota admits them; counts what was served.
+async fn within_quota<T>(
+    state: &AppState,
+    caller: &Caller,
+    count: u32,
+    issue: impl Future<Output = Result<T, idgen::core::Refusal>>,
+) -> Result<T, ApiError> {
+    state.quotas.admit(caller, count).map_err(ApiError::over_quota)?;
+    let issued = issue.await.map_err(|refusal| {
+        tracing::warn!(caller = %caller, reason = refusal.reason(), "refusing to issue");
+        ApiError::refused(&refusal)
+    })?;
+    state.quotas.served(caller, count);
+    Ok(issued)
+}
+
+async fn create_id(state: &AppState, caller: &Caller, body: Body) -> Result<Response, ApiError> {
     let bytes = body_bytes(body).await?;
     if !accepts_no_fields(&bytes) {
         let field = parse_object(&bytes)?.and_then(|body| body.keys().next().cloned());
@@ -158,7 +178,7 @@ async fn create_id(state: &AppState, body: Body) -> Result<Response, ApiError> {
             ));
         }
     }
-    let id = state.generator.next_id().await.map_err(|refusal| ApiError::refused(&refusal))?;
+    let id = within_quota(state, caller, 1, state.generator.next_id()).await?;
     Ok(json_response(id_json(id)))
 }
 
@@ -191,9 +211,9 @@ fn count_of(bytes: &[u8], default: Option<u64>) -> Result<u32, ApiError> {
     }
 }
 
-pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
     let count = count_of(&body_bytes(body).await?, None)?;
-    let ids = state.generator.next_ids(count).await.map_err(|refusal| ApiError::refused(&refusal))?;
+    let ids = within_quota(&state, &caller, count, state.generator.next_ids(count)).await?;
     Ok(json_response(ids_json(&ids)))
 }
 
@@ -240,9 +260,9 @@ fn increment_decimal(digits: &mut [u8]) -> bool {
     false
 }
 
-pub async fn create_uuids(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn create_uuids(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
     let count = count_of(&body_bytes(body).await?, Some(1))?;
-    let uuids = state.generator.next_uuids(count).await.map_err(|refusal| ApiError::refused(&refusal))?;
+    let uuids = within_quota(&state, &caller, count, state.generator.next_uuids(count)).await?;
     Ok(Json(json!({ "ids": uuids.iter().map(uuid::format).collect::<Vec<_>>() })))
 }
 
@@ -314,7 +334,7 @@ pub fn decode_to_json(text: &str, schedule: &Schedule, region_names: &HashMap<u3
     }
 }
 
-pub async fn healthz(State(state): State<AppState>) -> Response {
+pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response {
     let now = state.generator.clock().unix_ms();
     let (status, refusal, leases, clock) = match state.generator.health() {
         Health::Issuing { leases, clock } => (StatusCode::OK, None, leases, clock),
@@ -346,6 +366,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     let mut body = json!({
         "status": if refusal.is_none() { "ok" } else { "refusing" },
         "mode": if state.development { "development" } else { "production" },
+        "caller": caller.name(),
         "region": &*state.region,
         "region_number": state.region_number,
         "holder": &*state.holder,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use idgen::core::{Layout, OPEN_HORIZON, Schedule};
 use idgen::{LeaseConfig, MachineRanges};
+use idgen_server::{ClientTlsSection, QuotaSection, TlsSection};
 use serde::Deserialize;
 
 /// What development mode fills in when the configuration leaves it out. Outside development mode
@@ -57,6 +58,13 @@ pub struct WorkerConfig {
     pub preclaim_ms: i64,
     pub lease: LeaseSection,
     pub clock: ClockSection,
+    /// The listener's certificate and key, and the CA of client certificates (mutual TLS, the
+    /// caller's identity). Required in production; re-read on SIGHUP.
+    pub tls: TlsSection,
+    /// IDs per second per caller; re-read on SIGHUP.
+    pub quotas: QuotaSection,
+    /// How to reach an `https://` registry: the CA to trust, the client certificate to present.
+    pub registry_tls: ClientTlsSection,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -162,6 +170,9 @@ impl Default for WorkerConfig {
             preclaim_ms: 7 * 86_400_000,
             lease: LeaseSection::default(),
             clock: ClockSection::default(),
+            tls: TlsSection::default(),
+            quotas: QuotaSection::default(),
+            registry_tls: ClientTlsSection::default(),
         }
     }
 }
@@ -318,6 +329,9 @@ impl WorkerConfig {
         if !self.clock.require_sync {
             need("clock.require_sync = true (it may be off in development only)");
         }
+        if !(self.tls.cert.is_some() && self.tls.key.is_some() && self.tls.client_ca.is_some()) {
+            need("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)");
+        }
         if self.clock.max_error_ms > 5 || self.clock.max_wait_behind_ms > 5 {
             need(
                 "clock.max_error_ms and clock.max_wait_behind_ms of at most 5 (SPEC §3; more is for development only)",
@@ -400,6 +414,8 @@ impl WorkerConfig {
             max_wait_behind_ms: self.clock.max_wait_behind_ms,
         }
         .validate()?;
+        self.tls.validate()?;
+        self.quotas.validate()?;
         Ok(())
     }
 }
@@ -431,14 +447,24 @@ mod tests {
         // Before, no configuration at all gave a worker on the built-in schedule with an open
         // horizon, as home region 0, on a SQLite file at a relative path: a private lease table.
         let error = format!("{:#}", WorkerConfig::default().validate().unwrap_err());
-        for named in ["registry_url", "region", "home_region", "schedule_cache", "lease.store", "development = true"] {
+        for named in [
+            "registry_url",
+            "region",
+            "home_region",
+            "schedule_cache",
+            "lease.store",
+            "tls.client_ca",
+            "development = true",
+        ] {
             assert!(error.contains(named), "{named} missing from: {error}");
         }
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("schedule.json");
         let production = format!(
             "registry_url = \"http://127.0.0.1:8700\"\nregion = \"eu-west-1\"\nhome_region = false\n\
-             schedule_cache = {cache:?}\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\n"
+             schedule_cache = {cache:?}\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\n\
+             [tls]\ncert = \"/etc/idgen/tls/worker.pem\"\nkey = \"/etc/idgen/tls/worker-key.pem\"\n\
+             client_ca = \"/etc/idgen/tls/ca.pem\"\n"
         );
         load(dir.path(), &production).unwrap();
         for (line, named) in [

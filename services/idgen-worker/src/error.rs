@@ -37,6 +37,16 @@ impl ApiError {
         }
     }
 
+    /// Over the caller's quota: 429 `over_quota` with the limiter's `Retry-After`.
+    pub fn over_quota(over: idgen_server::OverQuota) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "over_quota",
+            message: over.message,
+            retry_after_secs: Some(over.retry_after_secs),
+        }
+    }
+
     /// The generator refuses to issue: 503 with the reason as the code and a `Retry-After`.
     pub fn refused(refusal: &Refusal) -> Self {
         let retry_after_secs = match refusal {

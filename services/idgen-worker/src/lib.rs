@@ -22,6 +22,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use idgen::core::{Generator, GeneratorConfig};
 use idgen::{DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, StoreError, SystemClock};
+use idgen_server::{Caller, QuotaMetrics, Quotas, ServerMetrics, Tls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -61,6 +62,15 @@ pub fn route_of(path: &str) -> &'static str {
 pub struct App {
     state: AppState,
     router: Router,
+    /// The caller of the connection this service answers (`anonymous` over plain HTTP).
+    caller: Caller,
+}
+
+impl App {
+    /// The service for one connection of `caller`.
+    pub fn for_caller(&self, caller: Caller) -> App {
+        App { caller, ..self.clone() }
+    }
 }
 
 impl tower::Service<axum::extract::Request> for App {
@@ -82,13 +92,15 @@ impl tower::Service<axum::extract::Request> for App {
             state.http_metrics.record(route, &method, response.status().as_u16(), elapsed);
         };
         if route == ROUTES[0] {
-            let state = self.state.clone();
+            let (state, caller) = (self.state.clone(), self.caller.clone());
             Box::pin(async move {
-                let response = api::single_id(&state, request).await;
+                let response = api::single_id(&state, &caller, request).await;
                 record(&response);
                 Ok(response)
             })
         } else {
+            let mut request = request;
+            request.extensions_mut().insert(self.caller.clone());
             let routed = tower::Service::call(&mut self.router, request);
             Box::pin(async move {
                 let Ok(response) = routed.await;
@@ -110,35 +122,22 @@ pub fn router(state: AppState) -> App {
         .route(metrics, get(api::metrics).fallback(method_not_allowed))
         .fallback(api::not_found)
         .with_state(state.clone());
-    App { state, router }
+    App { state, router, caller: Caller::anonymous() }
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and waits up to `grace` for in-flight
-/// requests to finish.
+/// requests to finish. With `tls`, every connection handshakes first and its caller is the one
+/// its client certificate names.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
+    server_metrics: Arc<ServerMetrics>,
 ) -> anyhow::Result<()> {
-    let (stopping_tx, mut stopping_rx) = watch::channel(false);
-    let server = axum::serve(listener, tower::make::Shared::new(router(state))).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = stopping_tx.send(true);
-    });
-    let server = tokio::spawn(async move { server.await });
-    let mut server = std::pin::pin!(server);
-    tokio::select! {
-        result = &mut server => return result.context("server task")?.context("serving HTTP"),
-        _ = stopping_rx.wait_for(|stopping| *stopping) => {}
-    }
-    match tokio::time::timeout(grace, &mut server).await {
-        Ok(result) => result.context("server task")?.context("serving HTTP"),
-        Err(_) => {
-            tracing::warn!(?grace, "in-flight requests did not finish in time; releasing anyway");
-            Ok(())
-        }
-    }
+    let app = router(state);
+    idgen_server::serve(listener, tls, move |caller| app.for_caller(caller), shutdown, grace, server_metrics).await
 }
 
 /// The lease table of `layout` as the configuration describes it (created first when
@@ -187,6 +186,9 @@ pub struct Worker {
     pub state: AppState,
     pub supervisor: supervisor::Supervisor,
     pub listener: TcpListener,
+    /// The TLS configuration in force (re-read on SIGHUP), if the listener uses TLS.
+    pub tls: Option<Arc<Tls>>,
+    server_metrics: Arc<ServerMetrics>,
     grace: Duration,
 }
 
@@ -239,6 +241,15 @@ impl Worker {
         let generator_metrics = Arc::new(GeneratorMetrics::default());
         generator_metrics.register(&mut registry);
         let http_metrics = http_metrics::HttpMetrics::register(&mut registry, &ROUTES);
+        let quota_metrics = Arc::new(QuotaMetrics::default());
+        quota_metrics.register(&mut registry);
+        let quotas = Arc::new(Quotas::new(&config.quotas, quota_metrics)?);
+        let server_metrics = Arc::new(ServerMetrics::default());
+        server_metrics.register(&mut registry);
+        let tls = match config.tls.enabled() {
+            true => Some(Arc::new(Tls::load(&config.tls).context("loading the listener's TLS files")?)),
+            false => None,
+        };
         let generator = Arc::new(IdGenerator::new(core, clock.clone(), generator_metrics));
         let holder = idgen::holder(config.holder.as_deref(), process_start_unix_ms);
         let region_names = Arc::new(std::sync::RwLock::new(names));
@@ -259,17 +270,25 @@ impl Worker {
             region_number,
             holder: holder.into(),
             development: config.development,
+            quotas,
             registry: Arc::new(registry),
             http_metrics,
         });
-        Ok(Worker { state, supervisor, listener, grace: Duration::from_millis(config.shutdown_grace_ms) })
+        Ok(Worker {
+            state,
+            supervisor,
+            listener,
+            tls,
+            server_metrics,
+            grace: Duration::from_millis(config.shutdown_grace_ms),
+        })
     }
 
     /// Serves until `shutdown` resolves; then finishes in-flight requests and releases the leases.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let supervisor = tokio::spawn(self.supervisor.run(stop_rx));
-        let served = run(self.listener, self.state, shutdown, self.grace).await;
+        let served = run(self.listener, self.state, self.tls, shutdown, self.grace, self.server_metrics).await;
         let _ = stop_tx.send(true);
         match supervisor.await {
             Ok(Ok(())) => {}
@@ -282,15 +301,28 @@ impl Worker {
 
 pub use idgen::shutdown_signal;
 
-/// The worker's `main`: logs, builds, prints the address, serves until a signal.
-pub async fn main_with(config: WorkerConfig) -> anyhow::Result<()> {
+/// The worker's `main`: logs, builds, prints the address, serves until a signal. On SIGHUP the
+/// configuration file (and the environment) is read again and its `[tls]` files and `[quotas]`
+/// are applied; nothing else changes without a restart, and leases are never touched.
+pub async fn main_with(config: WorkerConfig, config_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let process_start_unix_ms = idgen::system_unix_ms();
     let worker = Worker::build(&config, process_start_unix_ms).await?;
     let address = worker.listener.local_addr()?;
+    let (tls, quotas) = (worker.tls.clone(), worker.state.quotas.clone());
+    idgen_server::reload_on_sighup(move || {
+        let fresh = WorkerConfig::load(config_file.as_deref())?;
+        if let Some(tls) = &tls {
+            tls.reload(&fresh.tls).context("the [tls] files")?;
+        } else if fresh.tls.enabled() {
+            tracing::warn!("[tls] was added: a plain-HTTP listener turns into TLS only on restart");
+        }
+        quotas.reload(&fresh.quotas).context("[quotas]")
+    });
     // One line on stdout that scripts and tests read to find the port.
+    let scheme = if worker.tls.is_some() { "https" } else { "http" };
     let mode = if config.development { " mode=development" } else { "" };
     println!(
-        "idgen-worker listening on http://{address} region={} holder={}{mode}",
+        "idgen-worker listening on {scheme}://{address} region={} holder={}{mode}",
         config.region(),
         worker.state.holder
     );

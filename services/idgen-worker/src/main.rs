@@ -18,5 +18,5 @@ async fn main() -> anyhow::Result<()> {
     init_tracing();
     let args = Args::parse();
     let config = WorkerConfig::load(args.config.as_deref())?;
-    main_with(config).await
+    main_with(config, args.config).await
 }

@@ -9,11 +9,12 @@
 //! copy, a failure changes nothing (the horizon will make the generator refuse if it lasts).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use std::future::Future;
-use std::pin::Pin;
+use anyhow::Context;
 
 use idgen::core::Timestamp;
 use idgen::{IdGenerator, LeaseKeeper, LeaseStore, RegistrySnapshot, StoreError};
@@ -48,6 +49,8 @@ pub struct Supervisor {
     holder: String,
     region_names: Arc<RwLock<HashMap<u32, String>>>,
     stores: StoreOpener,
+    /// The client for the registry (its TLS settings from `registry_tls`).
+    registry_http: reqwest::Client,
     keepers: HashMap<String, Running>,
     next_refresh: tokio::time::Instant,
     /// The registry's answer in force; a refresh must be able to replace it.
@@ -67,12 +70,15 @@ impl Supervisor {
         held: Option<RegistrySnapshot>,
     ) -> Self {
         let next_refresh = tokio::time::Instant::now() + Duration::from_millis(config.registry_refresh_ms);
+        // Checked when the worker started (the first registry answer used the same client).
+        let registry_http = registry_http(&config).unwrap_or_default();
         Supervisor {
             config,
             generator,
             holder,
             region_names,
             stores: configured_stores(),
+            registry_http,
             keepers: HashMap::new(),
             next_refresh,
             held,
@@ -212,7 +218,7 @@ impl Supervisor {
 
     async fn refresh(&mut self, url: &str) {
         let region = self.config.region().to_owned();
-        match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
+        match RegistrySnapshot::fetch_with(&self.registry_http, url).await {
             Ok(snapshot) => {
                 let follows = match &self.held {
                     Some(held) => snapshot.may_replace(held, &region),
@@ -286,6 +292,12 @@ async fn stop(running: Running, layout: &str) {
     }
 }
 
+/// The HTTP client for the registry: a 5 s timeout, and TLS as `registry_tls` says.
+pub fn registry_http(config: &WorkerConfig) -> anyhow::Result<reqwest::Client> {
+    let tls = config.registry_tls.client_config().context("registry_tls")?;
+    Ok(idgen::registry::registry_client(Duration::from_secs(5), tls)?)
+}
+
 /// The registry's answer now, or the last good copy on disk when the registry cannot be reached;
 /// `true` with a fresh answer.
 ///
@@ -295,7 +307,7 @@ async fn stop(running: Running, layout: &str) {
 /// workers were held to, and the forward-only check needs it.
 pub async fn registry_answer(config: &WorkerConfig, url: &str) -> anyhow::Result<(RegistrySnapshot, bool)> {
     let cache = config.schedule_cache_path();
-    match RegistrySnapshot::fetch(url, Duration::from_secs(5)).await {
+    match RegistrySnapshot::fetch_with(&registry_http(config)?, url).await {
         Ok(snapshot) => {
             if cache.exists() {
                 let held = RegistrySnapshot::load(&cache).map_err(|error| {

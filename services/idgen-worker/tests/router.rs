@@ -45,6 +45,7 @@ fn fixture() -> Fixture {
         region_number: 2,
         holder: "test/pid-1/1".into(),
         development: false,
+        quotas: Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap()),
         registry: Arc::new(registry),
         http_metrics,
     });

@@ -103,7 +103,7 @@ async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
         assert!(tokio::time::Instant::now() < deadline, "still issuing under a retired region");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let health = api::healthz(State(state.clone())).await;
+    let health = api::healthz(State(state.clone()), idgen_server::Caller::anonymous()).await;
     assert_eq!(health.status(), 503);
     let body: Value =
         serde_json::from_slice(&axum::body::to_bytes(health.into_body(), 1 << 16).await.unwrap()).unwrap();

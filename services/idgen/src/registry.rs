@@ -50,6 +50,17 @@ pub enum RegistryError {
     Cache { path: String, error: String },
 }
 
+/// An HTTP client for the registry: `timeout` per request, and TLS with this rustls
+/// configuration (the CA to trust, the client certificate to present) when given.
+pub fn registry_client(timeout: Duration, tls: Option<rustls::ClientConfig>) -> Result<reqwest::Client, RegistryError> {
+    let builder = reqwest::Client::builder().timeout(timeout);
+    let builder = match tls {
+        Some(config) => builder.use_preconfigured_tls(config),
+        None => builder,
+    };
+    builder.build().map_err(|e| RegistryError::Unreachable(e.to_string()))
+}
+
 #[derive(Deserialize)]
 struct LayoutsResponse {
     layouts: Vec<LayoutWire>,
@@ -63,12 +74,13 @@ struct RegionsResponse {
 }
 
 impl RegistrySnapshot {
-    /// Fetches `GET /v1/layouts` and `GET /v1/regions`.
+    /// Fetches `GET /v1/layouts` and `GET /v1/regions` over plain HTTP.
     pub async fn fetch(base_url: &str, timeout: Duration) -> Result<Self, RegistryError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| RegistryError::Unreachable(e.to_string()))?;
+        Self::fetch_with(&registry_client(timeout, None)?, base_url).await
+    }
+
+    /// The same with a client of the caller's (its TLS settings and timeout).
+    pub async fn fetch_with(http: &reqwest::Client, base_url: &str) -> Result<Self, RegistryError> {
         let get = |path: &'static str| {
             let request = http.get(format!("{}{path}", base_url.trim_end_matches('/')));
             async move {

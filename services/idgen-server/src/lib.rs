@@ -1,0 +1,76 @@
+//! What every idgen listener shares (the worker, the registry, the public-ID service): TLS and
+//! mutual TLS with reload on SIGHUP, the caller's identity taken once per connection at the
+//! handshake, per-caller quotas, and the accept loop with its graceful shutdown.
+//!
+//! A connection's caller reaches the service built for that connection ([`serve()`] calls a
+//! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
+//! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
+
+pub mod identity;
+pub mod pki;
+pub mod quota;
+pub mod serve;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use axum::extract::Request;
+use axum::response::Response;
+
+pub use identity::{ANONYMOUS, Caller};
+pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};
+pub use serve::{ServerMetrics, serve};
+pub use tls::{ClientTlsSection, Tls, TlsSection};
+
+/// A service that sets the connection's caller as a request extension, for handlers that read it
+/// with the [`Caller`] extractor.
+#[derive(Clone)]
+pub struct AddCaller<S> {
+    pub inner: S,
+    pub caller: Caller,
+}
+
+impl<S> tower::Service<Request> for AddCaller<S>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> S::Future {
+        request.extensions_mut().insert(self.caller.clone());
+        self.inner.call(request)
+    }
+}
+
+/// Calls `reload` on every SIGHUP until the process ends (certificates, CA bundles and quotas
+/// are re-read; a reload that fails is logged and changes nothing).
+pub fn reload_on_sighup(reload: impl Fn() -> anyhow::Result<()> + Send + 'static) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGHUP: certificates and quotas reload only on restart");
+                return;
+            }
+        };
+        while hangups.recv().await.is_some() {
+            match reload() {
+                Ok(()) => tracing::info!("SIGHUP: certificates and quotas reloaded"),
+                Err(error) => {
+                    tracing::error!(
+                        error = format!("{error:#}"),
+                        "SIGHUP: reload refused; the configuration in force stays"
+                    )
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,266 @@
+//! Per-caller quotas in IDs per second with a burst (GCRA, the `governor` crate), a batch of N
+//! counting N. Listed callers have their own limiter; every caller not listed gets the default
+//! quota on a keyed limiter (a sharded map), so no caller waits on another's lock. The set in
+//! force is replaced on reload.
+
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::bail;
+use arc_swap::ArcSwap;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+
+use crate::Caller;
+
+/// `{ ids_per_second = …, burst = … }`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    pub ids_per_second: u32,
+    pub burst: u32,
+}
+
+/// `[quotas]`: `default` for callers not listed, `[quotas.callers] orders = { … }`. Without a
+/// section, or without `default`, callers not listed are not limited.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSection {
+    pub default: Option<Rate>,
+    #[serde(default)]
+    pub callers: BTreeMap<String, Rate>,
+}
+
+impl Rate {
+    fn quota(&self, what: &str) -> anyhow::Result<Quota> {
+        let (Some(rate), Some(burst)) = (NonZeroU32::new(self.ids_per_second), NonZeroU32::new(self.burst)) else {
+            bail!("{what}: ids_per_second and burst must both be at least 1");
+        };
+        Ok(Quota::per_second(rate).allow_burst(burst))
+    }
+}
+
+impl QuotaSection {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(default) = &self.default {
+            default.quota("quotas.default")?;
+        }
+        for (caller, rate) in &self.callers {
+            rate.quota(&format!("quotas.callers.{caller}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A caller over quota: the answer is 429 with this `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverQuota {
+    pub caller: String,
+    pub retry_after_secs: u64,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallerLabel {
+    caller: String,
+}
+
+/// IDs served and requests throttled, by caller: the listed callers and `other`.
+#[derive(Default)]
+pub struct QuotaMetrics {
+    served: Family<CallerLabel, Counter>,
+    throttled: Family<CallerLabel, Counter>,
+}
+
+impl QuotaMetrics {
+    pub fn register(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register(
+            "idgen_caller_ids_served",
+            "IDs served, by caller (listed callers, else other)",
+            self.served.clone(),
+        );
+        registry.register(
+            "idgen_caller_requests_throttled",
+            "Requests refused over quota (429), by caller (listed callers, else other)",
+            self.throttled.clone(),
+        );
+    }
+}
+
+/// One label's counters, and when a refusal was last logged (at most once a second per label).
+struct Accounting {
+    served: Counter,
+    throttled: Counter,
+    last_logged_s: AtomicU64,
+}
+
+impl Accounting {
+    fn new(metrics: &QuotaMetrics, label: &str) -> Self {
+        let label = CallerLabel { caller: label.to_owned() };
+        Accounting {
+            served: metrics.served.get_or_create(&label).clone(),
+            throttled: metrics.throttled.get_or_create(&label).clone(),
+            last_logged_s: AtomicU64::new(0),
+        }
+    }
+}
+
+struct Listed {
+    limiter: DefaultDirectRateLimiter,
+    burst: u32,
+    accounting: Accounting,
+}
+
+struct QuotaSet {
+    listed: HashMap<String, Listed>,
+    default: Option<(DefaultKeyedRateLimiter<Arc<str>>, u32)>,
+    other: Accounting,
+}
+
+pub struct Quotas {
+    current: ArcSwap<QuotaSet>,
+    metrics: Arc<QuotaMetrics>,
+}
+
+impl Quotas {
+    pub fn new(section: &QuotaSection, metrics: Arc<QuotaMetrics>) -> anyhow::Result<Quotas> {
+        let set = build(section, &metrics)?;
+        Ok(Quotas { current: ArcSwap::from_pointee(set), metrics })
+    }
+
+    /// Takes a new section; on an invalid one the quotas in force stay. Limiters start full.
+    pub fn reload(&self, section: &QuotaSection) -> anyhow::Result<()> {
+        self.current.store(Arc::new(build(section, &self.metrics)?));
+        Ok(())
+    }
+
+    /// Admits `n` IDs for `caller`, or says when to come back.
+    pub fn admit(&self, caller: &Caller, n: u32) -> Result<(), OverQuota> {
+        let set = self.current.load();
+        let n = NonZeroU32::new(n.max(1)).expect("at least 1");
+        let name = caller.name();
+        let (checked, burst, accounting) = match set.listed.get(name) {
+            Some(listed) => (listed.limiter.check_n(n), listed.burst, &listed.accounting),
+            None => match &set.default {
+                Some((limiter, burst)) => (limiter.check_key_n(caller.key(), n), *burst, &set.other),
+                None => return Ok(()),
+            },
+        };
+        let refused = match checked {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(not_until)) => {
+                let wait = not_until.wait_time_from(DefaultClock::default().now());
+                let retry_after_secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                OverQuota {
+                    caller: name.to_owned(),
+                    retry_after_secs: retry_after_secs.max(1),
+                    message: format!("caller {name} is over its quota: retry in {} s", retry_after_secs.max(1)),
+                }
+            }
+            Err(_) => OverQuota {
+                caller: name.to_owned(),
+                retry_after_secs: 1,
+                message: format!(
+                    "a request for {n} IDs is more than caller {name}'s burst of {burst}: ask for at most {burst} at a time"
+                ),
+            },
+        };
+        accounting.throttled.inc();
+        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let last = accounting.last_logged_s.load(Ordering::Relaxed);
+        if now_s > last
+            && accounting.last_logged_s.compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            tracing::warn!(
+                caller = name,
+                retry_after_s = refused.retry_after_secs,
+                "over quota: refusing (429); logged at most once a second per caller"
+            );
+        }
+        Err(refused)
+    }
+
+    /// Counts `n` IDs served to `caller`.
+    pub fn served(&self, caller: &Caller, n: u32) {
+        let set = self.current.load();
+        let accounting = set.listed.get(caller.name()).map_or(&set.other, |listed| &listed.accounting);
+        accounting.served.inc_by(u64::from(n));
+    }
+}
+
+fn build(section: &QuotaSection, metrics: &QuotaMetrics) -> anyhow::Result<QuotaSet> {
+    section.validate()?;
+    let mut listed = HashMap::new();
+    for (caller, rate) in &section.callers {
+        let quota = rate.quota(&format!("quotas.callers.{caller}"))?;
+        listed.insert(
+            caller.clone(),
+            Listed {
+                limiter: DefaultDirectRateLimiter::direct(quota),
+                burst: rate.burst,
+                accounting: Accounting::new(metrics, caller),
+            },
+        );
+    }
+    let default = match &section.default {
+        Some(rate) => Some((DefaultKeyedRateLimiter::dashmap(rate.quota("quotas.default")?), rate.burst)),
+        None => None,
+    };
+    Ok(QuotaSet { listed, default, other: Accounting::new(metrics, "other") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quotas() -> Quotas {
+        let section = QuotaSection {
+            default: Some(Rate { ids_per_second: 10, burst: 5 }),
+            callers: BTreeMap::from([("orders".to_owned(), Rate { ids_per_second: 1_000, burst: 1_000 })]),
+        };
+        Quotas::new(&section, Arc::default()).unwrap()
+    }
+
+    #[test]
+    fn a_batch_counts_its_size_and_refusals_say_when_to_come_back() {
+        let quotas = quotas();
+        let orders = Caller::named("orders");
+        assert_eq!(quotas.admit(&orders, 1_000), Ok(()), "a full burst");
+        let refused = quotas.admit(&orders, 1_000).unwrap_err();
+        assert!(refused.retry_after_secs >= 1, "{refused:?}");
+        assert!(quotas.admit(&orders, 1_001).unwrap_err().message.contains("more than caller orders's burst"));
+    }
+
+    #[test]
+    fn callers_not_listed_each_get_the_default_and_do_not_share_it() {
+        let quotas = quotas();
+        let (a, b) = (Caller::named("a"), Caller::named("b"));
+        for _ in 0..5 {
+            quotas.admit(&a, 1).unwrap();
+        }
+        assert!(quotas.admit(&a, 1).is_err(), "a's burst of 5 is used up");
+        assert_eq!(quotas.admit(&b, 5), Ok(()), "b has its own");
+        let unlimited = Quotas::new(&QuotaSection::default(), Arc::default()).unwrap();
+        assert_eq!(unlimited.admit(&a, 1_000_000), Ok(()), "no section: no limit");
+    }
+
+    #[test]
+    fn a_reload_replaces_the_quotas_and_a_bad_one_keeps_them() {
+        let quotas = quotas();
+        let a = Caller::named("a");
+        let tight = QuotaSection { default: Some(Rate { ids_per_second: 1, burst: 1 }), callers: BTreeMap::new() };
+        quotas.reload(&tight).unwrap();
+        quotas.admit(&a, 1).unwrap();
+        assert!(quotas.admit(&a, 1).is_err());
+        let bad = QuotaSection { default: Some(Rate { ids_per_second: 0, burst: 1 }), callers: BTreeMap::new() };
+        assert!(quotas.reload(&bad).is_err());
+        assert!(quotas.admit(&a, 1).is_err(), "still the tight one");
+    }
+}

@@ -1,0 +1,164 @@
+//! TLS on a listener: the server certificate and key, and with `client_ca` mutual TLS. The
+//! configuration in force can be replaced while serving ([`Tls::reload`]): new connections
+//! handshake with the new one, open connections keep theirs, and a file that does not load
+//! leaves the old configuration in force.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use serde::Deserialize;
+
+/// `[tls]`: PEM files. Without `client_ca` a listener serves TLS without client certificates
+/// (every caller is `anonymous`); with it, a connection must present a certificate from that CA,
+/// valid now, or the handshake is refused.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The server's certificate chain, leaf first.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// The CA bundle client certificates must chain to.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsSection {
+    /// Whether the section asks for TLS at all.
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some() || self.key.is_some() || self.client_ca.is_some()
+    }
+
+    /// Whether it asks for mutual TLS.
+    pub fn mutual(&self) -> bool {
+        self.client_ca.is_some()
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        match (&self.cert, &self.key) {
+            (Some(_), Some(_)) | (None, None) => {}
+            _ => bail!("tls.cert and tls.key go together"),
+        }
+        if self.client_ca.is_some() && self.cert.is_none() {
+            bail!("tls.client_ca needs tls.cert and tls.key");
+        }
+        Ok(())
+    }
+
+    /// Builds the server configuration from the files as they are now.
+    pub fn server_config(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        self.validate()?;
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else { bail!("tls.cert and tls.key are not set") };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = certificates(cert)?;
+        let key =
+            PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading the private key {}", key.display()))?;
+        let verifier = match &self.client_ca {
+            Some(ca) => WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider.clone())
+                .build()
+                .with_context(|| format!("client CA bundle {}", ca.display()))?,
+            None => WebPkiClientVerifier::no_client_auth(),
+        };
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .context("the server certificate and key do not go together")?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+fn certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let chain = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("parsing {}", path.display()))?;
+    if chain.is_empty() {
+        bail!("{} holds no certificate", path.display());
+    }
+    Ok(chain)
+}
+
+/// A CA bundle as trust roots.
+pub fn roots(path: &Path) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for certificate in certificates(path)? {
+        roots.add(certificate).with_context(|| format!("a CA certificate in {}", path.display()))?;
+    }
+    Ok(roots)
+}
+
+/// The TLS configuration in force on a listener.
+pub struct Tls {
+    current: ArcSwap<ServerConfig>,
+    mutual: std::sync::atomic::AtomicBool,
+}
+
+impl Tls {
+    pub fn load(section: &TlsSection) -> anyhow::Result<Tls> {
+        Ok(Tls {
+            current: ArcSwap::new(section.server_config()?),
+            mutual: std::sync::atomic::AtomicBool::new(section.mutual()),
+        })
+    }
+
+    /// Takes the files as they are now; on any error the configuration in force stays.
+    pub fn reload(&self, section: &TlsSection) -> anyhow::Result<()> {
+        let config = section.server_config()?;
+        self.current.store(config);
+        self.mutual.store(section.mutual(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn mutual(&self) -> bool {
+        self.mutual.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.current.load_full())
+    }
+}
+
+/// `[…_tls]` of a client (a worker reading the registry, the CLI): the CA to trust, and the
+/// client certificate and key to present.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTlsSection {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+impl ClientTlsSection {
+    /// The rustls client configuration, or `None` when nothing is set (plain HTTP).
+    pub fn client_config(&self) -> anyhow::Result<Option<rustls::ClientConfig>> {
+        let Some(ca) = &self.ca else {
+            if self.cert.is_some() || self.key.is_some() {
+                bail!("a client certificate needs the CA to trust as well (ca)");
+            }
+            return Ok(None);
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_root_certificates(roots(ca)?);
+        let config = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(
+                    certificates(cert)?,
+                    PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {}", key.display()))?,
+                )
+                .context("the client certificate and key do not go together")?,
+            (None, None) => builder.with_no_client_auth(),
+            _ => bail!("a client certificate and its key go together"),
+        };
+        Ok(Some(config))
+    }
+}
