@@ -11,6 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idgen_core::{EPOCH_UNIX_MS, Layout, MAX_TIMESTAMP, format_unix_ms, parse_rfc3339_ms};
+use idgen_server::Caller;
 use serde_json::{Map, Value, json};
 
 use crate::store::{Region, RegistryError, RegistryStore, ScheduleView, ScheduledLayout};
@@ -22,6 +23,8 @@ pub struct AppState {
     pub store: Arc<RegistryStore>,
     /// Operator tokens → operator names.
     pub operators: Arc<HashMap<String, String>>,
+    /// Callers whose client certificate makes them operators.
+    pub certificate_operators: Arc<std::collections::BTreeSet<String>>,
     pub horizon_lead_ms: i64,
     pub now: fn() -> i64,
 }
@@ -74,15 +77,19 @@ impl From<RegistryError> for ApiError {
     }
 }
 
-/// The operator's name, if the request carries a configured token.
-fn operator(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+/// The operator's name: the caller of a client certificate listed in `certificate_operators`,
+/// or the name of the configured token the request carries.
+fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<String, ApiError> {
     let unauthorized = || {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "writes need an operator token: Authorization: Bearer <token>",
+            "writes need an operator: Authorization: Bearer <token>, or a client certificate of an operator",
         )
     };
+    if headers.get(header::AUTHORIZATION).is_none() && state.certificate_operators.contains(caller.name()) {
+        return Ok(caller.name().to_owned());
+    }
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -177,8 +184,13 @@ pub async fn list_regions(State(state): State<AppState>) -> Result<Json<Value>, 
     })))
 }
 
-pub async fn add_region(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let actor = operator(&state, &headers)?;
+pub async fn add_region(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let actor = operator(&state, &headers, &caller)?;
     let body = json_object(body).await?;
     only_fields(&body, &["name"])?;
     let name = body
@@ -200,6 +212,7 @@ pub async fn add_region(State(state): State<AppState>, headers: HeaderMap, body:
 /// `POST /v1/regions/{name}:retire`
 pub async fn region_action(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -211,7 +224,7 @@ pub async fn region_action(
             "the only region action is POST /v1/regions/{name}:retire",
         ));
     };
-    let actor = operator(&state, &headers)?;
+    let actor = operator(&state, &headers, &caller)?;
     if !valid_region_name(name) {
         return Err(ApiError::bad_request(format!("{name:?} is not a region name")));
     }
@@ -225,8 +238,13 @@ pub async fn get_layouts(State(state): State<AppState>) -> Result<Json<Value>, A
     Ok(Json(layouts_json(&view)))
 }
 
-pub async fn add_layout(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let actor = operator(&state, &headers)?;
+pub async fn add_layout(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let actor = operator(&state, &headers, &caller)?;
     let body = json_object(body).await?;
     only_fields(&body, &["name", "region_bits", "machine_bits", "sequence_bits", "from", "from_ms"])?;
     let name = body
@@ -281,8 +299,8 @@ pub async fn add_layout(State(state): State<AppState>, headers: HeaderMap, body:
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
-pub async fn audit(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    operator(&state, &headers)?;
+pub async fn audit(State(state): State<AppState>, caller: Caller, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    operator(&state, &headers, &caller)?;
     let rows = state.store.audit_log(1000).await?;
     Ok(Json(
         json!({"writes": rows.iter().map(|r| json!({"at": format_unix_ms(r.at_ms), "actor": r.actor, "action": r.action, "detail": r.detail})).collect::<Vec<_>>()}),

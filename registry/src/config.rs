@@ -26,6 +26,11 @@ pub struct RegistryConfig {
     pub operator_token_file: Option<PathBuf>,
     /// For a new registry only: when v2 starts (ms since the epoch). Default: SPEC's 2028-01-01.
     pub initial_v2_from_ms: Option<u64>,
+    /// The listener's certificate and key, and the CA of client certificates; re-read on SIGHUP.
+    pub tls: idgen_server::TlsSection,
+    /// Callers whose client certificate makes them operators (by the identity it names), as an
+    /// alternative to a bearer token. Needs `tls.client_ca`.
+    pub certificate_operators: std::collections::BTreeSet<String>,
 }
 
 impl Default for RegistryConfig {
@@ -38,6 +43,8 @@ impl Default for RegistryConfig {
             operators: BTreeMap::new(),
             operator_token_file: None,
             initial_v2_from_ms: None,
+            tls: idgen_server::TlsSection::default(),
+            certificate_operators: std::collections::BTreeSet::new(),
         }
     }
 }
@@ -64,6 +71,10 @@ impl RegistryConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.tls.validate()?;
+        if !self.certificate_operators.is_empty() && !self.tls.mutual() {
+            bail!("certificate_operators needs tls.client_ca: without mutual TLS no caller is identified");
+        }
         if !crate::api::valid_region_name(&self.home_region) {
             bail!("home_region {:?} is not a region name", self.home_region);
         }

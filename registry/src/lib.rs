@@ -32,8 +32,13 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Connects the store (migrating and seeding it), binds, prints the address, serves until `shutdown`.
-pub async fn serve(config: RegistryConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+/// Connects the store (migrating and seeding it), binds, prints the address, serves until
+/// `shutdown`. On SIGHUP the `[tls]` files in `config_file` are read again.
+pub async fn serve(
+    config: RegistryConfig,
+    config_file: Option<std::path::PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let operators = config.operator_tokens()?;
     let store = store::RegistryStore::connect(&config.database_url, &config.initial_schedule()?)
         .await
@@ -41,10 +46,22 @@ pub async fn serve(config: RegistryConfig, shutdown: impl Future<Output = ()> + 
     let state = AppState {
         store: Arc::new(store),
         operators: Arc::new(operators),
+        certificate_operators: Arc::new(config.certificate_operators.clone()),
         horizon_lead_ms: config.horizon_lead_ms,
         now: idgen::system_unix_ms,
     };
+    let tls = match config.tls.enabled() {
+        true => Some(Arc::new(idgen_server::Tls::load(&config.tls).context("loading the listener's TLS files")?)),
+        false => None,
+    };
+    if let Some(tls) = tls.clone() {
+        idgen_server::reload_on_sighup(move || tls.reload(&RegistryConfig::load(config_file.as_deref())?.tls));
+    }
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    println!("idgen-registry listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await.context("serving HTTP")
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("idgen-registry listening on {scheme}://{}", listener.local_addr()?);
+    let router = router(state);
+    let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
+    let grace = std::time::Duration::from_secs(10);
+    idgen_server::serve(listener, tls, make, shutdown, grace, Arc::default()).await
 }

@@ -14,6 +14,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     idgen::init_tracing();
-    let config = idgen_registry::RegistryConfig::load(Args::parse().config.as_deref())?;
-    idgen_registry::serve(config, idgen::shutdown_signal()).await
+    let file = Args::parse().config;
+    let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
+    idgen_registry::serve(config, file, idgen::shutdown_signal()).await
 }

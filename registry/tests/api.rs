@@ -25,6 +25,7 @@ async fn state() -> (AppState, tempfile::TempDir) {
     let state = AppState {
         store: Arc::new(store),
         operators: Arc::new(HashMap::from([(TOKEN.to_owned(), "alice".to_owned())])),
+        certificate_operators: Arc::new(std::collections::BTreeSet::from(["ops-bot".to_owned()])),
         horizon_lead_ms: 30 * 86_400_000,
         now: fixed_now,
     };
@@ -228,4 +229,21 @@ async fn the_schedule_is_published_and_validated() {
         StatusCode::CONFLICT,
         "layout_exists",
     );
+}
+
+/// An operator named by its client certificate writes without a token; any other caller cannot.
+#[tokio::test]
+async fn a_certificate_operator_writes_without_a_token() {
+    let (s, _dir) = state().await;
+    let as_caller = |caller: &str, body: &'static str| {
+        let mut request = Request::builder().method(Method::POST).uri("/v1/regions").body(Body::from(body)).unwrap();
+        request.extensions_mut().insert(idgen_server::Caller::named(caller));
+        router(s.clone()).oneshot(request)
+    };
+    let response = as_caller("ops-bot", r#"{"name": "us-east-1"}"#).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let response = as_caller("orders", r#"{"name": "eu-west-1"}"#).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let (_, audit) = call(&s, Method::GET, "/v1/audit", Some(TOKEN), "").await;
+    assert!(audit.to_string().contains("ops-bot"), "the write is recorded with the operator: {audit}");
 }

@@ -1,6 +1,7 @@
 //! `idgen regions …` and `idgen layouts …`: the registry's operator commands, over its HTTP API.
 //! Reads need nothing; writes send the operator token (`--token`, `IDGEN_OPERATOR_TOKEN`, or the
-//! file `idgen up` writes, `./.idgen/operator-token`).
+//! file `idgen up` writes, `./.idgen/operator-token`), or come from an operator named by its
+//! client certificate (`--cert`/`--key`, with `--cacert` for an https registry).
 
 use std::path::PathBuf;
 
@@ -21,6 +22,8 @@ pub struct Registry {
     /// JSON instead of human-readable output.
     #[arg(long, global = true)]
     pub json: bool,
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTls,
 }
 
 #[derive(Subcommand, Debug)]
@@ -64,10 +67,15 @@ impl Registry {
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-        let http = reqwest::Client::new();
+        let http = self.tls.client()?;
         let mut request = http.request(method.clone(), format!("{}{path}", self.registry.trim_end_matches('/')));
         if method != reqwest::Method::GET {
-            request = request.bearer_auth(self.token()?);
+            match self.token() {
+                Ok(token) => request = request.bearer_auth(token),
+                // An operator may be named by its client certificate instead.
+                Err(_) if self.tls.cert.is_some() => {}
+                Err(error) => return Err(error),
+            }
         }
         if let Some(body) = body {
             request = request.json(&body);

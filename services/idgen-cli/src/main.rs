@@ -4,6 +4,7 @@
 mod control;
 mod leases;
 mod public;
+mod tls;
 mod up;
 
 use std::collections::HashMap;
@@ -51,9 +52,13 @@ enum Command {
         /// The registry's base URL, e.g. http://127.0.0.1:8700.
         #[arg(long, env = "IDGEN_REGISTRY_URL")]
         registry: Option<String>,
+        #[command(flatten)]
+        tls: tls::ClientTls,
     },
     /// Public IDs: serve, create, resolve, rotate-key.
     Public {
+        #[command(flatten)]
+        tls: tls::ClientTls,
         #[command(subcommand)]
         command: public::PublicCommand,
     },
@@ -84,17 +89,18 @@ fn main() -> ExitCode {
                 runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config, file)))
             })
         }
-        Command::Registry { config } => {
+        Command::Registry { config: file } => {
             idgen_worker::init_tracing();
-            idgen_registry::RegistryConfig::load(config.as_deref()).and_then(|config| {
-                runtime().and_then(|rt| rt.block_on(idgen_registry::serve(config, idgen_worker::shutdown_signal())))
+            idgen_registry::RegistryConfig::load(file.as_deref()).and_then(|config| {
+                runtime()
+                    .and_then(|rt| rt.block_on(idgen_registry::serve(config, file, idgen_worker::shutdown_signal())))
             })
         }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
-        Command::Decode { ids, json, registry } => return decode(&ids, json, registry.as_deref()),
-        Command::Public { command } => {
+        Command::Decode { ids, json, registry, tls } => return decode(&ids, json, registry.as_deref(), &tls),
+        Command::Public { tls, command } => {
             idgen_worker::init_tracing();
-            runtime().and_then(|rt| rt.block_on(public::run(command)))
+            runtime().and_then(|rt| rt.block_on(public::run(command, &tls)))
         }
         Command::Regions { registry, command } => runtime().and_then(|rt| rt.block_on(registry.regions(command))),
         Command::Layouts { registry, command } => runtime().and_then(|rt| rt.block_on(registry.layouts(command))),
@@ -112,13 +118,14 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn decode(ids: &[String], json: bool, registry: Option<&str>) -> ExitCode {
+fn decode(ids: &[String], json: bool, registry: Option<&str>, tls: &tls::ClientTls) -> ExitCode {
     let (schedule, names) = match registry {
         None => (WorkerConfig::default().schedule(), HashMap::new()),
         Some(url) => {
-            let fetched = runtime().and_then(|rt| {
-                rt.block_on(idgen::RegistrySnapshot::fetch(url, std::time::Duration::from_secs(5)))
-                    .map_err(anyhow::Error::from)
+            let fetched = tls.client().and_then(|http| {
+                runtime().and_then(|rt| {
+                    rt.block_on(idgen::RegistrySnapshot::fetch_with(&http, url)).map_err(anyhow::Error::from)
+                })
             });
             match fetched.and_then(|s| Ok((s.schedule()?, s.region_names()))) {
                 Ok(found) => found,

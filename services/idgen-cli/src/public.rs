@@ -50,12 +50,12 @@ async fn call(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
     Ok(body)
 }
 
-pub async fn run(command: PublicCommand) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
+pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow::Result<()> {
+    let http = tls.client()?;
     match command {
-        PublicCommand::Serve { config } => {
-            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
-            idgen_public_ids::serve(config, idgen_worker::shutdown_signal()).await
+        PublicCommand::Serve { config: file } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
+            idgen_public_ids::serve(config, file, idgen_worker::shutdown_signal()).await
         }
         PublicCommand::Create { internal_id, format, url, json } => {
             let body = json!({"internal_id": internal_id, "format": format});

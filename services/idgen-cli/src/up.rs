@@ -39,6 +39,76 @@ pub struct UpArgs {
     /// Require a kernel-synchronized clock, as production does. Off by default for development.
     #[arg(long)]
     pub require_clock_sync: bool,
+    /// Put every listener behind mutual TLS: makes a development CA, a server certificate for
+    /// 127.0.0.1/localhost and client certificates (`orders`, `ingest`, and the platform's own
+    /// `operator` and `idgen-worker`) under <dir>/tls/, with small example quotas.
+    #[arg(long)]
+    pub tls: bool,
+}
+
+/// The development PKI of `up --tls`, written under `<dir>/tls/`.
+struct DevTls {
+    dir: PathBuf,
+}
+
+/// Example quotas `up --tls` gives its two client identities (IDs per second, burst).
+const EXAMPLE_QUOTAS: [(&str, u32, u32); 2] = [("orders", 1_000, 2_000), ("ingest", 50_000, 100_000)];
+
+impl DevTls {
+    fn create(dir: &Path) -> anyhow::Result<DevTls> {
+        let dir = dir.join("tls");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let ca = idgen_server::pki::DevCa::new("idgen development CA")?;
+        std::fs::write(dir.join("ca.pem"), ca.ca_pem())?;
+        ca.server(&["127.0.0.1", "localhost"])?.write(&dir, "server")?;
+        for identity in ["orders", "ingest", "operator", "idgen-worker"] {
+            ca.client(identity)?.write(&dir, identity)?;
+        }
+        Ok(DevTls { dir })
+    }
+
+    fn path(&self, file: &str) -> String {
+        toml_string(&self.dir.join(file).to_string_lossy())
+    }
+
+    /// The `[tls]` section of every listener.
+    fn listener(&self) -> String {
+        format!(
+            "\n[tls]\ncert = {}\nkey = {}\nclient_ca = {}\n",
+            self.path("server.pem"),
+            self.path("server-key.pem"),
+            self.path("ca.pem")
+        )
+    }
+
+    fn quotas(&self) -> String {
+        let mut text = "\n[quotas.callers]\n".to_owned();
+        for (caller, rate, burst) in EXAMPLE_QUOTAS {
+            text += &format!("{caller} = {{ ids_per_second = {rate}, burst = {burst} }}\n");
+        }
+        text
+    }
+
+    /// A client for the platform's own calls (registering regions), as `operator`.
+    fn operator_client(&self) -> anyhow::Result<reqwest::Client> {
+        crate::tls::ClientTls {
+            cacert: Some(self.dir.join("ca.pem")),
+            cert: Some(self.dir.join("operator.pem")),
+            key: Some(self.dir.join("operator-key.pem")),
+        }
+        .client()
+    }
+
+    /// `curl` with the CA and `identity`'s certificate.
+    fn curl(&self, identity: &str) -> String {
+        let file = |name: &str| self.dir.join(name).display().to_string();
+        format!(
+            "curl -s --cacert {} --cert {} --key {}",
+            file("ca.pem"),
+            file(&format!("{identity}.pem")),
+            file(&format!("{identity}-key.pem"))
+        )
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -110,8 +180,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
     }
 
+    let tls = if args.tls { Some(DevTls::create(&dir).context("making the development certificates")?) } else { None };
     let mut running: Vec<Running> = Vec::new();
-    let result = start_all(&args, &dir, &exe, &token, &registry_db, &mut running).await;
+    let result = start_all(&args, &dir, &exe, &token, &registry_db, tls.as_ref(), &mut running).await;
     if let Err(error) = result {
         stop_all(&mut running).await;
         return Err(error);
@@ -134,14 +205,21 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             cutover.as_secs()
         );
     }
+    if let Some(tls) = &tls {
+        println!("  mutual TLS             CA and certificates in {}", tls.dir.display());
+        for (caller, rate, burst) in EXAMPLE_QUOTAS {
+            println!("  quota of {caller:<13} {rate} IDs/s, burst {burst}");
+        }
+    }
     if let Some(worker) = running.get(2) {
+        let curl = tls.as_ref().map_or_else(|| "curl -s".to_owned(), |tls| tls.curl("orders"));
         println!();
-        println!("  try:  curl -s -X POST {}/v1/ids", worker.url);
-        println!("        curl -s -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", worker.url);
-        println!("        curl -s {}/v1/ids/97301141913751557/decode", worker.url);
-        println!("        curl -s {}/v1/layouts", running[0].url);
+        println!("  try:  {curl} -X POST {}/v1/ids", worker.url);
+        println!("        {curl} -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", worker.url);
+        println!("        {curl} {}/v1/ids/97301141913751557/decode", worker.url);
+        println!("        {curl} {}/v1/layouts", running[0].url);
         println!(
-            "        curl -s -X POST {}/v1/public-ids -d '{{\"internal_id\": \"97301141913751557\"}}'",
+            "        {curl} -X POST {}/v1/public-ids -d '{{\"internal_id\": \"97301141913751557\"}}'",
             running[1].url
         );
     }
@@ -171,6 +249,7 @@ async fn start_all(
     exe: &Path,
     token: &str,
     registry_db: &Path,
+    tls: Option<&DevTls>,
     running: &mut Vec<Running>,
 ) -> anyhow::Result<()> {
     let registry_config = dir.join("registry.toml");
@@ -184,6 +263,10 @@ async fn start_all(
     if let Some(cutover) = args.cutover_in {
         let from = idgen::system_unix_ms() + cutover.as_millis() as i64 - idgen::core::EPOCH_UNIX_MS;
         registry_toml += &format!("initial_v2_from_ms = {from}\n");
+    }
+    if let Some(tls) = tls {
+        registry_toml += "certificate_operators = [\"operator\"]\n";
+        registry_toml += &tls.listener();
     }
     std::fs::write(&registry_config, registry_toml)?;
     let registry = start_child(
@@ -204,7 +287,7 @@ async fn start_all(
             listen =
                 toml_string(&format!("127.0.0.1:{}", args.base_port.checked_add(9).context("--base-port too high")?)),
             db = toml_string(&format!("sqlite://{}", dir.join("public-ids.db").display())),
-        ),
+        ) + &tls.map(|tls| tls.listener() + &tls.quotas()).unwrap_or_default(),
     )?;
     running.push(
         start_child(
@@ -216,7 +299,10 @@ async fn start_all(
         .await?,
     );
 
-    let http = reqwest::Client::new();
+    let http = match tls {
+        Some(tls) => tls.operator_client()?,
+        None => reqwest::Client::new(),
+    };
     for region in &args.regions {
         let response = http
             .post(format!("{registry_url}/v1/regions"))
@@ -240,8 +326,18 @@ async fn start_all(
                 .context("--base-port too high for the worker ports")?;
             let name = format!("{region}/worker-{index}");
             let config_path = region_dir.join(format!("worker-{index}.toml"));
-            std::fs::write(&config_path, worker_config(args, &region_dir, region, &registry_url, index, port))
-                .with_context(|| format!("writing {}", config_path.display()))?;
+            let mut config = worker_config(args, &region_dir, region, &registry_url, index, port);
+            if let Some(tls) = tls {
+                config += &tls.listener();
+                config += &tls.quotas();
+                config += &format!(
+                    "\n[registry_tls]\nca = {}\ncert = {}\nkey = {}\n",
+                    tls.path("ca.pem"),
+                    tls.path("idgen-worker.pem"),
+                    tls.path("idgen-worker-key.pem")
+                );
+            }
+            std::fs::write(&config_path, config).with_context(|| format!("writing {}", config_path.display()))?;
             running.push(
                 start_child(
                     exe,

@@ -11,6 +11,8 @@ use axum::response::{IntoResponse, Response};
 use idgen::core::uuid;
 use serde_json::{Map, Value, json};
 
+use idgen_server::{Caller, Quotas};
+
 use crate::format::{self, Format, Keyring};
 use crate::store::{Mapping, PublicIdStore};
 
@@ -22,6 +24,8 @@ pub struct AppState {
     pub store: Arc<PublicIdStore>,
     /// `None` when no KMS key is configured: the encrypted format is then unavailable.
     pub keyring: Option<Arc<Keyring>>,
+    /// Public IDs created or resolved per second, per caller (a batch of N counts N).
+    pub quotas: Arc<Quotas>,
 }
 
 #[derive(Debug)]
@@ -29,15 +33,35 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
     fn bad(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, code: "invalid_request", message: message.into() }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            message: message.into(),
+            retry_after_secs: None,
+        }
     }
     /// The one answer for unknown, malformed and forged public IDs alike.
     fn not_found() -> Self {
-        ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such public ID".into() }
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found",
+            message: "no such public ID".into(),
+            retry_after_secs: None,
+        }
+    }
+    /// Over the caller's quota: 429 with the limiter's `Retry-After`.
+    fn over_quota(over: idgen_server::OverQuota) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "over_quota",
+            message: over.message,
+            retry_after_secs: Some(over.retry_after_secs),
+        }
     }
     fn storage(error: sqlx::Error) -> Self {
         tracing::error!(%error, "public-ID storage");
@@ -45,14 +69,27 @@ impl ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "storage_unavailable",
             message: "the database is unavailable".into(),
+            retry_after_secs: None,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        let mut response =
+            (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+        }
+        response
     }
+}
+
+/// Admits `n` public IDs for `caller`, counting them as served if admitted.
+fn admit(state: &AppState, caller: &Caller, n: u32) -> Result<(), ApiError> {
+    state.quotas.admit(caller, n).map_err(ApiError::over_quota)?;
+    state.quotas.served(caller, n);
+    Ok(())
 }
 
 async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
@@ -119,6 +156,7 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                 status: StatusCode::NOT_IMPLEMENTED,
                 code: "format_unavailable",
                 message: "the encrypted format needs a KMS key, and this service has none configured".into(),
+                retry_after_secs: None,
             })?;
             ids.iter()
                 .map(|&id| {
@@ -126,6 +164,7 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                         status: StatusCode::SERVICE_UNAVAILABLE,
                         code: "format_unavailable",
                         message: "no data key is loaded for the encrypted format".into(),
+                        retry_after_secs: None,
                     })?;
                     Ok(Mapping { internal_id: id, format, public_id, created: false })
                 })
@@ -144,9 +183,10 @@ fn mapping_json(m: &Mapping) -> Value {
     json!({"public_id": m.public_id, "internal_id": m.internal_id.to_string(), "format": m.format.as_str()})
 }
 
-pub async fn create(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn create(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
     let body = json_object(body).await?;
     only_fields(&body, &["internal_id", "format"])?;
+    admit(&state, &caller, 1)?;
     let id = parse_internal_id(body.get("internal_id").ok_or_else(|| ApiError::bad("internal_id is required"))?)?;
     let format = parse_format(body.get("format"))?;
     let mapping = map_ids(&state, &[id], format).await?.remove(0);
@@ -155,7 +195,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
     Ok((status, Json(mapping_json(&mapping))).into_response())
 }
 
-pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
     let body = json_object(body).await?;
     only_fields(&body, &["internal_ids", "format"])?;
     let ids = body
@@ -166,6 +206,7 @@ pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<J
         return Err(ApiError::bad(format!("internal_ids must hold 1 to {MAX_BATCH} IDs, not {}", ids.len())));
     }
     let mut parsed: Vec<u64> = ids.iter().map(parse_internal_id).collect::<Result<_, _>>()?;
+    admit(&state, &caller, ids.len() as u32)?;
     parsed.sort_unstable();
     parsed.dedup();
     let format = parse_format(body.get("format"))?;
@@ -185,8 +226,10 @@ pub async fn create_batch(State(state): State<AppState>, body: Body) -> Result<J
 
 pub async fn resolve(
     State(state): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    admit(&state, &caller, 1)?;
     let Ok(Path(public_id)) = path else { return Err(ApiError::not_found()) };
     let internal = match public_id.len() {
         28 => state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)),
@@ -207,11 +250,13 @@ pub struct FormatQuery {
 
 pub async fn lookup(
     State(state): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<FormatQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path(text) = path.map_err(|_| ApiError::bad("the internal ID in the path is not valid UTF-8"))?;
     let Query(query) = query.map_err(|e| ApiError::bad(e.body_text()))?;
+    admit(&state, &caller, 1)?;
     let id = parse_internal_id(&Value::String(text))?;
     let format = parse_format(query.format.map(Value::String).as_ref())?;
     let public_id = match format {
@@ -220,6 +265,7 @@ pub async fn lookup(
             status: StatusCode::NOT_FOUND,
             code: "not_found",
             message: format!("internal ID {id} has no {} public ID", stored.as_str()),
+            retry_after_secs: None,
         })?,
     };
     Ok(Json(json!({"public_id": public_id, "internal_id": id.to_string(), "format": format.as_str()})))
@@ -231,7 +277,12 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Value> {
 }
 
 pub async fn not_found() -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "not_found",
+        message: "no such endpoint".into(),
+        retry_after_secs: None,
+    }
 }
 
 pub async fn method_not_allowed() -> ApiError {
@@ -239,5 +290,6 @@ pub async fn method_not_allowed() -> ApiError {
         status: StatusCode::METHOD_NOT_ALLOWED,
         code: "method_not_allowed",
         message: "this endpoint does not accept that method".into(),
+        retry_after_secs: None,
     }
 }

@@ -14,6 +14,10 @@ pub struct PublicIdsConfig {
     pub database_url: String,
     /// The KMS key that wraps the encrypted format's data keys; unset: no encrypted format.
     pub kms: Option<KmsSection>,
+    /// The listener's certificate and key, and the CA of client certificates; re-read on SIGHUP.
+    pub tls: idgen_server::TlsSection,
+    /// Public IDs created or resolved per second, per caller; re-read on SIGHUP.
+    pub quotas: idgen_server::QuotaSection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -35,6 +39,8 @@ impl Default for PublicIdsConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8709)),
             database_url: "sqlite://.idgen/public-ids.db".into(),
             kms: None,
+            tls: idgen_server::TlsSection::default(),
+            quotas: idgen_server::QuotaSection::default(),
         }
     }
 }

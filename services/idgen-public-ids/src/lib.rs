@@ -31,8 +31,15 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Opens the store, unwraps the data keys (when KMS is configured), binds and serves.
-pub async fn serve(config: PublicIdsConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+/// Opens the store, unwraps the data keys (when KMS is configured), binds and serves. On SIGHUP
+/// the `[tls]` files and `[quotas]` of `config_file` are read again.
+pub async fn serve(
+    config: PublicIdsConfig,
+    config_file: Option<std::path::PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.tls.validate()?;
+    config.quotas.validate()?;
     let store = store::PublicIdStore::connect(&config.database_url)
         .await
         .with_context(|| format!("opening the public-ID database {}", config.database_url))?;
@@ -49,8 +56,24 @@ pub async fn serve(config: PublicIdsConfig, shutdown: impl Future<Output = ()> +
             None
         }
     };
-    let state = AppState { store: Arc::new(store), keyring };
+    let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, Arc::default())?);
+    let tls = match config.tls.enabled() {
+        true => Some(Arc::new(idgen_server::Tls::load(&config.tls).context("loading the listener's TLS files")?)),
+        false => None,
+    };
+    let (reload_tls, reload_quotas) = (tls.clone(), quotas.clone());
+    idgen_server::reload_on_sighup(move || {
+        let fresh = PublicIdsConfig::load(config_file.as_deref())?;
+        if let Some(tls) = &reload_tls {
+            tls.reload(&fresh.tls).context("the [tls] files")?;
+        }
+        reload_quotas.reload(&fresh.quotas).context("[quotas]")
+    });
+    let state = AppState { store: Arc::new(store), keyring, quotas };
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    println!("idgen-public-ids listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await.context("serving HTTP")
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("idgen-public-ids listening on {scheme}://{}", listener.local_addr()?);
+    let router = router(state);
+    let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
+    idgen_server::serve(listener, tls, make, shutdown, std::time::Duration::from_secs(10), Arc::default()).await
 }

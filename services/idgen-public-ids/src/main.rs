@@ -14,6 +14,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     idgen::init_tracing();
-    let config = idgen_public_ids::PublicIdsConfig::load(Args::parse().config.as_deref())?;
-    idgen_public_ids::serve(config, idgen::shutdown_signal()).await
+    let file = Args::parse().config;
+    let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
+    idgen_public_ids::serve(config, file, idgen::shutdown_signal()).await
 }

@@ -18,7 +18,8 @@ async fn state(with_keys: bool) -> (AppState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
     let keyring = with_keys.then(|| Arc::new(Keyring::new(vec![(1, Zeroizing::new(vec![3u8; 32]))]).unwrap()));
-    (AppState { store: Arc::new(store), keyring }, dir)
+    let quotas = Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap());
+    (AppState { store: Arc::new(store), keyring, quotas }, dir)
 }
 
 async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {

@@ -1,0 +1,33 @@
+//! The CLI's side of TLS: the CA to trust for `https://` endpoints and the client certificate to
+//! present (`--cacert`, `--cert`, `--key`, or `IDGEN_CACERT`, `IDGEN_CERT`, `IDGEN_KEY`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClientTls {
+    /// The CA bundle to trust for https:// endpoints (with `idgen up --tls`: .idgen/tls/ca.pem).
+    #[arg(long, global = true, env = "IDGEN_CACERT")]
+    pub cacert: Option<PathBuf>,
+    /// A client certificate to present (mutual TLS), e.g. .idgen/tls/operator.pem.
+    #[arg(long, global = true, env = "IDGEN_CERT")]
+    pub cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, global = true, env = "IDGEN_KEY")]
+    pub key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// An HTTP client with these settings (plain when none is given).
+    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        let section =
+            idgen_server::ClientTlsSection { ca: self.cacert.clone(), cert: self.cert.clone(), key: self.key.clone() };
+        let builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+        Ok(match section.client_config()? {
+            Some(config) => builder.use_preconfigured_tls(config),
+            None => builder,
+        }
+        .build()?)
+    }
+}

@@ -1,0 +1,126 @@
+//! `idgen up`, the README's first command, through the binary: plain, and with `--tls` (every
+//! listener behind mutual TLS with the development certificates it makes).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// A base port with P…P+13 free, so the registry, three workers and the public-ID service fit.
+fn base_port() -> u16 {
+    loop {
+        let base = 20_000 + (rand::random::<u16>() % 30_000);
+        if (0..14).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()) {
+            return base;
+        }
+    }
+}
+
+/// Starts `idgen up` in `dir` and waits for "idgen is up".
+async fn up(dir: &Path, extra: &[&str]) -> (tokio::process::Child, u16) {
+    let port = base_port();
+    let mut child = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["up", "--base-port", &port.to_string(), "--dir", &dir.join(".idgen").to_string_lossy()])
+        .args(extra)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.starts_with("idgen is up") {
+                return;
+            }
+        }
+        panic!("idgen up exited before it was up");
+    })
+    .await
+    .expect("idgen up within a minute");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, port)
+}
+
+async fn stop(mut child: tokio::process::Child) {
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGINT) };
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "idgen up stopped with {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_up_starts_the_platform_and_ctrl_c_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = up(dir.path(), &[]).await;
+    let client = reqwest::Client::new();
+    let answer: serde_json::Value =
+        client.post(format!("http://127.0.0.1:{}/v1/ids", port + 1)).send().await.unwrap().json().await.unwrap();
+    assert!(answer["id"].as_str().is_some_and(|id| id.parse::<u64>().is_ok()), "{answer}");
+    let health: serde_json::Value =
+        client.get(format!("http://127.0.0.1:{}/healthz", port + 3)).send().await.unwrap().json().await.unwrap();
+    assert_eq!((health["caller"].as_str(), health["mode"].as_str()), (Some("anonymous"), Some("development")));
+    stop(child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_up_tls_puts_every_listener_behind_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = up(dir.path(), &["--tls"]).await;
+    let tls = dir.path().join(".idgen/tls");
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(tls.join("ca.pem")).unwrap()).unwrap();
+    let as_identity = |identity: &str| {
+        let mut pem = std::fs::read(tls.join(format!("{identity}.pem"))).unwrap();
+        pem.extend(std::fs::read(tls.join(format!("{identity}-key.pem"))).unwrap());
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone())
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .build()
+            .unwrap()
+    };
+    let orders = as_identity("orders");
+    let worker = format!("https://127.0.0.1:{}", port + 1);
+    let answer = orders.post(format!("{worker}/v1/ids")).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let health: serde_json::Value =
+        as_identity("ingest").get(format!("{worker}/healthz")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(health["caller"], "ingest", "{health}");
+    // Every listener refuses a connection without a client certificate.
+    let anonymous = reqwest::Client::builder().tls_built_in_root_certs(false).add_root_certificate(ca).build().unwrap();
+    for listener in [port, port + 1, port + 9] {
+        let refused = anonymous.get(format!("https://127.0.0.1:{listener}/healthz")).send().await;
+        assert!(refused.is_err(), "port {listener} served a caller without a certificate");
+    }
+    // The public-ID service, as orders; the registry's operator by certificate, from the CLI.
+    let created = orders
+        .post(format!("https://127.0.0.1:{}/v1/public-ids", port + 9))
+        .body(r#"{"internal_id": "97301141913751557"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let file = |name: &str| tls.join(name).to_string_lossy().into_owned();
+    let added = idgen_e2e::idgen(&[
+        "regions",
+        "--registry",
+        &format!("https://127.0.0.1:{port}"),
+        "--cacert",
+        &file("ca.pem"),
+        "--cert",
+        &file("operator.pem"),
+        "--key",
+        &file("operator-key.pem"),
+        "--token-file",
+        "/nonexistent",
+        "add",
+        "eu-west-1",
+    ])
+    .await
+    .unwrap();
+    assert!(added.contains("number 1"), "{added}");
+    stop(child).await;
+}
