@@ -62,6 +62,13 @@ enum Command {
         #[command(subcommand)]
         command: public::PublicCommand,
     },
+    /// Make a development CA and certificates (what `up --tls` uses): ca.pem, server.pem for
+    /// 127.0.0.1/localhost, and client certificates orders, ingest, operator and idgen-worker,
+    /// each with its -key.pem. Never for production: use a real CA (e.g. AWS Private CA).
+    DevCerts {
+        #[arg(long, default_value = ".idgen/tls")]
+        dir: PathBuf,
+    },
     /// The registry's regions: list, add, retire.
     Regions {
         #[command(flatten)]
@@ -102,6 +109,9 @@ fn main() -> ExitCode {
             idgen_worker::init_tracing();
             runtime().and_then(|rt| rt.block_on(public::run(command, &tls)))
         }
+        Command::DevCerts { dir } => up::DevTls::create_in(&dir).map(|tls| {
+            println!("development CA and certificates written to {}", tls.dir.display());
+        }),
         Command::Regions { registry, command } => runtime().and_then(|rt| rt.block_on(registry.regions(command))),
         Command::Layouts { registry, command } => runtime().and_then(|rt| rt.block_on(registry.layouts(command))),
     };

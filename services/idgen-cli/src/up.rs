@@ -46,17 +46,23 @@ pub struct UpArgs {
     pub tls: bool,
 }
 
-/// The development PKI of `up --tls`, written under `<dir>/tls/`.
-struct DevTls {
-    dir: PathBuf,
+/// The development PKI of `up --tls` (and `idgen dev-certs`), written under `<dir>/tls/`.
+pub struct DevTls {
+    pub dir: PathBuf,
 }
 
 /// Example quotas `up --tls` gives its two client identities (IDs per second, burst).
 const EXAMPLE_QUOTAS: [(&str, u32, u32); 2] = [("orders", 1_000, 2_000), ("ingest", 50_000, 100_000)];
 
 impl DevTls {
-    fn create(dir: &Path) -> anyhow::Result<DevTls> {
-        let dir = dir.join("tls");
+    /// Makes a new CA and its certificates in `<dir>/tls/`.
+    pub fn create(dir: &Path) -> anyhow::Result<DevTls> {
+        Self::create_in(&dir.join("tls"))
+    }
+
+    /// The same, in `dir` itself.
+    pub fn create_in(dir: &Path) -> anyhow::Result<DevTls> {
+        let dir = dir.to_owned();
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let ca = idgen_server::pki::DevCa::new("idgen development CA")?;
         std::fs::write(dir.join("ca.pem"), ca.ca_pem())?;
