@@ -135,3 +135,31 @@ async fn batches_and_bad_input() {
     let (status, _) = call(&s, Method::GET, "/v1/internal-ids/999999/public-id?format=opaque", "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Resolving counts against the caller's quota like creating does (customer-facing apps hammer
+/// it); over it: 429 with Retry-After, and another caller is not affected.
+#[tokio::test]
+async fn resolve_and_create_are_held_to_the_callers_quota() {
+    let (mut s, _dir) = state(false).await;
+    let section = idgen_server::QuotaSection {
+        default: None,
+        callers: [("storefront".to_owned(), idgen_server::Rate { ids_per_second: 1, burst: 3 })].into(),
+    };
+    s.quotas = Arc::new(idgen_server::Quotas::new(&section, Arc::default()).unwrap());
+    let as_caller = |caller: &str, method: Method, uri: &str, body: &'static str| {
+        let mut request = Request::builder().method(method).uri(uri).body(Body::from(body)).unwrap();
+        request.extensions_mut().insert(idgen_server::Caller::named(caller));
+        router(s.clone()).oneshot(request)
+    };
+    let created = as_caller("storefront", Method::POST, "/v1/public-ids", r#"{"internal_id": "7"}"#).await.unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    for _ in 0..2 {
+        let resolved = as_caller("storefront", Method::GET, "/v1/public-ids/0000000000000000000000000a", "").await;
+        assert_eq!(resolved.unwrap().status(), StatusCode::NOT_FOUND, "within the burst of 3");
+    }
+    let refused = as_caller("storefront", Method::GET, "/v1/public-ids/0000000000000000000000000a", "").await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    let other = as_caller("backoffice", Method::GET, "/v1/public-ids/0000000000000000000000000a", "").await.unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND, "a caller without a quota is not limited");
+}
