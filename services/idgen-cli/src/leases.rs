@@ -90,7 +90,7 @@ async fn issuing(config: &WorkerConfig) -> anyhow::Result<Issuing> {
             home_region: config.home_region(),
         });
     };
-    let (snapshot, _) = idgen_worker::supervisor::registry_answer(config, url).await?;
+    let (snapshot, _) = idgen::supervisor::registry_answer(config, url).await?;
     Ok(Issuing {
         schedule: snapshot.schedule()?,
         region_numbers: snapshot.region_numbers(config.region()),

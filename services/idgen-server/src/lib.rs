@@ -19,9 +19,10 @@ use axum::extract::Request;
 use axum::response::Response;
 
 pub use identity::{ANONYMOUS, Caller};
+pub use idgen::tls::ClientTlsSection;
 pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};
 pub use serve::{ServerMetrics, serve};
-pub use tls::{ClientTlsSection, Tls, TlsSection};
+pub use tls::{Tls, TlsSection};
 
 /// A service that sets the connection's caller as a request extension, for handlers that read it
 /// with the [`Caller`] extractor.

@@ -3,15 +3,16 @@
 //! handshake with the new one, open connections keep theirs, and a file that does not load
 //! leaves the old configuration in force.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use arc_swap::ArcSwap;
+use idgen::tls::{certificates, roots};
+use rustls::ServerConfig;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
 use serde::Deserialize;
 
 /// `[tls]`: PEM files. Without `client_ca` a listener serves TLS without client certificates
@@ -74,26 +75,6 @@ impl TlsSection {
     }
 }
 
-fn certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let chain = CertificateDer::pem_file_iter(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("parsing {}", path.display()))?;
-    if chain.is_empty() {
-        bail!("{} holds no certificate", path.display());
-    }
-    Ok(chain)
-}
-
-/// A CA bundle as trust roots.
-pub fn roots(path: &Path) -> anyhow::Result<RootCertStore> {
-    let mut roots = RootCertStore::empty();
-    for certificate in certificates(path)? {
-        roots.add(certificate).with_context(|| format!("a CA certificate in {}", path.display()))?;
-    }
-    Ok(roots)
-}
-
 /// The TLS configuration in force on a listener.
 pub struct Tls {
     current: ArcSwap<ServerConfig>,
@@ -122,43 +103,5 @@ impl Tls {
 
     pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         tokio_rustls::TlsAcceptor::from(self.current.load_full())
-    }
-}
-
-/// `[…_tls]` of a client (a worker reading the registry, the CLI): the CA to trust, and the
-/// client certificate and key to present.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ClientTlsSection {
-    pub ca: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-}
-
-impl ClientTlsSection {
-    /// The rustls client configuration, or `None` when nothing is set (plain HTTP).
-    pub fn client_config(&self) -> anyhow::Result<Option<rustls::ClientConfig>> {
-        let Some(ca) = &self.ca else {
-            if self.cert.is_some() || self.key.is_some() {
-                bail!("a client certificate needs the CA to trust as well (ca)");
-            }
-            return Ok(None);
-        };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .context("TLS protocol versions")?
-            .with_root_certificates(roots(ca)?);
-        let config = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => builder
-                .with_client_auth_cert(
-                    certificates(cert)?,
-                    PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {}", key.display()))?,
-                )
-                .context("the client certificate and key do not go together")?,
-            (None, None) => builder.with_no_client_auth(),
-            _ => bail!("a client certificate and its key go together"),
-        };
-        Ok(Some(config))
     }
 }

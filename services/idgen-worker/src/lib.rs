@@ -1,18 +1,17 @@
-//! The regional fleet worker: the endpoints of SPEC §4.1 over the embeddable generator, exactly as
-//! any embedder uses it. The request path touches memory only; the lease keeper runs beside it.
+//! The regional fleet worker: the endpoints of SPEC §4.1 over the library's
+//! [`EmbeddedGenerator`], exactly as any embedder runs it (registry, schedule copy, lease
+//! keepers, pre-claim all live there). The request path touches memory only.
 //!
 //! `router(state)` and `run(listener, state, shutdown)` are what tests use in-process;
-//! [`serve`] is what `idgen worker` and `idgen-worker` call: it builds the clock, the lease store,
-//! the generator and its keeper from a validated [`WorkerConfig`], serves until shutdown, lets
-//! in-flight requests finish, then releases the lease.
+//! [`Worker`] is what `idgen worker` and `idgen-worker` run: built from a validated
+//! [`WorkerConfig`], it serves until shutdown, lets in-flight requests finish, then shuts the
+//! generator down, which releases the leases.
 
 pub mod api;
 pub mod config;
 pub mod error;
 pub mod http_metrics;
-pub mod supervisor;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,17 +19,15 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use idgen::core::{Generator, GeneratorConfig};
-use idgen::{DynamoDbLeaseStore, GeneratorMetrics, IdGenerator, LeaseStore, SqliteLeaseStore, StoreError, SystemClock};
+use idgen::embedded::{EmbeddedGenerator, StartOptions};
+use idgen::supervisor::StoreOpener;
 use idgen_server::{Caller, QuotaMetrics, Quotas, ServerMetrics, Tls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 pub use api::AppState;
 pub use config::WorkerConfig;
 
-use crate::config::StoreKind;
 use crate::error::ApiError;
 
 /// Every route the worker serves (the HTTP metrics keep handles for each).
@@ -140,51 +137,13 @@ pub async fn run(
     idgen_server::serve(listener, tls, move |caller| app.for_caller(caller), shutdown, grace, server_metrics).await
 }
 
-/// The lease table of `layout` as the configuration describes it (created first when
-/// `lease.create_tables` is set, or always for SQLite, whose tables are part of its file).
-pub async fn open_lease_store(config: &WorkerConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
-    // A layout the registry added later (v3, …) gets `idgen-leases-<layout>` unless configured.
-    let table = &config.table_for(layout)?;
-    Ok(match config.store_kind() {
-        StoreKind::Sqlite => {
-            let path = &config.sqlite_path();
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-            }
-            Arc::new(
-                SqliteLeaseStore::open(path, table)
-                    .await
-                    .with_context(|| format!("opening lease table {table} in {}", path.display()))?,
-            )
-        }
-        StoreKind::Dynamodb => {
-            let settings = config.lease.dynamodb.settings();
-            if config.lease.create_tables {
-                let creator = DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings.patient()).await, table);
-                creator
-                    .create_tables()
-                    .await
-                    .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
-            }
-            let store = DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, table);
-            match store.verify_tables().await {
-                Ok(()) => {}
-                Err(error @ StoreError::Unavailable(_)) => {
-                    tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
-                }
-                Err(error) => {
-                    return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
-                }
-            }
-            Arc::new(store)
-        }
-    })
-}
+pub use idgen::open_lease_store;
 
 /// Everything a running worker is made of, built from its configuration.
 pub struct Worker {
     pub state: AppState,
-    pub supervisor: supervisor::Supervisor,
+    /// The generator the worker serves: the library's, exactly as an embedder runs it.
+    pub embedded: EmbeddedGenerator,
     pub listener: TcpListener,
     /// The TLS configuration in force (re-read on SIGHUP), if the listener uses TLS.
     pub tls: Option<Arc<Tls>>,
@@ -194,52 +153,17 @@ pub struct Worker {
 
 impl Worker {
     pub async fn build(config: &WorkerConfig, process_start_unix_ms: i64) -> anyhow::Result<Worker> {
+        Worker::build_with(config, process_start_unix_ms, None).await
+    }
+
+    /// [`Self::build`] with lease tables of the caller's instead of the configured ones (tests).
+    pub async fn build_with(
+        config: &WorkerConfig,
+        process_start_unix_ms: i64,
+        stores: Option<StoreOpener>,
+    ) -> anyhow::Result<Worker> {
         config.validate()?;
-        if config.development {
-            tracing::warn!(
-                region = config.region(),
-                registry = config.registry_url.as_deref().unwrap_or("none: the built-in schedule, no horizon"),
-                "DEVELOPMENT MODE: settings left out take local defaults; never in production"
-            );
-        }
-        let clock = Arc::new(SystemClock::new(config.clock.require_sync, config.clock.max_error_ms));
-        if !config.clock.require_sync {
-            tracing::warn!("clock synchronization check is OFF: for development only, never in production");
-        }
-        let region = config.region();
-        let (schedule, region_number, home_region, names, held) = match &config.registry_url {
-            Some(url) => {
-                let snapshot = supervisor::initial_snapshot(config, url).await?;
-                let number = snapshot.region_number(region)?;
-                tracing::info!(region, number, horizon = %supervisor::describe_ms(snapshot.horizon_ms), "schedule from the registry");
-                let home = snapshot.home_region == region;
-                if let Some(configured) = config.home_region
-                    && configured != home
-                {
-                    anyhow::bail!(
-                        "refusing to start: home_region = {configured} in the configuration, but the registry's home region is {:?} and this is {region:?}",
-                        snapshot.home_region
-                    );
-                }
-                (snapshot.schedule()?, number, home, snapshot.region_names(), Some(snapshot))
-            }
-            None => (
-                config.schedule(),
-                config.region_number(),
-                config.home_region(),
-                HashMap::from([(config.region_number(), region.to_owned())]),
-                None,
-            ),
-        };
-        let core = Generator::new(
-            GeneratorConfig { fence_ms: config.lease.fence_ms, max_wait_behind_ms: config.clock.max_wait_behind_ms },
-            schedule,
-            region_number,
-            home_region,
-        )?;
         let mut registry = Registry::default();
-        let generator_metrics = Arc::new(GeneratorMetrics::default());
-        generator_metrics.register(&mut registry);
         let http_metrics = http_metrics::HttpMetrics::register(&mut registry, &ROUTES);
         let quota_metrics = Arc::new(QuotaMetrics::default());
         quota_metrics.register(&mut registry);
@@ -250,33 +174,24 @@ impl Worker {
             true => Some(Arc::new(Tls::load(&config.tls).context("loading the listener's TLS files")?)),
             false => None,
         };
-        let generator = Arc::new(IdGenerator::new(core, clock.clone(), generator_metrics));
-        let holder = idgen::holder(config.holder.as_deref(), process_start_unix_ms);
-        let region_names = Arc::new(std::sync::RwLock::new(names));
         // The port first: a worker that cannot serve must not take a machine number with it.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        let mut supervisor =
-            supervisor::Supervisor::new(config.clone(), generator.clone(), holder.clone(), region_names.clone(), held);
-        // Open the lease tables now, so a misconfigured store fails the start, not a tick later;
-        // whatever was claimed before the failure is released.
-        if let Err(error) = supervisor.step().await {
-            supervisor.stop_all().await;
-            return Err(error);
-        }
+        let options = StartOptions { process_start_unix_ms: Some(process_start_unix_ms), stores, clock: None };
+        let embedded = EmbeddedGenerator::start_with(&config.generator, &mut registry, options).await?;
         let state = AppState::new(api::Shared {
-            generator,
-            region_names,
-            region: region.into(),
-            region_number,
-            holder: holder.into(),
-            development: config.development,
+            generator: embedded.generator().clone(),
+            region_names: embedded.region_names().clone(),
+            region: embedded.region().into(),
+            region_number: embedded.region_number(),
+            holder: embedded.holder().into(),
+            development: embedded.development(),
             quotas,
             registry: Arc::new(registry),
             http_metrics,
         });
         Ok(Worker {
             state,
-            supervisor,
+            embedded,
             listener,
             tls,
             server_metrics,
@@ -286,14 +201,10 @@ impl Worker {
 
     /// Serves until `shutdown` resolves; then finishes in-flight requests and releases the leases.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let supervisor = tokio::spawn(self.supervisor.run(stop_rx));
-        let served = run(self.listener, self.state, self.tls, shutdown, self.grace, self.server_metrics).await;
-        let _ = stop_tx.send(true);
-        match supervisor.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::error!(%error, "lease supervisor"),
-            Err(error) => tracing::error!(%error, "lease supervisor task failed"),
+        let Worker { state, embedded, listener, tls, server_metrics, grace } = self;
+        let served = run(listener, state, tls, shutdown, grace, server_metrics).await;
+        if let Err(error) = embedded.shutdown().await {
+            tracing::error!(error = format!("{error:#}"), "releasing the leases");
         }
         served
     }

@@ -22,13 +22,10 @@ fn now_ms() -> u64 {
 }
 
 fn config(dir: &std::path::Path) -> WorkerConfig {
-    let mut config = WorkerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        region: Some("eu-west-1".into()),
-        shutdown_grace_ms: 100,
-        schedule_cache: Some(dir.join("schedule.json")),
-        ..WorkerConfig::development()
-    };
+    let mut config = WorkerConfig::development();
+    (config.listen, config.shutdown_grace_ms) = ("127.0.0.1:0".parse().unwrap(), 100);
+    config.region = Some("eu-west-1".into());
+    config.schedule_cache = Some(dir.join("schedule.json"));
     config.clock.require_sync = false;
     config.lease.sqlite_path = Some(dir.join("leases.db"));
     config
@@ -168,7 +165,7 @@ async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
     v1.create_tables().await.unwrap();
     config.preclaim_ms = 5 * 365 * DAY as i64; // the v2 cutover (2028) is "soon"
     let worker = Worker::build(&config, 2).await.unwrap();
-    let kept = worker.supervisor.layouts();
+    let kept = worker.embedded.layouts();
     assert_eq!(kept, vec!["v1".to_owned()], "v2's keeper could not start: its table is missing");
     worker.serve(async {}).await.unwrap();
 

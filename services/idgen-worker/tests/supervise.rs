@@ -9,12 +9,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
 use idgen::core::{Generator, GeneratorConfig};
+use idgen::supervisor::{StoreOpener, Supervisor};
 use idgen::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseRow, LeaseStore,
     SqliteLeaseStore, StoreError, SystemClock,
 };
 use idgen_worker::config::WorkerConfig;
-use idgen_worker::supervisor::{StoreOpener, Supervisor};
 use idgen_worker::{Worker, api};
 use serde_json::{Value, json};
 
@@ -52,14 +52,11 @@ async fn first_id(generator: &IdGenerator) -> u64 {
 }
 
 fn short_lease(dir: &std::path::Path) -> WorkerConfig {
-    let mut config = WorkerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        region: Some("eu-west-1".into()),
-        shutdown_grace_ms: 100,
-        schedule_cache: Some(dir.join("schedule.json")),
-        registry_refresh_ms: 100,
-        ..WorkerConfig::development()
-    };
+    let mut config = WorkerConfig::development();
+    (config.listen, config.shutdown_grace_ms) = ("127.0.0.1:0".parse().unwrap(), 100);
+    config.region = Some("eu-west-1".into());
+    config.schedule_cache = Some(dir.join("schedule.json"));
+    config.registry_refresh_ms = 100;
     config.clock.require_sync = false;
     config.lease.sqlite_path = Some(dir.join("leases.db"));
     (config.lease.lease_ms, config.lease.renew_interval_ms, config.lease.fence_ms) = (3_000, 1_000, 500);
@@ -187,7 +184,7 @@ async fn a_keeper_that_panicked_is_started_again_and_keeps_its_number() {
     let path = dir.path().join("leases.db");
     let stores: StoreOpener = {
         let (armed, path) = (armed.clone(), path.clone());
-        Arc::new(move |_config: &WorkerConfig, layout: &str| {
+        Arc::new(move |_config: &idgen::GeneratorConfig, layout: &str| {
             let (armed, path, layout) = (armed.clone(), path.clone(), layout.to_owned());
             Box::pin(async move {
                 let table = if layout == "v1" { "idgen-leases".to_owned() } else { format!("idgen-leases-{layout}") };
@@ -198,7 +195,7 @@ async fn a_keeper_that_panicked_is_started_again_and_keeps_its_number() {
     };
     let holder = idgen::holder(Some("test"), 1);
     let names = Arc::new(std::sync::RwLock::new(Default::default()));
-    let mut supervisor = Supervisor::new(config, generator.clone(), holder, names, None).with_stores(stores);
+    let mut supervisor = Supervisor::new(config.generator, generator.clone(), holder, names, None).with_stores(stores);
     assert_eq!(supervisor.step().await.unwrap(), vec!["v1".to_owned()]);
     let machine = (first_id(&generator).await >> 12) & 0x3ff;
     // The first renewal (after a second) panics.

@@ -1,16 +1,22 @@
 //! The embeddable generator: what a service links to mint IDs in-process, and what the fleet
 //! worker is built on.
 //!
-//! [`IdGenerator`] wraps the pure core (`idgen-core`) with a [`Clock`] and metrics; a
+//! [`EmbeddedGenerator`] is the whole of it as one piece: started from one [`GeneratorConfig`],
+//! it takes the region number and schedule from the registry, keeps the leases and the schedule
+//! current, and issues. Underneath, [`IdGenerator`] wraps the pure core (`idgen-core`) with a [`Clock`] and metrics; a
 //! [`LeaseKeeper`] per layout claims a machine number from a [`LeaseStore`], renews it, drops it
 //! the moment a renewal fails its condition, and releases it on shutdown. The request path
 //! ([`IdGenerator::next_ids`]) touches memory only: the lease store is called from the keeper's
 //! loop, never per ID.
 
+pub mod aws;
 pub mod clock;
+pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "dynamodb")]
 pub mod dynamodb;
+pub mod embedded;
 mod fast_path;
 pub mod generator;
 pub mod keeper;
@@ -18,9 +24,15 @@ pub mod lease_store;
 pub mod metrics;
 pub mod registry;
 pub mod sqlite;
+pub mod supervisor;
+pub mod tls;
 
+pub use aws::DynamoDbSettings;
 pub use clock::{Clock, ManualClock, SyncStatus, SystemClock, system_unix_ms};
-pub use dynamodb::{DynamoDbLeaseStore, DynamoDbSettings};
+pub use config::{GeneratorConfig, Role, StoreKind, open_lease_store};
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::DynamoDbLeaseStore;
+pub use embedded::{EmbeddedGenerator, StartOptions};
 pub use generator::{Health, IdGenerator};
 pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRanges, Outcome};
 pub use lease_store::{

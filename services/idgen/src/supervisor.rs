@@ -16,35 +16,35 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use idgen::core::Timestamp;
-use idgen::{IdGenerator, LeaseKeeper, LeaseStore, RegistrySnapshot, StoreError};
+use idgen_core::Timestamp;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::WorkerConfig;
+use crate::config::GeneratorConfig;
+use crate::{IdGenerator, LeaseKeeper, LeaseStore, RegistrySnapshot, StoreError};
 
 struct Running {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), StoreError>>,
 }
 
-/// Opens a layout's lease table. The worker opens what its configuration names
-/// ([`crate::open_lease_store`]); a test can hand in another.
+/// Opens a layout's lease table. A generator opens what its configuration names
+/// ([`crate::config::open_lease_store`]); a test can hand in another.
 pub type StoreOpener = Arc<
-    dyn Fn(&WorkerConfig, &str) -> Pin<Box<dyn Future<Output = anyhow::Result<Arc<dyn LeaseStore>>> + Send>>
+    dyn Fn(&GeneratorConfig, &str) -> Pin<Box<dyn Future<Output = anyhow::Result<Arc<dyn LeaseStore>>> + Send>>
         + Send
         + Sync,
 >;
 
 fn configured_stores() -> StoreOpener {
-    Arc::new(|config: &WorkerConfig, layout: &str| {
+    Arc::new(|config: &GeneratorConfig, layout: &str| {
         let (config, layout) = (config.clone(), layout.to_owned());
-        Box::pin(async move { crate::open_lease_store(&config, &layout).await })
+        Box::pin(async move { crate::config::open_lease_store(&config, &layout).await })
     })
 }
 
 pub struct Supervisor {
-    config: WorkerConfig,
+    config: GeneratorConfig,
     generator: Arc<IdGenerator>,
     holder: String,
     region_names: Arc<RwLock<HashMap<u32, String>>>,
@@ -59,18 +59,20 @@ pub struct Supervisor {
     early_failures: HashMap<String, tokio::time::Instant>,
     /// Per layout, how often its keeper ended by itself and when it may be started again.
     restarts: HashMap<String, (u32, tokio::time::Instant)>,
+    /// The layouts whose keepers run, as of the last step, for whoever holds the generator.
+    kept: Arc<RwLock<Vec<String>>>,
 }
 
 impl Supervisor {
     pub fn new(
-        config: WorkerConfig,
+        config: GeneratorConfig,
         generator: Arc<IdGenerator>,
         holder: String,
         region_names: Arc<RwLock<HashMap<u32, String>>>,
         held: Option<RegistrySnapshot>,
     ) -> Self {
         let next_refresh = tokio::time::Instant::now() + Duration::from_millis(config.registry_refresh_ms);
-        // Checked when the worker started (the first registry answer used the same client).
+        // Checked when the generator started (the first registry answer used the same client).
         let registry_http = registry_http(&config).unwrap_or_default();
         Supervisor {
             config,
@@ -84,6 +86,7 @@ impl Supervisor {
             held,
             early_failures: HashMap::new(),
             restarts: HashMap::new(),
+            kept: Arc::default(),
         }
     }
 
@@ -98,7 +101,7 @@ impl Supervisor {
         let home = self.generator.with_core(|core| core.home_region());
         let schedule = self.generator.with_core(|core| core.schedule().clone());
         let entries = schedule.entries();
-        let since_epoch = |unix: i64| unix - idgen::core::EPOCH_UNIX_MS;
+        let since_epoch = |unix: i64| unix - idgen_core::EPOCH_UNIX_MS;
         let now = since_epoch(now_unix_ms);
         let mut needed = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
@@ -118,7 +121,7 @@ impl Supervisor {
     /// Starts and stops keepers as needed. Returns the layouts now kept. A keeper for the layout
     /// in force that cannot be started is an error, returned after the keepers whose time is over
     /// have been stopped. One for the next layout (claimed early, before its cutover) is logged
-    /// and retried: it is not needed yet, and the worker must not refuse to start over it.
+    /// and retried: it is not needed yet, and the generator must not refuse to start over it.
     pub async fn step(&mut self) -> anyhow::Result<Vec<String>> {
         if let Some(url) = self.config.registry_url.clone()
             && tokio::time::Instant::now() >= self.next_refresh
@@ -129,7 +132,7 @@ impl Supervisor {
         let now = self.generator.clock().unix_ms();
         let needed = self.needed_layouts(now);
         let in_force = self.generator.with_core(|core| {
-            let since_epoch = u64::try_from(now - idgen::core::EPOCH_UNIX_MS).unwrap_or(0);
+            let since_epoch = u64::try_from(now - idgen_core::EPOCH_UNIX_MS).unwrap_or(0);
             Timestamp::from_millis(since_epoch).map(|t| core.schedule().entry_at(t).layout.name().to_owned())
         });
         // A keeper whose task ended while it was still needed (it panicked) is started again, after
@@ -186,6 +189,7 @@ impl Supervisor {
                 stop(running, &layout).await;
             }
         }
+        *self.kept.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = self.layouts();
         match failed {
             Some(error) => Err(error),
             None => Ok(needed),
@@ -209,11 +213,18 @@ impl Supervisor {
         layouts
     }
 
+    /// [`Self::layouts`] as of the last step, shared: it stays readable once the supervisor
+    /// runs as a task of its own.
+    pub fn kept_layouts(&self) -> Arc<RwLock<Vec<String>>> {
+        self.kept.clone()
+    }
+
     /// Stops every keeper; each releases its number.
     pub async fn stop_all(&mut self) {
         for (layout, running) in std::mem::take(&mut self.keepers) {
             stop(running, &layout).await;
         }
+        self.kept.write().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
     }
 
     async fn refresh(&mut self, url: &str) {
@@ -252,7 +263,7 @@ impl Supervisor {
             Ok(number) if number == issuing_as => None,
             Ok(number) => Some(format!(
                 "region {region} now has number {number} in the registry, not {issuing_as}: its old number is \
-                 retired; restart the worker to issue under the new one"
+                 retired; restart to issue under the new one"
             )),
             Err(_) => {
                 Some(format!("region {region} (number {issuing_as}) is not active in the registry: it was retired"))
@@ -293,9 +304,9 @@ async fn stop(running: Running, layout: &str) {
 }
 
 /// The HTTP client for the registry: a 5 s timeout, and TLS as `registry_tls` says.
-pub fn registry_http(config: &WorkerConfig) -> anyhow::Result<reqwest::Client> {
+pub fn registry_http(config: &GeneratorConfig) -> anyhow::Result<reqwest::Client> {
     let tls = config.registry_tls.client_config().context("registry_tls")?;
-    Ok(idgen::registry::registry_client(Duration::from_secs(5), tls)?)
+    Ok(crate::registry::registry_client(Duration::from_secs(5), tls)?)
 }
 
 /// The registry's answer now, or the last good copy on disk when the registry cannot be reached;
@@ -304,8 +315,8 @@ pub fn registry_http(config: &WorkerConfig) -> anyhow::Result<reqwest::Client> {
 /// A fresh answer must follow the copy on disk as a refresh must follow the schedule held
 /// ([`RegistrySnapshot::may_replace`]): a restart is no way around that rule, and neither is an
 /// operator's tool. An unreadable copy is not replaced silently: it is the schedule this region's
-/// workers were held to, and the forward-only check needs it.
-pub async fn registry_answer(config: &WorkerConfig, url: &str) -> anyhow::Result<(RegistrySnapshot, bool)> {
+/// generators were held to, and the forward-only check needs it.
+pub async fn registry_answer(config: &GeneratorConfig, url: &str) -> anyhow::Result<(RegistrySnapshot, bool)> {
     let cache = config.schedule_cache_path();
     match RegistrySnapshot::fetch_with(&registry_http(config)?, url).await {
         Ok(snapshot) => {
@@ -313,7 +324,7 @@ pub async fn registry_answer(config: &WorkerConfig, url: &str) -> anyhow::Result
                 let held = RegistrySnapshot::load(&cache).map_err(|error| {
                     anyhow::anyhow!(
                         "refusing to start: the registry copy on disk is unreadable ({error}). Compare it with \
-                         the registry's GET {url}/v1/layouts; if the registry is the one this worker has always \
+                         the registry's GET {url}/v1/layouts; if the registry is the one this region has always \
                          followed, delete {path} and start again",
                         path = cache.display()
                     )
@@ -339,13 +350,13 @@ pub async fn registry_answer(config: &WorkerConfig, url: &str) -> anyhow::Result
 }
 
 /// The registry's answer at start-up ([`registry_answer`]), saved as the new copy when fresh; a
-/// worker that cannot save it cannot start, since the copy is what lets it restart while the
+/// generator that cannot save it cannot start, since the copy is what lets it restart while the
 /// registry is down.
-pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Result<RegistrySnapshot> {
+pub async fn initial_snapshot(config: &GeneratorConfig, url: &str) -> anyhow::Result<RegistrySnapshot> {
     let (snapshot, fresh) = registry_answer(config, url).await?;
     if fresh {
         snapshot.save(&config.schedule_cache_path()).map_err(|error| {
-            anyhow::anyhow!("{error}: the worker needs this copy to restart while the registry is down")
+            anyhow::anyhow!("{error}: the generator needs this copy to restart while the registry is down")
         })?;
     }
     Ok(snapshot)
@@ -353,5 +364,5 @@ pub async fn initial_snapshot(config: &WorkerConfig, url: &str) -> anyhow::Resul
 
 /// Timestamp helper for logs.
 pub fn describe_ms(ms_since_epoch: u64) -> String {
-    Timestamp::from_millis(ms_since_epoch).map_or_else(|| "never".into(), |t| idgen::core::format_unix_ms(t.unix_ms()))
+    Timestamp::from_millis(ms_since_epoch).map_or_else(|| "never".into(), |t| idgen_core::format_unix_ms(t.unix_ms()))
 }
