@@ -63,6 +63,23 @@ async fn e2e_up_starts_the_platform_and_ctrl_c_stops_it() {
     let health: serde_json::Value =
         client.get(format!("http://127.0.0.1:{}/healthz", port + 3)).send().await.unwrap().json().await.unwrap();
     assert_eq!((health["caller"].as_str(), health["mode"].as_str()), (Some("anonymous"), Some("development")));
+
+    // `idgen ids`, the client library from the command line: plain for scripts, JSON decoded
+    // with the registry's schedule, UUIDs; a dead local endpoint falls over to the backup.
+    let worker = format!("http://127.0.0.1:{}", port + 1);
+    let plain = idgen_e2e::idgen(&["ids", "--url", &worker, "--count", "3"]).await.unwrap();
+    let ids: Vec<u64> = plain.lines().map(|line| line.parse().unwrap()).collect();
+    assert!(ids.len() == 3 && ids.windows(2).all(|w| w[0] < w[1]), "{plain}");
+    let registry = format!("http://127.0.0.1:{port}");
+    let dead = "http://127.0.0.1:1";
+    let json = idgen_e2e::idgen(&["ids", "--url", dead, "--backup", &worker, "--registry", &registry, "--json"])
+        .await
+        .unwrap();
+    let line: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!((line["endpoint"].as_str(), line["layout"].as_str()), (Some(worker.as_str()), Some("v1")), "{line}");
+    assert!(line["machine"].as_u64().is_some() && line["created_at"].is_string(), "{line}");
+    let uuids = idgen_e2e::idgen(&["ids", "--url", &worker, "--uuid", "--count", "2"]).await.unwrap();
+    assert!(uuids.lines().count() == 2 && uuids.lines().all(|u| u.len() == 36 && &u[14..15] == "7"), "{uuids}");
     stop(child).await;
 }
 

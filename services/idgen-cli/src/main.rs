@@ -2,6 +2,7 @@
 //! worker; `decode` takes IDs apart. Human-readable output by default, JSON with `--json`.
 
 mod control;
+mod ids;
 mod leases;
 mod public;
 mod tls;
@@ -40,6 +41,9 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Mint IDs through the client library: the local fleet (--url), failing over to --backup
+    /// fleets and back; --watch keeps minting.
+    Ids(ids::IdsArgs),
     /// Inspect and operate the lease table: init, list, get, history, quarantine, release-quarantine.
     Leases(leases::LeasesArgs),
     /// Decode IDs (63-bit or UUIDv7): with the registry's schedule and region names when
@@ -102,6 +106,10 @@ fn main() -> ExitCode {
                 runtime()
                     .and_then(|rt| rt.block_on(idgen_registry::serve(config, file, idgen_worker::shutdown_signal())))
             })
+        }
+        Command::Ids(args) => {
+            idgen_worker::init_tracing();
+            runtime().and_then(|rt| rt.block_on(ids::run(args)))
         }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
         Command::Decode { ids, json, registry, tls } => return decode(&ids, json, registry.as_deref(), &tls),

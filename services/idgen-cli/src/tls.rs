@@ -19,10 +19,14 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
+    /// These settings as a configuration section.
+    pub fn section(&self) -> idgen_server::ClientTlsSection {
+        idgen_server::ClientTlsSection { ca: self.cacert.clone(), cert: self.cert.clone(), key: self.key.clone() }
+    }
+
     /// An HTTP client with these settings (plain when none is given).
     pub fn client(&self) -> anyhow::Result<reqwest::Client> {
-        let section =
-            idgen_server::ClientTlsSection { ca: self.cacert.clone(), cert: self.cert.clone(), key: self.key.clone() };
+        let section = self.section();
         let builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
         Ok(match section.client_config()? {
             Some(config) => builder.use_preconfigured_tls(config),

@@ -39,6 +39,10 @@ pub struct UpArgs {
     /// Require a kernel-synchronized clock, as production does. Off by default for development.
     #[arg(long)]
     pub require_clock_sync: bool,
+    /// How long after a worker exits unexpectedly (killed, crashed) it is started again, as
+    /// systemd restarts a production worker; doubled for each exit within a minute of its start.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub restart_after: Duration,
     /// Put every listener behind mutual TLS: makes a development CA, a server certificate for
     /// 127.0.0.1/localhost and client certificates (`orders`, `ingest`, and the platform's own
     /// `operator` and `idgen-worker`) under <dir>/tls/, with small example quotas.
@@ -117,7 +121,7 @@ impl DevTls {
     }
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let number: u64 = number.parse().map_err(|_| format!("{text:?}: expected a number and a unit, like 60s"))?;
@@ -135,6 +139,15 @@ struct Running {
     name: String,
     url: String,
     child: Child,
+    /// What started it, to start it again.
+    args: Vec<String>,
+    ready: &'static str,
+    /// A worker is restarted when it exits; the registry or the public-ID service exiting stops
+    /// everything.
+    restartable: bool,
+    started: tokio::time::Instant,
+    /// Exited and waiting for its restart.
+    down: bool,
 }
 
 /// The operator token: reused from `<dir>/operator-token`, or made and written there.
@@ -230,12 +243,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
     }
     println!();
-    println!("Ctrl-C stops everything and releases the leases.");
+    println!(
+        "A worker that exits is started again after {} s, as systemd would; Ctrl-C stops everything and releases the leases.",
+        args.restart_after.as_secs_f64()
+    );
 
-    let exited = tokio::select! {
-        _ = idgen_worker::shutdown_signal() => None,
-        exited = first_exit(&mut running) => Some(exited),
-    };
+    let exited = supervise(&exe, &mut running, args.restart_after).await;
     if let Some((name, status)) = &exited {
         eprintln!("idgen up: {name} exited unexpectedly ({status}); stopping the others");
     }
@@ -344,15 +357,14 @@ async fn start_all(
                 );
             }
             std::fs::write(&config_path, config).with_context(|| format!("writing {}", config_path.display()))?;
-            running.push(
-                start_child(
-                    exe,
-                    &name,
-                    &["worker", "--config", &config_path.to_string_lossy()],
-                    "idgen-worker listening on ",
-                )
-                .await?,
-            );
+            let worker = start_child(
+                exe,
+                &name,
+                &["worker", "--config", &config_path.to_string_lossy()],
+                "idgen-worker listening on ",
+            )
+            .await?;
+            running.push(Running { restartable: true, ..worker });
         }
     }
     Ok(())
@@ -389,7 +401,7 @@ fn worker_config(args: &UpArgs, region_dir: &Path, region: &str, registry_url: &
     )
 }
 
-async fn start_child(exe: &Path, name: &str, args: &[&str], ready: &str) -> anyhow::Result<Running> {
+async fn start_child(exe: &Path, name: &str, args: &[&str], ready: &'static str) -> anyhow::Result<Running> {
     let mut command = Command::new(exe);
     command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     #[cfg(unix)]
@@ -432,7 +444,16 @@ async fn start_child(exe: &Path, name: &str, args: &[&str], ready: &str) -> anyh
             println!("[{rest}] {line}");
         }
     });
-    Ok(Running { name: name.to_owned(), url, child })
+    Ok(Running {
+        name: name.to_owned(),
+        url,
+        child,
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        ready,
+        restartable: false,
+        started: tokio::time::Instant::now(),
+        down: false,
+    })
 }
 
 fn forward(stream: impl AsyncRead + Unpin + Send + 'static, name: String) {
@@ -444,17 +465,67 @@ fn forward(stream: impl AsyncRead + Unpin + Send + 'static, name: String) {
     });
 }
 
-async fn first_exit(running: &mut [Running]) -> (String, String) {
-    let waits = running.iter_mut().map(|worker| {
+/// Waits for Ctrl-C or SIGTERM (then `None`), restarting every worker that exits after
+/// `restart_after` (doubled for each exit within a minute of its start, up to a minute); returns
+/// the name and exit status of a process that is not restarted when it exits.
+async fn supervise(exe: &Path, running: &mut [Running], restart_after: Duration) -> Option<(String, String)> {
+    let stop = idgen_worker::shutdown_signal();
+    tokio::pin!(stop);
+    let mut quick_exits = vec![0u32; running.len()];
+    let mut due: Vec<(usize, tokio::time::Instant)> = Vec::new();
+    loop {
+        let next = due.iter().map(|(_, at)| *at).min();
+        let (index, status) = tokio::select! {
+            _ = &mut stop => return None,
+            exited = first_exit(running) => exited,
+            _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                let now = tokio::time::Instant::now();
+                let (ready, waiting): (Vec<_>, Vec<_>) = due.drain(..).partition(|(_, at)| *at <= now);
+                due = waiting;
+                for (index, _) in ready {
+                    let process = &running[index];
+                    let args: Vec<&str> = process.args.iter().map(String::as_str).collect();
+                    match start_child(exe, &process.name, &args, process.ready).await {
+                        Ok(started) => {
+                            println!("idgen up: {} started again on {}", started.name, started.url);
+                            running[index] = Running { restartable: true, ..started };
+                        }
+                        Err(error) => {
+                            eprintln!("idgen up: could not start {} again ({error:#}); trying later", process.name);
+                            due.push((index, now + restart_after.max(Duration::from_secs(1))));
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        let process = &mut running[index];
+        if !process.restartable {
+            return Some((process.name.clone(), status));
+        }
+        process.down = true;
+        quick_exits[index] =
+            if process.started.elapsed() < Duration::from_secs(60) { quick_exits[index] + 1 } else { 1 };
+        let delay =
+            (restart_after * 2u32.pow(quick_exits[index].saturating_sub(1).min(5))).min(Duration::from_secs(60));
+        eprintln!("idgen up: {} exited ({status}); starting it again in {:.1} s", process.name, delay.as_secs_f64());
+        due.push((index, tokio::time::Instant::now() + delay));
+    }
+}
+
+/// The index and exit status of the first running child to exit.
+async fn first_exit(running: &mut [Running]) -> (usize, String) {
+    let waits = running.iter_mut().enumerate().filter(|(_, process)| !process.down).map(|(index, process)| {
         Box::pin(async move {
-            let status = worker.child.wait().await;
-            (worker.name.clone(), status.map_or_else(|e| e.to_string(), |s| s.to_string()))
+            let status = process.child.wait().await;
+            (index, status.map_or_else(|e| e.to_string(), |s| s.to_string()))
         })
     });
     futures_select_all(waits.collect()).await
 }
 
-/// The first of several futures to finish (a tiny `select_all`, to avoid a dependency for it).
+/// The first of several futures to finish (a tiny `select_all`, to avoid a dependency for it);
+/// never, for none.
 async fn futures_select_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> F::Output {
     std::future::poll_fn(|cx| {
         for future in futures.iter_mut() {
@@ -470,7 +541,7 @@ async fn futures_select_all<F: std::future::Future + Unpin>(mut futures: Vec<F>)
 /// SIGTERM to each worker, then wait: each finishes its requests and releases its lease.
 async fn stop_all(running: &mut [Running]) {
     // SIGTERM to every child at once: each worker finishes its requests and releases its lease.
-    for worker in running.iter() {
+    for worker in running.iter().filter(|worker| !worker.down) {
         if let Some(pid) = worker.child.id() {
             // SAFETY: kill only sends a signal to our own child process.
             unsafe {
@@ -478,7 +549,7 @@ async fn stop_all(running: &mut [Running]) {
             }
         }
     }
-    for worker in running.iter_mut() {
+    for worker in running.iter_mut().filter(|worker| !worker.down) {
         match tokio::time::timeout(Duration::from_secs(15), worker.child.wait()).await {
             Ok(Ok(status)) if status.success() => {}
             Ok(Ok(status)) => eprintln!("idgen up: {} exited with {status}", worker.name),

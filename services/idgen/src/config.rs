@@ -12,8 +12,7 @@ use idgen_core::{Layout, OPEN_HORIZON, Schedule};
 use serde::Deserialize;
 
 use crate::keeper::{LeaseConfig, MachineRanges};
-use crate::lease_store::{LeaseStore, StoreError};
-use crate::sqlite::SqliteLeaseStore;
+use crate::lease_store::LeaseStore;
 use crate::tls::ClientTlsSection;
 
 /// The file and the environment under `env_prefix`, as one configuration source.
@@ -371,6 +370,13 @@ impl GeneratorConfig {
 
     /// Everything but the production requirements ([`Self::missing_for_production`]).
     pub fn validate_settings(&self) -> anyhow::Result<()> {
+        let (store, compiled) = match self.store_kind() {
+            StoreKind::Sqlite => ("sqlite", cfg!(feature = "sqlite")),
+            StoreKind::Dynamodb => ("dynamodb", cfg!(feature = "dynamodb")),
+        };
+        if !compiled {
+            bail!("lease.store = \"{store}\": this build of idgen does not include it (the cargo feature `{store}`)");
+        }
         if self.store_kind() == StoreKind::Dynamodb {
             let d = &self.lease.dynamodb;
             if d.region.as_deref().is_some_and(|r| r.trim().is_empty())
@@ -450,48 +456,49 @@ impl GeneratorConfig {
 /// `lease.create_tables` is set, or always for SQLite, whose tables are part of its file).
 pub async fn open_lease_store(config: &GeneratorConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
     // A layout the registry added later (v3, …) gets `idgen-leases-<layout>` unless configured.
-    let table = &config.table_for(layout)?;
-    Ok(match config.store_kind() {
-        StoreKind::Sqlite => {
-            let path = &config.sqlite_path();
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-            }
-            Arc::new(
-                SqliteLeaseStore::open(path, table)
-                    .await
-                    .with_context(|| format!("opening lease table {table} in {}", path.display()))?,
-            )
-        }
+    let table = config.table_for(layout)?;
+    match config.store_kind() {
+        #[cfg(feature = "sqlite")]
+        StoreKind::Sqlite => open_sqlite(config, &table).await,
         #[cfg(feature = "dynamodb")]
-        StoreKind::Dynamodb => {
-            use crate::dynamodb::DynamoDbLeaseStore;
-            let settings = config.lease.dynamodb.settings();
-            if config.lease.create_tables {
-                let creator = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings.patient()).await, table);
-                creator
-                    .create_tables()
-                    .await
-                    .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
-            }
-            let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table);
-            match store.verify_tables().await {
-                Ok(()) => {}
-                Err(error @ StoreError::Unavailable(_)) => {
-                    tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
-                }
-                Err(error) => {
-                    return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
-                }
-            }
-            Arc::new(store)
+        StoreKind::Dynamodb => open_dynamodb(config, &table).await,
+        #[allow(unreachable_patterns)]
+        kind => bail!("cannot open lease table {table}: this build of idgen has no {kind:?} support (a cargo feature)"),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(config: &GeneratorConfig, table: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    let path = &config.sqlite_path();
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let store = crate::sqlite::SqliteLeaseStore::open(path, table)
+        .await
+        .with_context(|| format!("opening lease table {table} in {}", path.display()))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(feature = "dynamodb")]
+async fn open_dynamodb(config: &GeneratorConfig, table: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    use crate::dynamodb::DynamoDbLeaseStore;
+    let settings = config.lease.dynamodb.settings();
+    if config.lease.create_tables {
+        let creator = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings.patient()).await, table);
+        creator
+            .create_tables()
+            .await
+            .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
+    }
+    let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table);
+    match store.verify_tables().await {
+        Ok(()) => {}
+        Err(error @ crate::StoreError::Unavailable(_)) => {
+            tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
         }
-        #[cfg(not(feature = "dynamodb"))]
-        StoreKind::Dynamodb => {
-            let _ = StoreError::Unavailable(String::new());
-            bail!(
-                "lease.store = \"dynamodb\", but this build of idgen has no DynamoDB support (the `dynamodb` feature)"
-            )
+        Err(error) => {
+            return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
         }
-    })
+    }
+    Ok(Arc::new(store))
 }

@@ -23,6 +23,7 @@ pub mod keeper;
 pub mod lease_store;
 pub mod metrics;
 pub mod registry;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod supervisor;
 pub mod tls;
@@ -41,6 +42,7 @@ pub use lease_store::{
 };
 pub use metrics::GeneratorMetrics;
 pub use registry::RegistrySnapshot;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteLeaseStore;
 
 pub use idgen_core as core;
