@@ -95,6 +95,26 @@ impl RegistryConfig {
         Ok(())
     }
 
+    /// `--check-config`: the configuration is valid (it was validated when loaded), its TLS files
+    /// and operator token file load; returns what the registry would run with, one line each,
+    /// development defaults named as such.
+    pub fn check(&self) -> anyhow::Result<Vec<String>> {
+        let listener = self.tls.check()?;
+        let tokens = self.operator_tokens()?.len();
+        let database = if self.database_url.starts_with("postgres") {
+            format!("PostgreSQL at {}", idgen::config::redacted_url(&self.database_url))
+        } else {
+            format!("{} (a local file: development only)", self.database_url)
+        };
+        Ok(vec![
+            format!("database: {database}"),
+            format!("home region: {}", self.home_region),
+            format!("horizon kept {} days ahead", self.horizon_lead_ms / 86_400_000),
+            format!("operators: {tokens} by bearer token, {} by client certificate", self.certificate_operators.len()),
+            format!("listener: {listener} on {}", self.listen),
+        ])
+    }
+
     /// token → operator name.
     pub fn operator_tokens(&self) -> anyhow::Result<HashMap<String, String>> {
         let mut tokens: HashMap<String, String> =

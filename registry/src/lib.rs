@@ -40,9 +40,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let operators = config.operator_tokens()?;
-    let store = store::RegistryStore::connect(&config.database_url, &config.initial_schedule()?)
-        .await
-        .with_context(|| format!("opening the registry database {}", config.database_url))?;
+    let store =
+        store::RegistryStore::connect(&config.database_url, &config.initial_schedule()?).await.with_context(|| {
+            format!("opening the registry database {}", idgen::config::redacted_url(&config.database_url))
+        })?;
     let state = AppState {
         store: Arc::new(store),
         operators: Arc::new(operators),

@@ -9,12 +9,23 @@ use clap::Parser;
 struct Args {
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Validate the configuration and load its TLS and token files, print what it would run
+    /// with, and exit.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     idgen::init_tracing();
-    let file = Args::parse().config;
+    let Args { config: file, check_config } = Args::parse();
     let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
+    if check_config {
+        println!("registry configuration OK");
+        for line in config.check()? {
+            println!("  {line}");
+        }
+        return Ok(());
+    }
     idgen_registry::serve(config, file, idgen::shutdown_signal()).await
 }

@@ -34,12 +34,20 @@ enum Command {
         /// Create missing lease tables first (development; production runs `idgen leases init`).
         #[arg(long)]
         create_tables: bool,
+        /// Validate the configuration and load its TLS files, print what it would run with, and
+        /// exit (0 when it would start).
+        #[arg(long)]
+        check_config: bool,
     },
     /// Run the region registry (the same as the `idgen-registry` binary).
     Registry {
         /// TOML configuration file; IDGEN_REGISTRY_… environment variables override it.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Validate the configuration and load its TLS and token files, print what it would run
+        /// with, and exit.
+        #[arg(long)]
+        check_config: bool,
     },
     /// Mint IDs through the client library: the local fleet (--url), failing over to --backup
     /// fleets and back; --watch keeps minting.
@@ -93,14 +101,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(up::run(args))),
-        Command::Worker { config: file, create_tables } => {
+        Command::Worker { config: file, check_config: true, .. } => {
+            WorkerConfig::load(file.as_deref()).and_then(|config| print_check("worker", file, config.check()?))
+        }
+        Command::Registry { config: file, check_config: true } => idgen_registry::RegistryConfig::load(file.as_deref())
+            .and_then(|config| print_check("registry", file, config.check()?)),
+        Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true }, .. } => {
+            idgen_public_ids::PublicIdsConfig::load(file.as_deref())
+                .and_then(|config| print_check("public-ID service", file, config.check()?))
+        }
+        Command::Worker { config: file, create_tables, .. } => {
             idgen_worker::init_tracing();
             WorkerConfig::load(file.as_deref()).and_then(|mut config| {
                 config.lease.create_tables |= create_tables;
                 runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config, file)))
             })
         }
-        Command::Registry { config: file } => {
+        Command::Registry { config: file, .. } => {
             idgen_worker::init_tracing();
             idgen_registry::RegistryConfig::load(file.as_deref()).and_then(|config| {
                 runtime()
@@ -130,6 +147,16 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `--check-config` prints for a configuration that would start.
+fn print_check(service: &str, file: Option<PathBuf>, lines: Vec<String>) -> anyhow::Result<()> {
+    let source = file.map_or("defaults and environment".to_owned(), |f| f.display().to_string());
+    println!("{service} configuration OK: {source}");
+    for line in lines {
+        println!("  {line}");
+    }
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -13,6 +13,10 @@ pub enum PublicCommand {
     Serve {
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Validate the configuration and load its TLS files, print what it would run with, and
+        /// exit.
+        #[arg(long)]
+        check_config: bool,
     },
     /// The public ID of an internal ID (created if it has none in that format).
     Create {
@@ -53,7 +57,7 @@ async fn call(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
 pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow::Result<()> {
     let http = tls.client()?;
     match command {
-        PublicCommand::Serve { config: file } => {
+        PublicCommand::Serve { config: file, .. } => {
             let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
             idgen_public_ids::serve(config, file, idgen_worker::shutdown_signal()).await
         }

@@ -74,4 +74,25 @@ impl PublicIdsConfig {
             .try_deserialize()
             .context("parsing the public-ID configuration")
     }
+
+    /// `--check-config`: the TLS files load and the quotas are valid; returns what the service
+    /// would run with, one line each, development defaults named as such.
+    pub fn check(&self) -> anyhow::Result<Vec<String>> {
+        self.quotas.validate()?;
+        let listener = self.tls.check()?;
+        let database = if self.database_url.starts_with("postgres") {
+            format!("PostgreSQL at {}", idgen::config::redacted_url(&self.database_url))
+        } else {
+            format!("{} (a local file: development only)", self.database_url)
+        };
+        let kms = match &self.kms {
+            Some(kms) => format!("key {} in {}", kms.key_id, kms.region),
+            None => "none: the encrypted format is off".into(),
+        };
+        Ok(vec![
+            format!("database: {database}"),
+            format!("KMS: {kms}"),
+            format!("listener: {listener} on {}", self.listen),
+        ])
+    }
 }

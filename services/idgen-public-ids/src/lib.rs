@@ -40,9 +40,9 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     config.tls.validate()?;
     config.quotas.validate()?;
-    let store = store::PublicIdStore::connect(&config.database_url)
-        .await
-        .with_context(|| format!("opening the public-ID database {}", config.database_url))?;
+    let store = store::PublicIdStore::connect(&config.database_url).await.with_context(|| {
+        format!("opening the public-ID database {}", idgen::config::redacted_url(&config.database_url))
+    })?;
     let keyring = match &config.kms {
         Some(kms) => {
             let client = kms::client(&kms.settings()).await;

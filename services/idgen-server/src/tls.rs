@@ -39,6 +39,16 @@ impl TlsSection {
         self.client_ca.is_some()
     }
 
+    /// For `--check-config`: loads the files (as a start would) and says what the listener asks
+    /// of its callers.
+    pub fn check(&self) -> anyhow::Result<&'static str> {
+        if !self.enabled() {
+            return Ok("plain HTTP (no [tls]: development only)");
+        }
+        self.server_config().context("loading the listener's TLS files")?;
+        Ok(if self.mutual() { "mutual TLS" } else { "TLS without client certificates" })
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         match (&self.cert, &self.key) {
             (Some(_), Some(_)) | (None, None) => {}

@@ -133,6 +133,41 @@ impl WorkerConfig {
         missing
     }
 
+    /// `--check-config`: the configuration is valid (it was validated when loaded) and its TLS
+    /// files load; returns what the worker would run with, one line each.
+    pub fn check(&self) -> anyhow::Result<Vec<String>> {
+        let listener = self.tls.check()?;
+        let store = match self.lease.store {
+            Some(StoreKind::Dynamodb) => format!(
+                "DynamoDB in {}",
+                self.lease.dynamodb.region.as_deref().unwrap_or(development_defaults::DYNAMODB_REGION)
+            ),
+            Some(StoreKind::Sqlite) | None => format!("SQLite at {}", self.sqlite_path().display()),
+        };
+        let lease = self.lease_config();
+        let tables: Vec<String> =
+            self.lease.tables.iter().map(|(layout, table)| format!("{layout}: {table}")).collect();
+        Ok(vec![
+            format!("mode: {}", if self.development { "DEVELOPMENT" } else { "production" }),
+            format!("region: {}", self.region()),
+            format!(
+                "registry: {}",
+                self.registry_url.as_deref().unwrap_or("none: the built-in schedule (development only)")
+            ),
+            format!("lease store: {store}; tables {}", tables.join(", ")),
+            format!(
+                "leases: {} ms, renewed every {} ms, fence {} ms; machine numbers from {} to {}",
+                lease.lease_ms,
+                lease.renew_interval_ms,
+                lease.fence_ms,
+                lease.machines.first,
+                lease.machines.last.map_or("the layout's last".to_owned(), |last| last.to_string())
+            ),
+            format!("clock: {}", if self.clock.require_sync { "must be synchronized" } else { "NOT CHECKED" }),
+            format!("listener: {} on {}", listener, self.listen),
+        ])
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         idgen::config::refuse_missing(self.missing_for_production())?;
         self.generator.validate_settings()?;

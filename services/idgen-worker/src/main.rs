@@ -11,6 +11,9 @@ struct Args {
     /// TOML configuration file; environment variables IDGEN_WORKER_… override it.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Validate the configuration and load its TLS files, print what it would run with, and exit.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[tokio::main]
@@ -18,5 +21,12 @@ async fn main() -> anyhow::Result<()> {
     init_tracing();
     let args = Args::parse();
     let config = WorkerConfig::load(args.config.as_deref())?;
+    if args.check_config {
+        println!("worker configuration OK");
+        for line in config.check()? {
+            println!("  {line}");
+        }
+        return Ok(());
+    }
     main_with(config, args.config).await
 }

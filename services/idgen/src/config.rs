@@ -502,3 +502,27 @@ async fn open_dynamodb(config: &GeneratorConfig, table: &str) -> anyhow::Result<
     }
     Ok(Arc::new(store))
 }
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs: a database URL
+/// in an error must not carry its credentials.
+pub fn redacted_url(url: &str) -> String {
+    let hidden = url.split_once("://").and_then(|(scheme, rest)| {
+        let (credentials, host) = rest.rsplit_once('@')?;
+        let (user, _password) = credentials.split_once(':')?;
+        Some(format!("{scheme}://{user}:***@{host}"))
+    });
+    hidden.unwrap_or_else(|| url.to_owned())
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redacted_url;
+
+    #[test]
+    fn a_password_never_survives_redaction() {
+        assert_eq!(redacted_url("postgres://app:s3cret@db:5432/ids"), "postgres://app:***@db:5432/ids");
+        assert_eq!(redacted_url("postgres://app:p@ss:w@db/ids"), "postgres://app:***@db/ids");
+        assert_eq!(redacted_url("postgres://app@db/ids"), "postgres://app@db/ids");
+        assert_eq!(redacted_url("sqlite://.idgen/registry.db"), "sqlite://.idgen/registry.db");
+    }
+}

@@ -1,0 +1,131 @@
+//! The production configuration examples in `infra/config/` are accepted by the real binary:
+//! `idgen worker|registry|public serve --check-config` validates each in production mode and
+//! loads its TLS files, and says what the service would run with. The certificate paths are
+//! pointed at a development CA's files (the only change made to the examples); a copy with a
+//! required key left out, or a key misspelt, is refused with the key named.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use idgen_e2e::idgen_bin;
+use idgen_server::pki::DevCa;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The example `name` with `/etc/idgen/tls/` replaced by `tls`, written into `dir`.
+fn example(dir: &Path, tls: &Path, name: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("infra/config").join(name)).unwrap();
+    let text = edit(text.replace("/etc/idgen/tls/", &format!("{}/", tls.display())));
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `idgen <args> --config <file> --check-config` with no IDGEN_ variables of the test's own.
+fn check(args: &[&str], file: &Path) -> Output {
+    let mut command = Command::new(idgen_bin());
+    command.args(args).arg("--config").arg(file).arg("--check-config");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("IDGEN_WORKER_")
+            || key.starts_with("IDGEN_REGISTRY_")
+            || key.starts_with("IDGEN_PUBLIC_IDS_")
+        {
+            command.env_remove(key);
+        }
+    }
+    command.output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// Every file name the examples refer to under /etc/idgen/tls/, issued by one development CA.
+fn certificates(dir: &Path) {
+    let ca = DevCa::new("idgen infra-config test CA").unwrap();
+    for bundle in ["ca.pem", "clients-ca.pem", "rds-ca.pem"] {
+        std::fs::write(dir.join(bundle), ca.ca_pem()).unwrap();
+    }
+    ca.server(&["localhost"]).unwrap().write(dir, "server").unwrap();
+    ca.client("idgen-worker").unwrap().write(dir, "worker").unwrap();
+}
+
+#[test]
+fn every_production_example_passes_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    std::fs::create_dir(&tls).unwrap();
+    certificates(&tls);
+
+    let worker = example(dir.path(), &tls, "worker.toml", |t| t);
+    let out = check(&["worker"], &worker);
+    let said = text(&out);
+    assert!(out.status.success(), "worker.toml refused:\n{said}");
+    for expected in [
+        "worker configuration OK",
+        "mode: production",
+        "region: eu-west-1",
+        "DynamoDB in eu-west-1",
+        "mutual TLS on 0.0.0.0:8080",
+        "must be synchronized",
+    ] {
+        assert!(said.contains(expected), "worker check does not say {expected:?}:\n{said}");
+    }
+
+    let registry = example(dir.path(), &tls, "registry.toml", |t| t);
+    let out = check(&["registry"], &registry);
+    let said = text(&out);
+    assert!(out.status.success(), "registry.toml refused:\n{said}");
+    for expected in [
+        "registry configuration OK",
+        "database: PostgreSQL at postgres://",
+        "home region: us-east-1",
+        "mutual TLS on 0.0.0.0:8700",
+    ] {
+        assert!(said.contains(expected), "registry check does not say {expected:?}:\n{said}");
+    }
+
+    let public = example(dir.path(), &tls, "public-ids.toml", |t| t);
+    let out = check(&["public", "serve"], &public);
+    let said = text(&out);
+    assert!(out.status.success(), "public-ids.toml refused:\n{said}");
+    for expected in [
+        "public-ID service configuration OK",
+        "database: PostgreSQL",
+        "KMS: key arn:aws:kms:",
+        "mutual TLS on 0.0.0.0:8709",
+    ] {
+        assert!(said.contains(expected), "public-ID check does not say {expected:?}:\n{said}");
+    }
+}
+
+#[test]
+fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    std::fs::create_dir(&tls).unwrap();
+    certificates(&tls);
+
+    // A production worker without its region: refused, the key named.
+    let no_region = example(dir.path(), &tls, "worker.toml", |t| {
+        t.lines().filter(|l| !l.starts_with("region = ")).collect::<Vec<_>>().join("\n")
+    });
+    let out = check(&["worker"], &no_region);
+    assert!(!out.status.success(), "a worker without a region passed:\n{}", text(&out));
+    assert!(text(&out).contains("region"), "the refusal does not name the region:\n{}", text(&out));
+
+    // A misspelt key in the registry: refused, the key named.
+    let misspelt = example(dir.path(), &tls, "registry.toml", |t| t.replace("horizon_lead_ms", "horizon_lead"));
+    let out = check(&["registry"], &misspelt);
+    assert!(!out.status.success(), "a misspelt registry key passed:\n{}", text(&out));
+    assert!(text(&out).contains("horizon_lead"), "the refusal does not name the key:\n{}", text(&out));
+
+    // A certificate that is not there: the TLS files are loaded, not only named.
+    std::fs::remove_file(tls.join("server-key.pem")).unwrap();
+    let public = example(dir.path(), &tls, "public-ids.toml", |t| t);
+    let out = check(&["public", "serve"], &public);
+    assert!(!out.status.success(), "a missing key file passed:\n{}", text(&out));
+    assert!(text(&out).contains("server-key.pem"), "the refusal does not name the file:\n{}", text(&out));
+}
