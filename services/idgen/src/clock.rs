@@ -40,6 +40,20 @@ pub trait Clock: Send + Sync + 'static {
     fn sync_status(&self) -> SyncStatus;
     /// Resolves once `unix_ms() >= target`.
     fn wait_until(&self, target_unix_ms: i64) -> WaitFuture<'_>;
+    /// What the kernel's clock discipline (chrony, ntpd) reports now, for the clock metrics;
+    /// `None` where there is none to read.
+    fn discipline(&self) -> Option<Discipline> {
+        None
+    }
+}
+
+/// The kernel's view of the clock's quality (`adjtimex`): the offset the discipline is still
+/// correcting, signed (a clock ahead is positive), and its estimated error. Exported as gauges so
+/// that a clock drifting or jumping either way alarms before it is refused.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Discipline {
+    pub offset_seconds: f64,
+    pub estimated_error_seconds: f64,
 }
 
 /// The system clock. Sync is checked through the kernel's NTP state (`adjtimex`) unless switched off.
@@ -85,6 +99,10 @@ impl Clock for SystemClock {
         system_unix_ms()
     }
 
+    fn discipline(&self) -> Option<Discipline> {
+        kernel_discipline()
+    }
+
     fn sync_status(&self) -> SyncStatus {
         if !self.require_sync {
             return SyncStatus::NotChecked;
@@ -124,6 +142,27 @@ pub fn kernel_sync_status(max_error_us: i64) -> SyncStatus {
         ));
     }
     SyncStatus::Synchronized { estimated_error_us }
+}
+
+/// The kernel's offset and estimated error via `adjtimex(2)` (read-only); `None` if it fails.
+#[cfg(target_os = "linux")]
+pub fn kernel_discipline() -> Option<Discipline> {
+    // SAFETY: a zeroed timex with modes = 0 asks adjtimex to read, not change, the state.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    if unsafe { libc::adjtimex(&mut tx) } == -1 {
+        return None;
+    }
+    // The offset is in microseconds, or nanoseconds when the kernel says STA_NANO.
+    let offset_unit = if tx.status & libc::STA_NANO != 0 { 1e-9 } else { 1e-6 };
+    Some(Discipline {
+        offset_seconds: tx.offset as f64 * offset_unit,
+        estimated_error_seconds: tx.esterror as f64 * 1e-6,
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn kernel_discipline() -> Option<Discipline> {
+    None
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -228,6 +267,7 @@ pub struct ManualClock {
     now: AtomicI64,
     changed: watch::Sender<i64>,
     sync: Mutex<SyncStatus>,
+    discipline: Mutex<Option<Discipline>>,
 }
 
 impl ManualClock {
@@ -236,6 +276,7 @@ impl ManualClock {
             now: AtomicI64::new(unix_ms),
             changed: watch::channel(unix_ms).0,
             sync: Mutex::new(SyncStatus::NotChecked),
+            discipline: Mutex::new(None),
         }
     }
 
@@ -252,6 +293,11 @@ impl ManualClock {
     pub fn set_sync_status(&self, status: SyncStatus) {
         *self.sync.lock().expect("sync status lock") = status;
     }
+
+    /// What [`Clock::discipline`] reports from now on.
+    pub fn set_discipline(&self, discipline: Option<Discipline>) {
+        *self.discipline.lock().expect("discipline lock") = discipline;
+    }
 }
 
 impl Clock for ManualClock {
@@ -261,6 +307,10 @@ impl Clock for ManualClock {
 
     fn sync_status(&self) -> SyncStatus {
         self.sync.lock().expect("sync status lock").clone()
+    }
+
+    fn discipline(&self) -> Option<Discipline> {
+        *self.discipline.lock().expect("discipline lock")
     }
 
     fn wait_until(&self, target_unix_ms: i64) -> WaitFuture<'_> {

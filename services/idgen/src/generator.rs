@@ -270,5 +270,10 @@ impl IdGenerator {
             SyncStatus::NotChecked => -1,
         };
         self.metrics.clock_synchronized.set(synchronized);
+        let discipline = self.clock.discipline();
+        let (offset, error) =
+            discipline.map_or((f64::NAN, f64::NAN), |d| (d.offset_seconds, d.estimated_error_seconds));
+        self.metrics.clock_offset_seconds.set(offset);
+        self.metrics.clock_estimated_error_seconds.set(error);
     }
 }

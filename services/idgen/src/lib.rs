@@ -29,7 +29,7 @@ pub mod supervisor;
 pub mod tls;
 
 pub use aws::DynamoDbSettings;
-pub use clock::{Clock, ManualClock, SyncStatus, SystemClock, system_unix_ms};
+pub use clock::{Clock, Discipline, ManualClock, SyncStatus, SystemClock, kernel_discipline, system_unix_ms};
 pub use config::{GeneratorConfig, Role, StoreKind, open_lease_store};
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::DynamoDbLeaseStore;

@@ -36,6 +36,9 @@ pub struct GeneratorMetrics {
     pub lease_machine_number: Family<LayoutLabel, Gauge>,
     /// 1 synchronized, 0 not, -1 check switched off (development).
     pub clock_synchronized: Gauge,
+    /// The kernel's clock offset and estimated error (NaN: nothing to read).
+    pub clock_offset_seconds: Gauge<f64, AtomicU64>,
+    pub clock_estimated_error_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl GeneratorMetrics {
@@ -72,6 +75,16 @@ impl GeneratorMetrics {
             "idgen_clock_synchronized",
             "1 if the kernel reports the clock synchronized within bounds, 0 if not, -1 if the check is off",
             self.clock_synchronized.clone(),
+        );
+        registry.register(
+            "idgen_clock_offset_seconds",
+            "The offset the kernel's clock discipline is still correcting, signed (ahead is positive); NaN if unknown",
+            self.clock_offset_seconds.clone(),
+        );
+        registry.register(
+            "idgen_clock_estimated_error_seconds",
+            "The kernel's estimated clock error (adjtimex esterror); NaN if unknown",
+            self.clock_estimated_error_seconds.clone(),
         );
     }
 

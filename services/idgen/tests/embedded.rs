@@ -96,6 +96,19 @@ async fn one_config_in_ids_out_metrics_and_a_release_on_shutdown() {
     for line in ["idgen_ids_issued_total 5001", "idgen_uuids_issued_total 3", &held, &build] {
         assert!(text.contains(line), "{line} missing from the metrics:\n{text}");
     }
+    // The system clock's discipline, read from the kernel: real numbers, not a placeholder.
+    let kernel = idgen::kernel_discipline().expect("adjtimex answers on Linux");
+    for (name, kernel_value) in [
+        ("idgen_clock_offset_seconds", kernel.offset_seconds),
+        ("idgen_clock_estimated_error_seconds", kernel.estimated_error_seconds),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+        let value: f64 = line[name.len() + 1..].parse().unwrap();
+        assert!(value.is_finite() && (value - kernel_value).abs() < 1.0, "{line} against the kernel's {kernel_value}");
+    }
     let last = *batch.last().unwrap();
     generator.shutdown().await.unwrap();
 

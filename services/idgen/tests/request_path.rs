@@ -183,3 +183,28 @@ fn many_threads_never_share_an_id_while_the_lease_changes_under_them() {
     assert_eq!(all.len(), total, "an ID was issued twice");
     println!("{total} IDs across {} leases, no ID twice", leases.len());
 }
+
+#[test]
+fn the_clock_gauges_follow_the_discipline_either_way_and_say_nan_when_there_is_none() {
+    // A forward jump must alarm as a step back does: the offset is exported signed, with the
+    // estimated error, both read at scrape time.
+    let clock = Arc::new(ManualClock::new(T0));
+    let g = generator(&clock);
+    let mut registry = prometheus_client::registry::Registry::default();
+    g.metrics().register(&mut registry);
+    let scrape = |g: &IdGenerator| {
+        g.refresh_gauges();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    };
+    let unknown = scrape(&g);
+    assert!(unknown.contains("idgen_clock_offset_seconds NaN"), "{unknown}");
+    assert!(unknown.contains("idgen_clock_estimated_error_seconds NaN"), "{unknown}");
+    for (offset, error) in [(0.012, 0.0005), (-0.25, 0.004)] {
+        clock.set_discipline(Some(idgen::Discipline { offset_seconds: offset, estimated_error_seconds: error }));
+        let text = scrape(&g);
+        assert!(text.contains(&format!("idgen_clock_offset_seconds {offset}")), "{text}");
+        assert!(text.contains(&format!("idgen_clock_estimated_error_seconds {error}")), "{text}");
+    }
+}
