@@ -2,6 +2,7 @@
 //! worker; `decode` takes IDs apart. Human-readable output by default, JSON with `--json`.
 
 mod control;
+mod duplicates;
 mod ids;
 mod leases;
 mod public;
@@ -52,6 +53,10 @@ enum Command {
     /// Mint IDs through the client library: the local fleet (--url), failing over to --backup
     /// fleets and back; --watch keeps minting.
     Ids(ids::IdsArgs),
+    /// Find IDs that occur more than once, in a file (one per line, or --csv --column N) or a
+    /// PostgreSQL column, decode each and, with --leases, show who held its machine number then.
+    /// Exits 0 when there is none, 3 when there are (1 on an error).
+    Duplicates(duplicates::DuplicatesArgs),
     /// Inspect and operate the lease table: init, list, get, history, quarantine, release-quarantine.
     Leases(leases::LeasesArgs),
     /// Decode IDs (63-bit or UUIDv7): with the registry's schedule and region names when
@@ -129,6 +134,11 @@ fn main() -> ExitCode {
             runtime().and_then(|rt| rt.block_on(ids::run(args)))
         }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
+        Command::Duplicates(args) => match runtime().and_then(|rt| rt.block_on(duplicates::run(args))) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(3),
+            Err(error) => Err(error),
+        },
         Command::Decode { ids, json, registry, tls } => return decode(&ids, json, registry.as_deref(), &tls),
         Command::Public { tls, command } => {
             idgen_worker::init_tracing();
