@@ -38,7 +38,7 @@ RUNBOOK_URL = re.compile(r"^https://github\.com/idgen/idgen/blob/main/runbooks/(
 # Metrics an alert may read that the Rust code does not export, and whose they are.
 EXTERNAL = {
     "up": "Prometheus's own, per scrape target",
-    "probe_success": "the blackbox exporter's (the registry serves no /metrics)",
+    "probe_success": "the blackbox exporter's (a probe of the registry's /healthz)",
 }
 # Being added to the worker and the embedded generator; exported once they appear in services/idgen/src.
 PENDING = ("idgen_clock_offset_seconds", "idgen_clock_estimated_error_seconds")

@@ -21,13 +21,18 @@ use tokio::net::TcpListener;
 pub use api::AppState;
 pub use config::RegistryConfig;
 
+/// The registry's routes, as `/metrics` labels them (anything else is `other`).
+pub const ROUTES: [&str; 6] =
+    ["/v1/regions", "/v1/regions/{action}", "/v1/layouts", "/v1/audit", "/healthz", "/metrics"];
+
 pub fn router(state: AppState) -> Router {
+    let [regions, region_action, layouts, audit, healthz, _] = ROUTES;
     Router::new()
-        .route("/v1/regions", get(api::list_regions).post(api::add_region).fallback(api::method_not_allowed))
-        .route("/v1/regions/{action}", post(api::region_action).fallback(api::method_not_allowed))
-        .route("/v1/layouts", get(api::get_layouts).post(api::add_layout).fallback(api::method_not_allowed))
-        .route("/v1/audit", get(api::audit).fallback(api::method_not_allowed))
-        .route("/healthz", get(api::healthz).fallback(api::method_not_allowed))
+        .route(regions, get(api::list_regions).post(api::add_region).fallback(api::method_not_allowed))
+        .route(region_action, post(api::region_action).fallback(api::method_not_allowed))
+        .route(layouts, get(api::get_layouts).post(api::add_layout).fallback(api::method_not_allowed))
+        .route(audit, get(api::audit).fallback(api::method_not_allowed))
+        .route(healthz, get(api::healthz).fallback(api::method_not_allowed))
         .fallback(api::not_found)
         .with_state(state)
 }
@@ -61,7 +66,11 @@ pub async fn serve(
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("idgen-registry listening on {scheme}://{}", listener.local_addr()?);
-    let router = router(state);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let store = state.store.clone();
+    let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
+    let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
+    let router = idgen_server::http_metrics::with_metrics(router(state), metrics);
     let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
     let grace = std::time::Duration::from_secs(10);
     idgen_server::serve(listener, tls, make, shutdown, grace, Arc::default()).await

@@ -142,6 +142,11 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 }
 
 impl RegistryStore {
+    /// The database pool's open connections and how many of them are idle (for `/metrics`).
+    pub fn pool_connections(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
     /// Connects (`postgres://…` or `sqlite://…`), applies the migrations for that database, and
     /// seeds the schedule if the registry is new.
     pub async fn connect(url: &str, initial: &InitialSchedule) -> Result<Self, RegistryError> {

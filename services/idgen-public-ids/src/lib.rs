@@ -20,13 +20,24 @@ use tokio::net::TcpListener;
 pub use api::AppState;
 pub use config::PublicIdsConfig;
 
+/// The service's routes, as `/metrics` labels them (anything else is `other`).
+pub const ROUTES: [&str; 6] = [
+    "/v1/public-ids",
+    "/v1/public-ids:batch",
+    "/v1/public-ids/{public_id}",
+    "/v1/internal-ids/{internal_id}/public-id",
+    "/healthz",
+    "/metrics",
+];
+
 pub fn router(state: AppState) -> Router {
+    let [create, batch, resolve, lookup, healthz, _] = ROUTES;
     Router::new()
-        .route("/v1/public-ids", post(api::create).fallback(api::method_not_allowed))
-        .route("/v1/public-ids:batch", post(api::create_batch).fallback(api::method_not_allowed))
-        .route("/v1/public-ids/{public_id}", get(api::resolve).fallback(api::method_not_allowed))
-        .route("/v1/internal-ids/{internal_id}/public-id", get(api::lookup).fallback(api::method_not_allowed))
-        .route("/healthz", get(api::healthz).fallback(api::method_not_allowed))
+        .route(create, post(api::create).fallback(api::method_not_allowed))
+        .route(batch, post(api::create_batch).fallback(api::method_not_allowed))
+        .route(resolve, get(api::resolve).fallback(api::method_not_allowed))
+        .route(lookup, get(api::lookup).fallback(api::method_not_allowed))
+        .route(healthz, get(api::healthz).fallback(api::method_not_allowed))
         .fallback(api::not_found)
         .with_state(state)
 }
@@ -56,7 +67,10 @@ pub async fn serve(
             None
         }
     };
-    let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, Arc::default())?);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let quota_metrics = Arc::new(idgen_server::QuotaMetrics::default());
+    quota_metrics.register(&mut registry);
+    let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
     let tls = match config.tls.enabled() {
         true => Some(Arc::new(idgen_server::Tls::load(&config.tls).context("loading the listener's TLS files")?)),
         false => None,
@@ -73,7 +87,10 @@ pub async fn serve(
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("idgen-public-ids listening on {scheme}://{}", listener.local_addr()?);
-    let router = router(state);
+    let store = state.store.clone();
+    let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
+    let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
+    let router = idgen_server::http_metrics::with_metrics(router(state), metrics);
     let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
     idgen_server::serve(listener, tls, make, shutdown, std::time::Duration::from_secs(10), Arc::default()).await
 }

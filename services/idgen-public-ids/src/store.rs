@@ -31,6 +31,11 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 }
 
 impl PublicIdStore {
+    /// The database pool's open connections and how many of them are idle (for `/metrics`).
+    pub fn pool_connections(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
     pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
         sqlx::any::install_default_drivers();
         let postgres = url.starts_with("postgres");

@@ -6,6 +6,7 @@
 //! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
 //! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
 
+pub mod http_metrics;
 pub mod identity;
 pub mod pki;
 pub mod quota;
@@ -18,6 +19,7 @@ use std::task::{Context, Poll};
 use axum::extract::Request;
 use axum::response::Response;
 
+pub use http_metrics::ServiceMetrics;
 pub use identity::{ANONYMOUS, Caller};
 pub use idgen::tls::ClientTlsSection;
 pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};

@@ -10,7 +10,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
-pub mod http_metrics;
+pub use idgen_server::http_metrics;
 
 use std::future::Future;
 use std::sync::Arc;

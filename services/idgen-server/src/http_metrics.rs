@@ -1,7 +1,8 @@
 //! Request counts by route and status, and a latency histogram by route.
 //!
-//! Recorded around the whole router by the worker's service ([`crate::App`]), which names the
-//! route itself ([`crate::route_of`]), without a label lookup or allocation per request: each
+//! The worker records around its whole router (its own service names the route, so there is no
+//! label lookup or allocation per request); the registry and the public-ID service record
+//! through [`layer`], which takes the route axum matched. Each
 //! route's histogram and its counters for the usual statuses are looked up in the families once,
 //! on first use, and kept. The series and their labels are exactly those of a plain `Family`
 //! lookup.
@@ -115,4 +116,84 @@ fn label(method: &Method) -> &'static str {
         Method::PATCH => "PATCH",
         _ => "other",
     }
+}
+
+/// The families every service's `/metrics` carries, and the route names its router matches.
+#[derive(Clone)]
+pub struct ServiceMetrics {
+    pub http: Arc<HttpMetrics>,
+    pub registry: Arc<Registry>,
+    routes: Arc<[&'static str]>,
+    /// Gauges read at scrape time (a database pool's connections, …).
+    refresh: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl ServiceMetrics {
+    /// `registry` with the HTTP families registered for `routes`, and `refresh` run before every
+    /// scrape.
+    pub fn new(mut registry: Registry, routes: &[&'static str], refresh: impl Fn() + Send + Sync + 'static) -> Self {
+        let http = HttpMetrics::register(&mut registry, routes);
+        ServiceMetrics { http, registry: Arc::new(registry), routes: routes.into(), refresh: Arc::new(refresh) }
+    }
+
+    /// The Prometheus text of every family, gauges refreshed first.
+    pub fn render(&self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        (self.refresh)();
+        let mut text = String::new();
+        match prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            Ok(()) => (
+                [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                text,
+            )
+                .into_response(),
+            Err(error) => {
+                tracing::error!(%error, "encoding the metrics");
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
+            }
+        }
+    }
+}
+
+/// Middleware (`axum::middleware::from_fn_with_state`) counting every request by method, route
+/// and status, and observing its latency by route. The route is the one axum matched, among the
+/// names given to [`ServiceMetrics::new`]; anything else is `other`, so no caller's path
+/// becomes a label.
+pub async fn layer(
+    axum::extract::State(metrics): axum::extract::State<ServiceMetrics>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let matched = request.extensions().get::<axum::extract::MatchedPath>().map(|m| m.as_str().to_owned());
+    let route = matched.and_then(|m| metrics.routes.iter().copied().find(|r| *r == m)).unwrap_or("other");
+    let method = request.method().clone();
+    let start = std::time::Instant::now();
+    let response = next.run(request).await;
+    metrics.http.record(route, &method, response.status().as_u16(), start.elapsed().as_secs_f64());
+    response
+}
+
+/// The database pool's gauges, registered in `registry`; the returned function sets them from
+/// `read` (open, idle), for [`ServiceMetrics::new`]'s refresh.
+pub fn pool_gauges(
+    registry: &mut Registry,
+    read: impl Fn() -> (u32, usize) + Send + Sync + 'static,
+) -> impl Fn() + Send + Sync + 'static {
+    use prometheus_client::metrics::gauge::Gauge;
+    let (open, idle) = (Gauge::<i64>::default(), Gauge::<i64>::default());
+    registry.register("idgen_db_pool_connections", "Open connections of the database pool", open.clone());
+    registry.register("idgen_db_pool_idle_connections", "Idle connections of the database pool", idle.clone());
+    move || {
+        let (o, i) = read();
+        open.set(i64::from(o));
+        idle.set(i as i64);
+    }
+}
+
+/// `router` with `GET /metrics` and the request metrics around every route.
+pub fn with_metrics(router: axum::Router, metrics: ServiceMetrics) -> axum::Router {
+    let scrape = metrics.clone();
+    router
+        .route("/metrics", axum::routing::get(move || std::future::ready(scrape.render())))
+        .layer(axum::middleware::from_fn_with_state(metrics, layer))
 }
