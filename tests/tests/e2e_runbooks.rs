@@ -1,5 +1,8 @@
-//! Every command in `runbooks/*.md` (the lines of its ```` ```sh ```` blocks) runs (with bash, `set -eo pipefail`), in order,
-//! against a live worker on the DynamoDB-protocol server, with the pages' variables set.
+//! Every command in `runbooks/*.md` (the lines of its ```` ```sh ```` blocks) runs (with bash,
+//! `set -eo pipefail`), in order, against a live worker on the DynamoDB-protocol server, with the
+//! pages' variables set; and prints what the page says it shows: each command is followed by
+//! one or more `# shows: <text>` lines, and its output must contain every such text (with the
+//! variables substituted). A command without one fails the test: a page may not promise nothing.
 
 use std::time::Duration;
 
@@ -8,14 +11,26 @@ use idgen_e2e::{
     v1_fields,
 };
 
-fn commands(page: &str) -> Vec<String> {
+/// A command of a page and the texts its output must contain.
+struct Step {
+    command: String,
+    shows: Vec<String>,
+}
+
+fn steps(page: &str) -> Vec<Step> {
     let mut inside = false;
-    let mut out = Vec::new();
+    let mut out: Vec<Step> = Vec::new();
     for line in page.lines() {
         match line.trim_start() {
             "```sh" => inside = true,
             "```" => inside = false,
-            command if inside && !command.is_empty() && !command.starts_with('#') => out.push(command.to_owned()),
+            shows if inside && shows.starts_with("# shows:") => {
+                let text = shows["# shows:".len()..].trim().to_owned();
+                out.last_mut().expect("a `# shows:` line before any command").shows.push(text);
+            }
+            command if inside && !command.is_empty() && !command.starts_with('#') => {
+                out.push(Step { command: command.to_owned(), shows: Vec::new() })
+            }
             _ => {}
         }
     }
@@ -41,9 +56,26 @@ async fn e2e_runbook_commands_run() {
     let runbooks = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
     let mut pages: Vec<_> = std::fs::read_dir(&runbooks).unwrap().map(|e| e.unwrap().path()).collect();
     pages.sort();
+    // A file of IDs in which the worker's ID appears twice: the planted duplicate.
+    let ids_file = tempfile::NamedTempFile::new().unwrap();
+    let more = post_ids(&client, &worker.url, 1).await.unwrap();
+    let Issued::Ids(more) = more else { panic!("refused") };
+    std::fs::write(ids_file.path(), format!("{}\n{}\n{}\n", ids[0], more[0], ids[0])).unwrap();
+    let variables = [
+        ("WORKER", worker.url.clone()),
+        ("IDGEN_CONFIG", config.path().display().to_string()),
+        ("MACHINE", machine.to_string()),
+        ("ID", ids[0].to_string()),
+        ("IDS_FILE", ids_file.path().display().to_string()),
+    ];
+    let substitute = |text: &str| {
+        variables.iter().fold(text.to_owned(), |t, (name, value)| {
+            t.replace(&format!("${{{name}}}"), value).replace(&format!("${name}"), value)
+        })
+    };
     let mut ran = 0;
     for page in pages.iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
-        for command in commands(&std::fs::read_to_string(page).unwrap()) {
+        for Step { command, shows } in steps(&std::fs::read_to_string(page).unwrap()) {
             let output = tokio::process::Command::new("bash")
                 .arg("-c")
                 .arg(format!("set -eo pipefail; {command}"))
@@ -52,6 +84,7 @@ async fn e2e_runbook_commands_run() {
                 .env("IDGEN_CONFIG", config.path())
                 .env("MACHINE", machine.to_string())
                 .env("ID", ids[0].to_string())
+                .env("IDS_FILE", ids_file.path())
                 .env("FROM_MS", (now_unix_ms() - 600_000).to_string())
                 .env("TO_MS", (now_unix_ms() + 60_000).to_string())
                 .output()
@@ -64,7 +97,15 @@ async fn e2e_runbook_commands_run() {
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr)
             );
-            assert!(!output.stdout.is_empty(), "{}: `{command}` printed nothing", page.display());
+            assert!(!shows.is_empty(), "{}: `{command}` has no `# shows:` line", page.display());
+            let printed = String::from_utf8_lossy(&output.stdout);
+            for text in shows.iter().map(|t| substitute(t)) {
+                assert!(
+                    printed.contains(&text),
+                    "{}: `{command}` does not show {text:?}; it printed:\n{printed}",
+                    page.display()
+                );
+            }
             ran += 1;
         }
     }
