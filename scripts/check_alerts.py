@@ -21,10 +21,17 @@ Checks:
     `=` matcher on a `&'static str` label field has a value the code writes (a string literal in
     the non-test sources);
   - every alert has severity page or ticket and the annotations summary, description and
-    runbook_url, the URL being https://github.com/idgen/idgen/blob/main/runbooks/<page>.md; a page
-    not written yet under runbooks/ is a NOTE line, not a failure;
+    runbook_url, the URL being https://github.com/idgen/idgen/blob/main/runbooks/<page>.md, a page
+    that exists under runbooks/;
   - infra/prometheus/alerts_test.yml has, for every alert, a case where it fires and one where it
-    must not (an empty exp_alerts).
+    must not (an empty exp_alerts);
+  - the Grafana dashboard infra/grafana/idgen.json: uid idgen-golden-signals, a title, an integer
+    schemaVersion, the template variables datasource (a Prometheus data source) and region
+    (label_values(<metric>, region)); every panel with a unique integer id, a type, a title, an
+    integer gridPos x, y, w, h within the 24 columns, the ${datasource} data source and at least
+    one target, each with a non-empty expr and a legendFormat and no undefined variable; and every
+    metric of those expressions (and of the region variable's query) exported, with its label
+    matchers, by the same rules as the alerts' ($region and Grafana's $__ variables allowed).
 """
 
 import argparse
@@ -141,6 +148,20 @@ def field_type(text, field):
     return (metric or declared or [None])[0]
 
 
+def local_type(text, var):
+    """The type a local variable holding a metric is built with: `let var = Gauge::…` or
+    `let (var, …) = (Gauge::…, …)` (no Family: its labels are none)."""
+    m = re.search(rf"let\s+(?:mut\s+)?{re.escape(var)}\s*(?::\s*[^=]+)?=\s*([A-Z][A-Za-z]*)\b", text)
+    if m:
+        return m.group(1)
+    for m in re.finditer(r"let\s*\(([^)]*)\)\s*=\s*\((.*?)\)\s*;", text, re.S):
+        names = [n.strip() for n in m.group(1).split(",")]
+        values = re.findall(r"\b([A-Z][A-Za-z]*)(?:::<[^>]*>)?::(?:default|new)\(", m.group(2))
+        if var in names and len(values) == len(names):
+            return values[names.index(var)]
+    return None
+
+
 def label_fields(text, struct):
     m = re.search(rf"struct\s+{re.escape(struct)}\s*\{{(.*?)\}}", text, re.S)
     if not m:
@@ -166,7 +187,8 @@ def exported_metrics(root):
                 entry["labels"] = {k: "&'static str" for k in re.findall(r'\(\s*"([a-z_]+)"\s*,', value)}
             else:
                 f = re.search(r"\.([a-z_][a-z0-9_]*)\.clone\(\)\s*$", value)
-                declared = field_type(text, f.group(1)) if f else None
+                local = re.fullmatch(r"([a-z_][a-z0-9_]*)\.clone\(\)", value)
+                declared = field_type(text, f.group(1)) if f else local_type(text, local.group(1)) if local else None
                 if declared:
                     entry["labels"] = {}
                     for kind in ("Histogram", "Counter", "Gauge"):
@@ -198,6 +220,123 @@ def resolve(name, exported):
     return None
 
 
+DASHBOARD = "infra/grafana/idgen.json"
+DASHBOARD_UID = "idgen-golden-signals"
+# Grafana's own variables ($__rate_interval, ${__interval}), read as a duration.
+GRAFANA_INTERVAL = re.compile(r"\$\{?__[a-z_]+\}?")
+VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def check_dashboard(root, report, check_metric):
+    """The Grafana dashboard infra/grafana/idgen.json: its structure, and that every expression
+    reads metrics (and labels) the code exports, by the same rules as the alerts."""
+    import json
+
+    path = root / DASHBOARD
+    try:
+        dash = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        report("FAIL", f"dashboard {DASHBOARD}: cannot be read: {e}")
+        return
+    problems = []
+    if dash.get("uid") != DASHBOARD_UID:
+        problems.append(f"uid {dash.get('uid')!r}, not {DASHBOARD_UID!r}")
+    if not isinstance(dash.get("title"), str) or not dash["title"].strip():
+        problems.append("no title")
+    version = dash.get("schemaVersion")
+    if not isinstance(version, int) or isinstance(version, bool):
+        problems.append(f"schemaVersion {version!r} is not an integer")
+    variables = {v.get("name"): v for v in (dash.get("templating") or {}).get("list") or [] if isinstance(v, dict)}
+    ds = variables.get("datasource")
+    if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        problems.append("templating.list has no variable datasource of type datasource, query prometheus")
+    region = variables.get("region")
+    region_query = ""
+    if region:
+        q = region.get("query")
+        region_query = q.get("query", "") if isinstance(q, dict) else q or ""
+    if not region or not re.fullmatch(r"label_values\(\s*[a-zA-Z_:][a-zA-Z0-9_:]*\s*,\s*region\s*\)", region_query):
+        problems.append("templating.list has no variable region with query label_values(<metric>, region)")
+    for p in problems:
+        report("FAIL", f"dashboard {DASHBOARD}: {p}")
+    if not problems:
+        report("ok", f"dashboard {DASHBOARD}: uid {dash['uid']}, schemaVersion {version}, variables {', '.join(sorted(variables))}")
+
+    # Every panel, those inside collapsed rows too.
+    panels = []
+    for panel in dash.get("panels") or []:
+        panels.append(panel)
+        if isinstance(panel, dict) and panel.get("type") == "row":
+            panels.extend(panel.get("panels") or [])
+    if not panels:
+        report("FAIL", f"dashboard {DASHBOARD}: no panels")
+    seen_metrics = {}
+    if region_query:
+        name = re.search(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)", region_query)
+        if name:
+            seen_metrics.setdefault(name.group(1), {}).setdefault("variable region", [])
+    ids = {}
+    for n, panel in enumerate(panels):
+        if not isinstance(panel, dict):
+            report("FAIL", f"dashboard panel #{n + 1}: not an object")
+            continue
+        title = panel.get("title")
+        shown = f"dashboard panel {panel.get('id')!r} {title!r}"
+        bad = []
+        if not isinstance(panel.get("id"), int) or isinstance(panel.get("id"), bool):
+            bad.append("no integer id")
+        elif panel["id"] in ids:
+            bad.append(f"id {panel['id']} also that of {ids[panel['id']]!r}")
+        else:
+            ids[panel["id"]] = title
+        if not isinstance(title, str) or not title.strip():
+            bad.append("no title")
+        if not panel.get("type"):
+            bad.append("no type")
+        grid = panel.get("gridPos")
+        if not isinstance(grid, dict) or any(not isinstance(grid.get(k), int) for k in ("x", "y", "w", "h")):
+            bad.append("gridPos without integer x, y, w and h")
+        elif grid["x"] < 0 or grid["y"] < 0 or grid["w"] < 1 or grid["h"] < 1 or grid["x"] + grid["w"] > 24:
+            bad.append(f"gridPos {grid} outside the 24-column grid")
+        if panel.get("type") == "row":
+            for b in bad:
+                report("FAIL", f"{shown}: {b}")
+            continue
+        datasource = panel.get("datasource")
+        uid = datasource.get("uid") if isinstance(datasource, dict) else datasource
+        if uid not in ("${datasource}", "$datasource"):
+            bad.append(f"datasource {datasource!r} is not the variable ${{datasource}}")
+        targets = [t for t in panel.get("targets") or [] if isinstance(t, dict)]
+        exprs = [t.get("expr") for t in targets]
+        if not targets:
+            bad.append("no targets")
+        for t, expr in zip(targets, exprs):
+            if not isinstance(expr, str) or not expr.strip():
+                bad.append(f"target {t.get('refId')!r} has no expr")
+                continue
+            if "legendFormat" not in t:
+                bad.append(f"target {t.get('refId')!r} has no legendFormat")
+            unknown = sorted({v for v in VARIABLE.findall(expr) if not v.startswith("__")} - set(variables))
+            if unknown:
+                bad.append(f"target {t.get('refId')!r} uses undefined variables {', '.join(unknown)}")
+            try:
+                found = selectors(GRAFANA_INTERVAL.sub("5m", expr))
+            except (ValueError, IndexError) as e:
+                bad.append(f"target {t.get('refId')!r}: {e}")
+                continue
+            for name, matchers in found:
+                seen_metrics.setdefault(name, {}).setdefault(f"panel {panel.get('id')}", []).extend(matchers)
+        for b in bad:
+            report("FAIL", f"{shown}: {b}")
+        if not bad:
+            report("ok", f"{shown}: {panel['type']}, {len(targets)} target{'s' if len(targets) > 1 else ''}")
+
+    for name in sorted(seen_metrics):
+        used_by = ", ".join(sorted(seen_metrics[name], key=lambda u: (not u.startswith("variable"), int(u.split()[-1]) if u.split()[-1].isdigit() else 0)))
+        matchers = [m for ms in seen_metrics[name].values() for m in ms]
+        check_metric(name, used_by, matchers, what="dashboard metric")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
@@ -222,25 +361,24 @@ def main():
         for name, matchers in selectors(rule["expr"]):
             seen_metrics.setdefault(name, {}).setdefault(rule["alert"], []).extend(matchers)
 
-    for name in sorted(seen_metrics):
-        used_by = ", ".join(sorted(seen_metrics[name]))
-        matchers = [m for ms in seen_metrics[name].values() for m in ms]
+    def check_metric(name, used_by, matchers, what="metric"):
+        """One report line for a metric read by `used_by` with `matchers`."""
         if name in EXTERNAL:
-            report("NOTE", f"metric {name} ({used_by}): not idgen's, {EXTERNAL[name]}")
-            continue
+            report("NOTE", f"{what} {name} ({used_by}): not idgen's, {EXTERNAL[name]}")
+            return
         hit = resolve(name, exported)
         if name in PENDING and not hit:
             if name in idgen_src:
-                report("ok", f"metric {name} ({used_by}): appears in services/idgen/src (registration not parsed)")
+                report("ok", f"{what} {name} ({used_by}): appears in services/idgen/src (registration not parsed)")
             else:
-                report("WARN", f"metric {name} ({used_by}): not in services/idgen/src yet (being added); its branch reads nothing until it is")
-            continue
+                report("WARN", f"{what} {name} ({used_by}): not in services/idgen/src yet (being added); its branch reads nothing until it is")
+            return
         if name in PENDING and not hit[1]["file"].startswith("services/idgen/src/"):
-            report("WARN", f"metric {name} ({used_by}): registered in {hit[1]['file']}, not services/idgen/src")
-            continue
+            report("WARN", f"{what} {name} ({used_by}): registered in {hit[1]['file']}, not services/idgen/src")
+            return
         if not hit:
-            report("FAIL", f"metric {name} ({used_by}): no Rust code registers it (under that name for its type)")
-            continue
+            report("FAIL", f"{what} {name} ({used_by}): no Rust code registers it (under that name for its type)")
+            return
         base, entry, kind = hit
         labels = entry["labels"]
         label_names = set(labels or {})
@@ -250,16 +388,21 @@ def main():
             if label == "__name__":
                 continue
             if labels is not None and label not in allowed:
-                report("FAIL", f"metric {name} ({used_by}): label {label!r} is neither one of its labels ({', '.join(sorted(label_names)) or 'none'}) nor a target label")
+                report("FAIL", f"{what} {name} ({used_by}): label {label!r} is neither one of its labels ({', '.join(sorted(label_names)) or 'none'}) nor a target label")
                 bad = True
             elif op == "=" and labels and labels.get(label, "").startswith("&'static str") and value not in literals:
-                report("FAIL", f"metric {name} ({used_by}): {label}={value!r} is no value the code writes")
+                report("FAIL", f"{what} {name} ({used_by}): {label}={value!r} is no value the code writes")
                 bad = True
         if not bad and entry["type"] is None:
-            report("NOTE", f"metric {name} ({used_by}): registered as {base} ({entry['file']}), but its type and labels could not be read from the code")
+            report("NOTE", f"{what} {name} ({used_by}): registered as {base} ({entry['file']}), but its type and labels could not be read from the code")
         elif not bad:
             shown = f"{kind} {base}, labels {', '.join(sorted(label_names)) or 'none'}"
-            report("ok", f"metric {name} ({used_by}): {shown} ({entry['file']})")
+            report("ok", f"{what} {name} ({used_by}): {shown} ({entry['file']})")
+
+    for name in sorted(seen_metrics):
+        used_by = ", ".join(sorted(seen_metrics[name]))
+        matchers = [m for ms in seen_metrics[name].values() for m in ms]
+        check_metric(name, used_by, matchers)
 
     pages = {}
     for rule in rules:
@@ -281,7 +424,7 @@ def main():
             report("ok", f"alert {name}: severity {severity}, runbook runbooks/{m.group(1)}.md")
     for page, alerts in sorted(pages.items()):
         if not (root / "runbooks" / f"{page}.md").is_file():
-            report("NOTE", f"runbook runbooks/{page}.md ({', '.join(alerts)}): not written yet")
+            report("FAIL", f"runbook runbooks/{page}.md ({', '.join(alerts)}): no such page")
 
     tests_path = root / "infra/prometheus/alerts_test.yml"
     fires, quiet = set(), set()
@@ -298,6 +441,8 @@ def main():
     unknown = (fires | quiet) - {r["alert"] for r in rules}
     for name in sorted(unknown):
         report("FAIL", f"alerts_test.yml tests {name}, which alerts.yml does not define")
+
+    check_dashboard(root, report, check_metric)
 
     print(f"check_alerts: {failures} failed" if failures else "check_alerts: all checks passed")
     return 1 if failures else 0
