@@ -34,6 +34,8 @@ pub struct GeneratorMetrics {
     pub lease_events: Family<LeaseEventLabel, Counter>,
     pub lease_remaining_seconds: Family<LayoutLabel, Gauge<f64, AtomicU64>>,
     pub lease_machine_number: Family<LayoutLabel, Gauge>,
+    /// Numbers of the keeper's range no live lease holds, counted by a scan after each claim.
+    pub lease_numbers_free: Family<LayoutLabel, Gauge>,
     /// 1 synchronized, 0 not, -1 check switched off (development).
     pub clock_synchronized: Gauge,
     /// The kernel's clock offset and estimated error (NaN: nothing to read).
@@ -58,7 +60,7 @@ impl GeneratorMetrics {
         );
         registry.register(
             "idgen_lease_events",
-            "Lease keeper events: claim, claim_all_taken, renew, renew_lost, store_unavailable, release",
+            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, store_unavailable, release, keeper_restarted",
             self.lease_events.clone(),
         );
         registry.register(
@@ -70,6 +72,11 @@ impl GeneratorMetrics {
             "idgen_lease_machine_number",
             "Machine number held, -1 if none",
             self.lease_machine_number.clone(),
+        );
+        registry.register(
+            "idgen_lease_numbers_free",
+            "Machine numbers of this generator's range that no live lease held at its last claim (0 when every one was taken)",
+            self.lease_numbers_free.clone(),
         );
         registry.register(
             "idgen_clock_synchronized",

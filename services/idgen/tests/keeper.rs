@@ -414,3 +414,41 @@ async fn a_release_gives_back_a_claim_whose_answer_was_lost() {
     let mut k2 = keeper(&f, &g2, 5..=5, "b");
     assert!(matches!(k2.tick(now).await, Outcome::Claimed { machine: 5, .. }), "a successor claims at once");
 }
+
+#[tokio::test]
+async fn each_claim_counts_the_numbers_left_free_in_its_range() {
+    // The machine-numbers alert reads this gauge: after a claim, the numbers of the range that no
+    // live lease holds (an expired row is free again; a quarantined one is not).
+    let now = Instant::now();
+    let f = fixture().await;
+    f.store.claim(2, "other-live", T0, T0 + 60_000).await.unwrap();
+    f.store.claim(3, "other-expired", T0 - 120_000, T0 - 60_000).await.unwrap();
+    f.store.quarantine(4, "oncall", T0).await.unwrap();
+    f.store.claim(9, "outside-the-range", T0, T0 + 60_000).await.unwrap();
+    let g = generator(&f.clock);
+    let mut registry = prometheus_client::registry::Registry::default();
+    g.metrics().register(&mut registry);
+    let free = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines().find(|l| l.starts_with("idgen_lease_numbers_free{")).map(str::to_owned)
+    };
+    let mut k = keeper(&f, &g, 0..=5, "a");
+    assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
+    // Six numbers; held: 2 (live), 4 (quarantined) and ours.
+    assert_eq!(free().as_deref(), Some(r#"idgen_lease_numbers_free{layout="v1"} 3"#));
+
+    // Every number taken: the gauge says 0.
+    let h = generator(&f.clock);
+    for holder in ["b", "c", "d"] {
+        let mut other = keeper(&f, &generator(&f.clock), 0..=5, holder);
+        assert!(matches!(other.tick(now).await, Outcome::Claimed { .. }));
+    }
+    let mut registry_h = prometheus_client::registry::Registry::default();
+    h.metrics().register(&mut registry_h);
+    let mut last = keeper(&f, &h, 0..=5, "e");
+    assert!(matches!(last.tick(now).await, Outcome::AllTaken { .. }));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry_h).unwrap();
+    assert!(text.contains(r#"idgen_lease_numbers_free{layout="v1"} 0"#), "{text}");
+}
