@@ -387,6 +387,12 @@ def heredoc(script, marker):
     return found[0]
 
 
+def embedded_file(template, name, launch_template, marker):
+    """The file a launch template's user data writes in its `MARKER` heredoc, rendered for the
+    example stack."""
+    return heredoc(substitute(template, name, user_data(template, launch_template)), marker)
+
+
 def table_kind(facts, table_name):
     audits = {t + facts["audit_suffix"] for t in facts["lease_tables"].values()}
     if table_name in audits:
@@ -627,8 +633,7 @@ def main():
     for template_name, launch, marker, file in VERBATIM:
         @check(f"{file} is embedded byte for byte in {template_name} {launch}")
         def _(template_name=template_name, launch=launch, marker=marker, file=file):
-            template = templates[template_name]
-            embedded = heredoc(substitute(template, template_name, user_data(template, launch)), marker)
+            embedded = embedded_file(templates[template_name], template_name, launch, marker)
             wanted = (root / file).read_text()
             if embedded != wanted:
                 a, b = embedded.splitlines(True), wanted.splitlines(True)
@@ -653,8 +658,7 @@ def main():
     for template_name, launch, marker, file in CONFIGS:
         @check(f"{file} is what {template_name} {launch} writes, with the example values")
         def _(template_name=template_name, launch=launch, marker=marker, file=file):
-            template = templates[template_name]
-            embedded = heredoc(substitute(template, template_name, user_data(template, launch)), marker)
+            embedded = embedded_file(templates[template_name], template_name, launch, marker)
             unresolved = re.findall(r"<unresolved [^>]*>", embedded)
             require(not unresolved, "values check_infra.py cannot resolve: " + ", ".join(unresolved))
             try:

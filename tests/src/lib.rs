@@ -412,3 +412,44 @@ pub async fn open_store(store: &Store) -> anyhow::Result<std::sync::Arc<dyn idge
         }
     })
 }
+
+/// A base port with P…P+13 free: the registry, the public-ID service and the workers of
+/// `idgen up` (three per region, up to two regions).
+pub fn up_base_port() -> u16 {
+    loop {
+        let base = 20_000 + (rand::random::<u16>() % 30_000);
+        if (0..14).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()) {
+            return base;
+        }
+    }
+}
+
+/// Starts `idgen up` in `dir` (its files under `dir/.idgen`) on a free base port, with `extra`
+/// arguments, and waits up to a minute for "idgen is up"; its later output is drained.
+pub async fn start_up(dir: &Path, extra: &[&str]) -> (Child, u16) {
+    let port = up_base_port();
+    let mut child = Command::new(idgen_bin())
+        .args(["up", "--base-port", &port.to_string(), "--dir", &dir.join(".idgen").to_string_lossy()])
+        .args(extra)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.starts_with("idgen is up") {
+                return;
+            }
+        }
+        panic!("idgen up exited before it was up");
+    })
+    .await
+    .expect("idgen up within a minute");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, port)
+}

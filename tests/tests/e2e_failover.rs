@@ -4,24 +4,11 @@
 //! client moves back on its health probe. The caller sees no error throughout; every ID is
 //! collected and none repeats.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use idgen_client::{Client, ClientConfig};
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-/// A base port with P…P+13 free: the registry, the public-ID service and three workers in each
-/// of two regions.
-fn base_port() -> u16 {
-    loop {
-        let base = 20_000 + (rand::random::<u16>() % 30_000);
-        if (0..14).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()) {
-            return base;
-        }
-    }
-}
 
 async fn healthy(http: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
     let response = http.get(format!("{url}/healthz")).send().await.ok()?;
@@ -45,30 +32,8 @@ struct Minted {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_client_fails_over_to_the_backup_region_and_moves_back() {
     let dir = tempfile::tempdir().unwrap();
-    let port = base_port();
-    let mut up = tokio::process::Command::new(idgen_e2e::idgen_bin())
-        .args(["up", "--regions", "a,b", "--cutover-in", "2s", "--restart-after", "3s"])
-        .args(["--base-port", &port.to_string(), "--dir", &dir.path().join(".idgen").to_string_lossy()])
-        .current_dir(dir.path())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.starts_with("idgen is up") {
-                return;
-            }
-        }
-        panic!("idgen up exited before it was up");
-    })
-    .await
-    .expect("idgen up within a minute");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (mut up, port) =
+        idgen_e2e::start_up(dir.path(), &["--regions", "a,b", "--cutover-in", "2s", "--restart-after", "3s"]).await;
 
     let (registry, local, backup) = (
         format!("http://127.0.0.1:{port}"),

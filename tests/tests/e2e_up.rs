@@ -2,47 +2,11 @@
 //! listener behind mutual TLS with the development certificates it makes).
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
-
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-/// A base port with P…P+13 free, so the registry, three workers and the public-ID service fit.
-fn base_port() -> u16 {
-    loop {
-        let base = 20_000 + (rand::random::<u16>() % 30_000);
-        if (0..14).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()) {
-            return base;
-        }
-    }
-}
 
 /// Starts `idgen up` in `dir` and waits for "idgen is up".
 async fn up(dir: &Path, extra: &[&str]) -> (tokio::process::Child, u16) {
-    let port = base_port();
-    let mut child = tokio::process::Command::new(idgen_e2e::idgen_bin())
-        .args(["up", "--base-port", &port.to_string(), "--dir", &dir.join(".idgen").to_string_lossy()])
-        .args(extra)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.starts_with("idgen is up") {
-                return;
-            }
-        }
-        panic!("idgen up exited before it was up");
-    })
-    .await
-    .expect("idgen up within a minute");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, port)
+    idgen_e2e::start_up(dir, extra).await
 }
 
 async fn stop(mut child: tokio::process::Child) {
