@@ -55,7 +55,9 @@ untag_resource update_continuous_backups update_contributor_insights update_glob
 update_global_table_settings update_item update_kinesis_streaming_destination update_table
 update_table_replica_auto_scaling update_time_to_live
 """.split()
-NOT_OPERATIONS = {"config"}  # `self.client.config()`: the client's own settings, no request
+# `self.client.config()`: the client's own settings; `self.client.clone()`: another handle on
+# the same client (for the audit spool's replayer). Neither is a request.
+NOT_OPERATIONS = {"config", "clone"}
 
 # What a generator's role may do: item calls and DescribeTable. Anything else the code calls
 # (CreateTable in `create_tables`, run by `idgen leases init` in development) is table
@@ -267,19 +269,23 @@ def code_facts(root):
     facts["lease_tables"] = dict(re.findall(r'\("(\w+)"\.into\(\),\s*"([\w.-]+)"\.into\(\)\)', tables.group(1)))
     require(facts["lease_tables"], "config.rs: the default lease.tables is empty")
 
-    def schemas(function):
-        bodies = functions(code).get(function)
-        require(bodies, f"dynamodb.rs: no fn {function}")
-        body = raw_body(raw, function)
+    def schemas(function, audit_function=None):
+        """The key schemas `function` gives self.table and (in `audit_function`, if another
+        function does that) self.audit."""
         keys = {}
         for which in ("table", "audit"):
-            # `&self.table, &[...]` in create_tables; `(&self.table, &[...][..])` in verify_tables.
+            name = audit_function if which == "audit" and audit_function else function
+            bodies = functions(code).get(name)
+            require(bodies, f"dynamodb.rs: no fn {name}")
+            body = raw_body(raw, name)
+            # `&self.table, &[...]` in create_tables; `self.verify(&self.audit, &keys)` in
+            # verify_audit_table.
             match = re.search(r"&self\." + which + r"\s*,\s*&(\[.*?\]|\w+)", body, re.S)
-            require(match, f"dynamodb.rs {function}: no key schema for self.{which}")
+            require(match, f"dynamodb.rs {name}: no key schema for self.{which}")
             text = match.group(1)
             if not text.startswith("["):  # a local: `let audit_keys = [...]`
                 local = re.search(r"let\s+" + text + r"\s*=\s*(\[.*?\]);", body, re.S)
-                require(local, f"dynamodb.rs {function}: {text} is not a local array")
+                require(local, f"dynamodb.rs {name}: {text} is not a local array")
                 text = local.group(1)
             keys["lease" if which == "table" else "audit"] = [
                 (name, kind, {"Hash": "HASH", "Range": "RANGE"}[key])
@@ -288,7 +294,7 @@ def code_facts(root):
         return keys
 
     facts["schema"] = schemas("create_tables")
-    facts["verified_schema"] = schemas("verify_tables")
+    facts["verified_schema"] = schemas("verify_lease_table", "verify_audit_table")
 
     keeper = (root / "services/idgen/src/keeper.rs").read_text()
     default = re.search(r"impl Default for LeaseConfig\s*\{(.*?)\n\}", keeper, re.S)

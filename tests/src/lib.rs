@@ -53,6 +53,8 @@ pub struct WorkerSpec {
     pub fence_ms: i64,
     pub machines: (u32, u32),
     pub max_backoff_ms: i64,
+    /// `lease.dynamodb.audit_spool` (default: beside the schedule copy).
+    pub audit_spool: Option<PathBuf>,
 }
 
 impl WorkerSpec {
@@ -73,6 +75,7 @@ impl WorkerSpec {
             fence_ms: 500,
             machines: (0, 63),
             max_backoff_ms: 500,
+            audit_spool: None,
         }
     }
 
@@ -92,8 +95,12 @@ impl WorkerSpec {
         };
         let dynamodb = match &self.store {
             Store::Dynamodb { endpoint, .. } => format!(
-                "[lease.dynamodb]\nendpoint = {}\nattempt_timeout_ms = 500\noperation_timeout_ms = 1000\nmax_attempts = 2\n",
-                serde_json::to_string(endpoint).unwrap()
+                "[lease.dynamodb]\nendpoint = {}\nattempt_timeout_ms = 500\noperation_timeout_ms = 1000\nmax_attempts = 2\n{}",
+                serde_json::to_string(endpoint).unwrap(),
+                self.audit_spool.as_ref().map_or_else(String::new, |dir| format!(
+                    "audit_spool = {}\n",
+                    serde_json::to_string(&dir.to_string_lossy()).unwrap()
+                )),
             ),
             Store::Sqlite(_) => String::new(),
         };

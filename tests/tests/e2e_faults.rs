@@ -560,3 +560,113 @@ async fn e2e_production_mode_follows_the_kernel_clock_state() {
     }
     child.kill().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The audit table is killed mid-run: the records wait in the spool on disk, survive a kill -9,
+// and are all in the table once it is back.
+
+/// The value of one series on `/metrics` (0 when it is not there).
+async fn series(client: &reqwest::Client, worker: &WorkerProcess, name: &str) -> u64 {
+    let text = client.get(format!("{}/metrics", worker.url)).send().await.unwrap().text().await.unwrap();
+    text.lines().find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_audit_table_killed_mid_run_every_record_is_found_afterwards() {
+    let client = client();
+    let store = dynamodb("audit");
+    let Store::Dynamodb { table, endpoint } = &store else { unreachable!() };
+    let audit = format!("{table}-audit");
+    let spool = tempfile::tempdir().unwrap();
+    let spec =
+        WorkerSpec { audit_spool: Some(spool.path().into()), ..WorkerSpec::short_lease_on("audited", store.clone()) };
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    let first = worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    let mut ids = issue_ok(&client, &worker, 200).await;
+
+    let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
+    let dynamodb = idgen::dynamodb::client(&settings).await;
+    dynamodb.delete_table().table_name(&audit).send().await.unwrap();
+
+    // The operator quarantines the worker's number: the change applies, its record is spooled.
+    // (The operator's configuration does not create missing tables, as in production.)
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml().replace("create_tables = true\n", "")).unwrap();
+    let config_path = config.path().to_str().unwrap();
+    let quarantine = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["leases", "--config", config_path, "quarantine", &first.to_string(), "--operator", "oncall"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&quarantine.stderr);
+    assert!(quarantine.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&quarantine.stdout);
+    assert!(stdout.contains("quarantined"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("audit record(s) for") && stderr.contains(&spool.path().display().to_string()), "{stderr}");
+
+    // The worker's renewal fails (renew_failed) and it claims another number (claim): both spooled.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let second = loop {
+        let (status, health) = worker.health(&client).await.unwrap();
+        let held = health["leases"][0]["machine"].as_u64().map(|m| m as u32);
+        if status == 200 && held.is_some_and(|m| m != first) {
+            break held.unwrap();
+        }
+        assert!(Instant::now() < deadline, "never moved off the quarantined number: {health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ids.extend(issue_ok(&client, &worker, 200).await);
+    let waiting = format!("idgen_audit_records_waiting{{table=\"{audit}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while series(&client, &worker, &waiting).await < 2 {
+        assert!(Instant::now() < deadline, "the worker's records never showed as waiting");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // kill -9: now only the spool files hold those records.
+    let mut worker = worker;
+    worker.signal(libc::SIGKILL);
+    worker.child.wait().await.unwrap();
+    let files = std::fs::read_dir(spool.path()).unwrap().count();
+    assert!(files >= 2, "the worker's and the CLI's spool files: {files}");
+
+    // The table comes back; a new worker using the same spool directory writes everything.
+    idgen(&["leases", "--config", config_path, "init"]).await.unwrap();
+    let heir = WorkerProcess::start(&WorkerSpec { name: "heir".into(), ..spec.clone() }).await.unwrap();
+    heir.wait_ready(&client, Duration::from_secs(15)).await.unwrap();
+    let replayed = format!("idgen_audit_records_replayed_total{{table=\"{audit}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while series(&client, &heir, &replayed).await < 3 || std::fs::read_dir(spool.path()).unwrap().count() > 0 {
+        assert!(Instant::now() < deadline, "spooled records not replayed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(series(&client, &heir, &waiting).await, 0);
+
+    let events = |machine: u32| {
+        let config_path = config_path.to_owned();
+        async move {
+            let out =
+                idgen(&["leases", "--config", &config_path, "--json", "history", &machine.to_string()]).await.unwrap();
+            serde_json::from_str::<serde_json::Value>(&out)
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["event"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let of_first = events(first).await;
+    let of_second = events(second).await;
+    assert!(
+        of_first.contains(&"quarantine".to_owned()) && of_first.contains(&"renew_failed".to_owned()),
+        "{of_first:?}"
+    );
+    assert!(of_second.contains(&"claim".to_owned()), "{of_second:?}");
+    ids.extend(issue_ok(&client, &heir, 200).await);
+    let checked = assert_no_duplicates(&mut ids);
+    println!(
+        "audit table killed: machine {first}: {of_first:?}, machine {second}: {of_second:?}, all written after a kill -9; {checked} IDs, no duplicates"
+    );
+    heir.stop().await.unwrap();
+}

@@ -71,6 +71,15 @@ async fn e2e_public_ids_through_the_binary() {
     let forged: String = forged.into_iter().collect();
     let response = http.get(format!("{url}/v1/public-ids/{forged}")).send().await.unwrap();
     assert_eq!(response.status(), 404);
+    // The start-up's KMS calls, on /metrics: one data key generated, one unwrapped.
+    let metrics = http.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    for series in [
+        r#"idgen_public_kms_calls_total{operation="generate_data_key",outcome="ok"} 1"#,
+        r#"idgen_public_kms_calls_total{operation="decrypt",outcome="ok"} 1"#,
+        r#"idgen_public_kms_calls_total{operation="decrypt",outcome="error"} 0"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing from /metrics:\n{metrics}");
+    }
     println!(
         "public IDs: three formats round-tripped through `idgen public`, 32 concurrent creates agreed, a forged ID was 404"
     );

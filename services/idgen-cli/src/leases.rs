@@ -120,6 +120,23 @@ fn machine_of(id: &str, issuing: &Issuing, config: &WorkerConfig) -> anyhow::Res
 }
 
 pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
+    let result = run_command(args).await;
+    // A change that applied but whose audit record the table would not take: its record is in
+    // the spool. Try once more, then say where it waits.
+    if idgen::audit_spool::flush_all(std::time::Duration::from_secs(5)).await > 0 {
+        for (dir, table, waiting) in idgen::audit_spool::waiting_spools() {
+            eprintln!(
+                "warning: {waiting} audit record(s) for {table} could not be written to the table. They are kept, \
+                 fsynced, in {}; a worker or the next `idgen leases` command using that directory writes them \
+                 once the table answers.",
+                dir.display()
+            );
+        }
+    }
+    result
+}
+
+async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
     let config = WorkerConfig::load(args.config.as_deref())?;
     let id = match &args.command {
         LeasesCommand::Quarantine { id: Some(id), operator, .. } => Some((id.clone(), operator.clone())),
@@ -134,7 +151,7 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
             if let Some(layout) = layout.filter(|l| *l != of_id) {
                 bail!("--layout {layout} contradicts the ID, which belongs to layout {of_id}");
             }
-            let store = idgen_worker::open_lease_store(&config, &of_id).await?;
+            let store = idgen::open_lease_store_for_operator(&config, &of_id).await?;
             return quarantine_and_print(&*store, &of_id, machine, &operator, args.json).await;
         }
         (None, None) => {
@@ -145,7 +162,7 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
     if let LeasesCommand::Init = args.command {
         return init(&config, &layout, args.json).await;
     }
-    let store = idgen_worker::open_lease_store(&config, &layout).await?;
+    let store = idgen::open_lease_store_for_operator(&config, &layout).await?;
     let now = idgen::system_unix_ms();
     match args.command {
         LeasesCommand::Init => unreachable!("handled above"),

@@ -85,7 +85,8 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
             let kms = config.kms.as_ref().context("no [kms] section: the encrypted format is not configured")?;
             let store = idgen_public_ids::store::PublicIdStore::connect(&config.database_url).await?;
             let client = idgen_public_ids::kms::client(&kms.settings()).await;
-            let version = idgen_public_ids::kms::add_key_version(&store, &client, &kms.key_id).await?;
+            let version =
+                idgen_public_ids::kms::add_key_version(&store, &client, &kms.key_id, &Default::default()).await?;
             println!("data key version {version} added; restart the service to encrypt with it");
             Ok(())
         }

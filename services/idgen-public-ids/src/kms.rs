@@ -4,6 +4,10 @@
 
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use zeroize::Zeroizing;
 
 use crate::format::Keyring;
@@ -13,11 +17,50 @@ pub async fn client(settings: &idgen::dynamodb::AwsSettings) -> aws_sdk_kms::Cli
     aws_sdk_kms::Client::new(&idgen::dynamodb::sdk_config(settings).await)
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KmsCallLabel {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+/// KMS calls by operation and outcome, for `/metrics` (`idgen_public_kms_calls`).
+#[derive(Default)]
+pub struct KmsMetrics {
+    pub calls: Family<KmsCallLabel, Counter>,
+}
+
+impl KmsMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        for operation in ["generate_data_key", "decrypt"] {
+            for outcome in ["ok", "error"] {
+                let _ = self.calls.get_or_create(&KmsCallLabel { operation, outcome });
+            }
+        }
+        registry.register(
+            "idgen_public_kms_calls",
+            "Calls to AWS KMS by operation (generate_data_key, decrypt) and outcome (ok, error)",
+            self.calls.clone(),
+        );
+    }
+
+    fn count<T, E>(&self, operation: &'static str, result: &Result<T, E>) {
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.calls.get_or_create(&KmsCallLabel { operation, outcome }).inc();
+    }
+}
+
 /// Generates a new data key under `key_id` and stores its wrapped form as the next version.
-pub async fn add_key_version(store: &PublicIdStore, kms: &aws_sdk_kms::Client, key_id: &str) -> anyhow::Result<u8> {
+pub async fn add_key_version(
+    store: &PublicIdStore,
+    kms: &aws_sdk_kms::Client,
+    key_id: &str,
+    metrics: &KmsMetrics,
+) -> anyhow::Result<u8> {
     let next = store.wrapped_keys().await?.iter().map(|(v, _, _)| *v).max().unwrap_or(0).checked_add(1);
     let next = next.ok_or_else(|| anyhow::anyhow!("all 255 key versions are used"))?;
-    let generated = kms.generate_data_key().key_id(key_id).key_spec(DataKeySpec::Aes256).send().await?;
+    let generated = kms.generate_data_key().key_id(key_id).key_spec(DataKeySpec::Aes256).send().await;
+    metrics.count("generate_data_key", &generated);
+    let generated = generated?;
     let wrapped = generated.ciphertext_blob().ok_or_else(|| anyhow::anyhow!("KMS returned no wrapped key"))?;
     if !store.add_wrapped_key(next, key_id, wrapped.as_ref(), idgen::system_unix_ms()).await? {
         anyhow::bail!("key version {next} was added concurrently; try again");
@@ -26,9 +69,14 @@ pub async fn add_key_version(store: &PublicIdStore, kms: &aws_sdk_kms::Client, k
 }
 
 /// Every stored version unwrapped (creating version 1 first if there is none).
-pub async fn load_keyring(store: &PublicIdStore, kms: &aws_sdk_kms::Client, key_id: &str) -> anyhow::Result<Keyring> {
+pub async fn load_keyring(
+    store: &PublicIdStore,
+    kms: &aws_sdk_kms::Client,
+    key_id: &str,
+    metrics: &KmsMetrics,
+) -> anyhow::Result<Keyring> {
     if store.wrapped_keys().await?.is_empty()
-        && let Err(error) = add_key_version(store, kms, key_id).await
+        && let Err(error) = add_key_version(store, kms, key_id, metrics).await
         && store.wrapped_keys().await?.is_empty()
     {
         // (Two instances starting at once: one wins version 1 and the other just loads it.)
@@ -36,7 +84,9 @@ pub async fn load_keyring(store: &PublicIdStore, kms: &aws_sdk_kms::Client, key_
     }
     let mut keys = Vec::new();
     for (version, wrapping_key, wrapped) in store.wrapped_keys().await? {
-        let plain = kms.decrypt().key_id(&wrapping_key).ciphertext_blob(Blob::new(wrapped)).send().await?;
+        let plain = kms.decrypt().key_id(&wrapping_key).ciphertext_blob(Blob::new(wrapped)).send().await;
+        metrics.count("decrypt", &plain);
+        let plain = plain?;
         let plaintext =
             plain.plaintext().ok_or_else(|| anyhow::anyhow!("KMS returned no plaintext for key version {version}"))?;
         keys.push((version, Zeroizing::new(plaintext.as_ref().to_vec())));

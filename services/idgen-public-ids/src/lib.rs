@@ -54,11 +54,15 @@ pub async fn serve(
     let store = store::PublicIdStore::connect(&config.database_url).await.with_context(|| {
         format!("opening the public-ID database {}", idgen::config::redacted_url(&config.database_url))
     })?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let kms_metrics = kms::KmsMetrics::default();
+    kms_metrics.register(&mut registry);
     let keyring = match &config.kms {
         Some(kms) => {
             let client = kms::client(&kms.settings()).await;
-            let keyring =
-                kms::load_keyring(&store, &client, &kms.key_id).await.context("unwrapping the data keys with KMS")?;
+            let keyring = kms::load_keyring(&store, &client, &kms.key_id, &kms_metrics)
+                .await
+                .context("unwrapping the data keys with KMS")?;
             tracing::info!(versions = ?keyring.versions(), "encrypted format ready");
             Some(Arc::new(keyring))
         }
@@ -67,7 +71,6 @@ pub async fn serve(
             None
         }
     };
-    let mut registry = prometheus_client::registry::Registry::default();
     let quota_metrics = Arc::new(idgen_server::QuotaMetrics::default());
     quota_metrics.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);

@@ -117,6 +117,10 @@ pub struct DynamoDbSection {
     pub attempt_timeout_ms: u64,
     pub operation_timeout_ms: u64,
     pub max_attempts: u32,
+    /// The directory where audit records the audit table would not take wait, fsynced, until
+    /// it answers (default: `audit-spool/` beside `schedule_cache`; production: an absolute
+    /// path on local disk that survives a restart).
+    pub audit_spool: Option<PathBuf>,
 }
 
 impl Default for DynamoDbSection {
@@ -128,6 +132,7 @@ impl Default for DynamoDbSection {
             attempt_timeout_ms: defaults.attempt_timeout.as_millis() as u64,
             operation_timeout_ms: defaults.operation_timeout.as_millis() as u64,
             max_attempts: defaults.max_attempts,
+            audit_spool: None,
         }
     }
 }
@@ -283,6 +288,16 @@ impl GeneratorConfig {
         self.schedule_cache.clone().unwrap_or_else(|| PathBuf::from(format!(".idgen/schedule-{}.json", self.region())))
     }
 
+    /// Where DynamoDB audit records wait while the audit table refuses them: configured, or
+    /// `audit-spool/` in the schedule copy's directory.
+    pub fn audit_spool_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.lease.dynamodb.audit_spool {
+            return dir.clone();
+        }
+        let cache = self.schedule_cache_path();
+        cache.parent().unwrap_or(Path::new("")).join("audit-spool")
+    }
+
     /// The lease table of a layout: configured, or `idgen-leases-<layout>` for layouts added later.
     pub fn table_for(&self, layout: &str) -> anyhow::Result<String> {
         if let Some(table) = self.lease.tables.get(layout) {
@@ -348,6 +363,11 @@ impl GeneratorConfig {
             }
             Some(StoreKind::Dynamodb) if self.lease.dynamodb.region.is_none() => need("lease.dynamodb.region"),
             Some(_) => {}
+        }
+        if self.lease.store == Some(StoreKind::Dynamodb) && !self.audit_spool_dir().is_absolute() {
+            need(
+                "lease.dynamodb.audit_spool (an absolute path: where audit records wait while the audit table is down)",
+            );
         }
         if self.lease.create_tables {
             need("no lease.create_tables (development only; production runs `idgen leases init` once)");
@@ -455,13 +475,31 @@ impl GeneratorConfig {
 /// The lease table of `layout` as the configuration describes it (created first when
 /// `lease.create_tables` is set, or always for SQLite, whose tables are part of its file).
 pub async fn open_lease_store(config: &GeneratorConfig, layout: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    open_store(config, layout, true).await
+}
+
+/// [`open_lease_store`] for an operator's command: a DynamoDB audit table that does not exist
+/// is only warned about (the command's records wait in the audit spool), so that a quarantine
+/// is never held up by the audit table. A generator's start refuses it instead.
+pub async fn open_lease_store_for_operator(
+    config: &GeneratorConfig,
+    layout: &str,
+) -> anyhow::Result<Arc<dyn LeaseStore>> {
+    open_store(config, layout, false).await
+}
+
+async fn open_store(
+    config: &GeneratorConfig,
+    layout: &str,
+    #[cfg_attr(not(feature = "dynamodb"), allow(unused_variables))] audit_required: bool,
+) -> anyhow::Result<Arc<dyn LeaseStore>> {
     // A layout the registry added later (v3, …) gets `idgen-leases-<layout>` unless configured.
     let table = config.table_for(layout)?;
     match config.store_kind() {
         #[cfg(feature = "sqlite")]
         StoreKind::Sqlite => open_sqlite(config, &table).await,
         #[cfg(feature = "dynamodb")]
-        StoreKind::Dynamodb => open_dynamodb(config, &table).await,
+        StoreKind::Dynamodb => open_dynamodb(config, &table, audit_required).await,
         #[allow(unreachable_patterns)]
         kind => bail!("cannot open lease table {table}: this build of idgen has no {kind:?} support (a cargo feature)"),
     }
@@ -480,7 +518,11 @@ async fn open_sqlite(config: &GeneratorConfig, table: &str) -> anyhow::Result<Ar
 }
 
 #[cfg(feature = "dynamodb")]
-async fn open_dynamodb(config: &GeneratorConfig, table: &str) -> anyhow::Result<Arc<dyn LeaseStore>> {
+async fn open_dynamodb(
+    config: &GeneratorConfig,
+    table: &str,
+    audit_required: bool,
+) -> anyhow::Result<Arc<dyn LeaseStore>> {
     use crate::dynamodb::DynamoDbLeaseStore;
     let settings = config.lease.dynamodb.settings();
     if config.lease.create_tables {
@@ -490,11 +532,27 @@ async fn open_dynamodb(config: &GeneratorConfig, table: &str) -> anyhow::Result<
             .await
             .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
     }
-    let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table);
-    match store.verify_tables().await {
+    let spool = config.audit_spool_dir();
+    let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table)
+        .with_audit_spool(&spool)
+        .with_context(|| format!("the audit spool directory {} (lease.dynamodb.audit_spool)", spool.display()))?;
+    match store.verify_lease_table().await {
         Ok(()) => {}
         Err(error @ crate::StoreError::Unavailable(_)) => {
             tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
+        }
+    }
+    let audit = store.audit_table().to_owned();
+    match store.verify_audit_table().await {
+        Ok(()) => {}
+        Err(error @ crate::StoreError::Unavailable(_)) => {
+            tracing::warn!(%error, table = audit, "audit table unreachable: its records wait in the audit spool")
+        }
+        Err(error @ crate::StoreError::Misconfigured(_)) if !audit_required => {
+            tracing::warn!(%error, table = audit, spool = %spool.display(), "no audit table: the records of this command's changes wait in the audit spool")
         }
         Err(error) => {
             return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));

@@ -15,6 +15,7 @@
 //! window is a single Query.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,11 +30,13 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
+use crate::audit_spool::{AuditSink, AuditSpool, SpooledRecord};
 pub use crate::aws::DynamoDbSettings;
 use crate::lease_store::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS,
     QUARANTINED, StoreError,
 };
+use crate::metrics::TableLabel;
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -73,6 +76,34 @@ pub struct DynamoDbLeaseStore {
     client: Client,
     table: String,
     audit: String,
+    /// Where audit records the table would not take wait (none: they are only logged).
+    spool: Option<Arc<AuditSpool>>,
+}
+
+/// Writes audit items: the store's own records and the spool's replays.
+struct AuditTable {
+    client: Client,
+    audit: String,
+}
+
+#[async_trait]
+impl AuditSink for AuditTable {
+    async fn put(&self, record: &SpooledRecord) -> Result<(), StoreError> {
+        self.client
+            .put_item()
+            .table_name(&self.audit)
+            .item("machine_id", n(record.machine_id))
+            .item("event_key", s(&record.event_key))
+            .item("event", s(&record.event))
+            .item("holder", s(&record.holder))
+            .item("lease_epoch", n(record.lease_epoch))
+            .item("lease_expiry", n(record.lease_expiry))
+            .item("at_unix_ms", n(record.at_unix_ms))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
 }
 
 fn n(value: impl ToString) -> AttributeValue {
@@ -157,7 +188,21 @@ const READ_WRITE_ATTEMPTS: usize = 5;
 impl DynamoDbLeaseStore {
     /// A store on `table` (and its audit table `<table>-audit`). Does not create anything.
     pub fn new(client: Client, table: &str) -> Self {
-        DynamoDbLeaseStore { client, table: table.to_owned(), audit: format!("{table}-audit") }
+        DynamoDbLeaseStore { client, table: table.to_owned(), audit: format!("{table}-audit"), spool: None }
+    }
+
+    /// Audit records the table would not take (after the SDK's retries) go to a spool in
+    /// `dir`, fsynced, and are written by a background replayer once the table answers
+    /// ([`crate::audit_spool`]). Fails if `dir` cannot be written to.
+    pub fn with_audit_spool(mut self, dir: &std::path::Path) -> std::io::Result<Self> {
+        let sink = Arc::new(AuditTable { client: self.client.clone(), audit: self.audit.clone() });
+        self.spool = Some(AuditSpool::shared(dir, &self.audit, sink)?);
+        Ok(self)
+    }
+
+    /// The spool this store's audit records wait in when the table refuses them.
+    pub fn audit_spool(&self) -> Option<&Arc<AuditSpool>> {
+        self.spool.as_ref()
     }
 
     /// A conditional update of one row's lease attributes, ALL_OLD on a failed condition.
@@ -227,19 +272,29 @@ impl DynamoDbLeaseStore {
     /// so that a mistyped table or region fails a worker's start instead of leaving it not-ready
     /// with only warnings. A table that cannot be reached is `Unavailable`, not misconfigured.
     pub async fn verify_tables(&self) -> Result<(), StoreError> {
-        let audit_keys = [
+        self.verify_lease_table().await?;
+        self.verify_audit_table().await
+    }
+
+    /// [`Self::verify_tables`] for the lease table only.
+    pub async fn verify_lease_table(&self) -> Result<(), StoreError> {
+        self.verify(&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)]).await
+    }
+
+    /// [`Self::verify_tables`] for the audit table only.
+    pub async fn verify_audit_table(&self) -> Result<(), StoreError> {
+        let keys = [
             ("machine_id", ScalarAttributeType::N, KeyType::Hash),
             ("event_key", ScalarAttributeType::S, KeyType::Range),
         ];
-        for (name, keys) in [
-            (&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)][..]),
-            (&self.audit, &audit_keys[..]),
-        ] {
-            if self.table_state(name, keys).await? == TableState::Missing {
-                return Err(StoreError::Misconfigured(format!(
-                    "table {name} does not exist (create it with `idgen leases init`)"
-                )));
-            }
+        self.verify(&self.audit, &keys).await
+    }
+
+    async fn verify(&self, name: &str, keys: &[(&str, ScalarAttributeType, KeyType)]) -> Result<(), StoreError> {
+        if self.table_state(name, keys).await? == TableState::Missing {
+            return Err(StoreError::Misconfigured(format!(
+                "table {name} does not exist (create it with `idgen leases init`)"
+            )));
         }
         Ok(())
     }
@@ -273,31 +328,50 @@ impl DynamoDbLeaseStore {
         })
     }
 
-    async fn record(&self, event: AuditEvent) -> Result<(), StoreError> {
-        let key = format!("{:020}#{}#{:016x}", event.at_unix_ms.max(0), event.kind.as_str(), rand::random::<u64>());
-        self.client
-            .put_item()
-            .table_name(&self.audit)
-            .item("machine_id", n(event.machine_id))
-            .item("event_key", s(key))
-            .item("event", s(event.kind.as_str()))
-            .item("holder", s(event.holder))
-            .item("lease_epoch", n(event.lease_epoch))
-            .item("lease_expiry", n(event.lease_expiry))
-            .item("at_unix_ms", n(event.at_unix_ms))
-            .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
     /// Records an event whose outcome is already decided (a change applied, or a renewal
-    /// refused): a lost record must not turn that outcome into an error the keeper would act on,
-    /// so it is logged loudly instead.
+    /// refused): a record the table will not take must not turn that outcome into an error the
+    /// keeper would act on. It goes to the spool instead (straight away while earlier ones wait
+    /// there, so an outage costs one timeout, not one per record); only without a spool, or
+    /// when the spool cannot be written either, is it lost, and then logged loudly.
     async fn record_or_log(&self, event: AuditEvent) {
-        let what = format!("{} of machine {} by {}", event.kind.as_str(), event.machine_id, event.holder);
-        if let Err(error) = self.record(event).await {
-            tracing::error!(%error, table = %self.audit, "audit record lost: {what}");
+        let record = SpooledRecord {
+            machine_id: event.machine_id,
+            event_key: format!(
+                "{:020}#{}#{:016x}",
+                event.at_unix_ms.max(0),
+                event.kind.as_str(),
+                rand::random::<u64>()
+            ),
+            event: event.kind.as_str().to_owned(),
+            holder: event.holder,
+            lease_epoch: event.lease_epoch,
+            lease_expiry: event.lease_expiry,
+            at_unix_ms: event.at_unix_ms,
+        };
+        let what = format!("{} of machine {} by {}", record.event, record.machine_id, record.holder);
+        let error = match &self.spool {
+            Some(spool) if spool.waiting() > 0 => "earlier records are still waiting in the spool".to_owned(),
+            _ => {
+                let table = AuditTable { client: self.client.clone(), audit: self.audit.clone() };
+                match table.put(&record).await {
+                    Ok(()) => return,
+                    Err(error) => error.to_string(),
+                }
+            }
+        };
+        let Some(spool) = &self.spool else {
+            crate::metrics::audit_spool().lost.get_or_create(&TableLabel { table: self.audit.clone() }).inc();
+            tracing::error!(%error, table = %self.audit, "audit record lost (no spool configured): {what}");
+            return;
+        };
+        match spool.append(&record) {
+            Ok(()) => {
+                tracing::warn!(%error, table = %self.audit, spool = %spool.dir().display(), "audit record spooled: {what}")
+            }
+            Err(spool_error) => {
+                crate::metrics::audit_spool().lost.get_or_create(&TableLabel { table: self.audit.clone() }).inc();
+                tracing::error!(%error, %spool_error, table = %self.audit, "audit record lost (the spool failed too): {what}");
+            }
         }
     }
 }

@@ -221,13 +221,23 @@ impl EmbeddedGenerator {
         self.kept.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
-    /// Stops issuing and releases every lease (each keeper writes `last issued + 1`).
+    /// Stops issuing and releases every lease (each keeper writes `last issued + 1`). Audit
+    /// records still spooled get one last try of at most 2 s; what is left stays on disk for
+    /// the next process using the same spool directory.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
-        match self.supervisor.take() {
+        let stopped = match self.supervisor.take() {
             Some(task) => task.await.context("the lease supervisor task")?,
             None => Ok(()),
+        };
+        #[cfg(feature = "dynamodb")]
+        {
+            let left = crate::audit_spool::flush_all(std::time::Duration::from_secs(2)).await;
+            if left > 0 {
+                tracing::warn!(waiting = left, "audit records still spooled at exit: the next start writes them");
+            }
         }
+        stopped
     }
 }
 

@@ -9,6 +9,8 @@
 //! ([`IdGenerator::next_ids`]) touches memory only: the lease store is called from the keeper's
 //! loop, never per ID.
 
+#[cfg(feature = "dynamodb")]
+pub mod audit_spool;
 pub mod aws;
 pub mod clock;
 pub mod config;
@@ -30,7 +32,7 @@ pub mod tls;
 
 pub use aws::DynamoDbSettings;
 pub use clock::{Clock, Discipline, ManualClock, SyncStatus, SystemClock, kernel_discipline, system_unix_ms};
-pub use config::{GeneratorConfig, Role, StoreKind, open_lease_store};
+pub use config::{GeneratorConfig, Role, StoreKind, open_lease_store, open_lease_store_for_operator};
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::DynamoDbLeaseStore;
 pub use embedded::{EmbeddedGenerator, StartOptions};

@@ -24,6 +24,27 @@ pub struct LayoutLabel {
     pub layout: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: String,
+}
+
+/// The audit spool's counts ([`crate::audit_spool`]), per audit table. One set per process:
+/// a spool belongs to the process, not to one generator.
+#[derive(Default)]
+pub struct AuditSpoolMetrics {
+    pub waiting: Family<TableLabel, Gauge>,
+    pub spooled: Family<TableLabel, Counter>,
+    pub replayed: Family<TableLabel, Counter>,
+    pub lost: Family<TableLabel, Counter>,
+}
+
+/// This process's audit spool metrics.
+pub fn audit_spool() -> &'static AuditSpoolMetrics {
+    static METRICS: std::sync::LazyLock<AuditSpoolMetrics> = std::sync::LazyLock::new(Default::default);
+    &METRICS
+}
+
 #[derive(Default)]
 pub struct GeneratorMetrics {
     pub ids_issued: Counter,
@@ -92,6 +113,27 @@ impl GeneratorMetrics {
             "idgen_clock_estimated_error_seconds",
             "The kernel's estimated clock error (adjtimex esterror); NaN if unknown",
             self.clock_estimated_error_seconds.clone(),
+        );
+        let spool = audit_spool();
+        registry.register(
+            "idgen_audit_records_waiting",
+            "Audit records the audit table would not take, spooled on local disk and not yet written to it",
+            spool.waiting.clone(),
+        );
+        registry.register(
+            "idgen_audit_records_spooled",
+            "Audit records written to the local spool because the audit table would not take them",
+            spool.spooled.clone(),
+        );
+        registry.register(
+            "idgen_audit_records_replayed",
+            "Spooled audit records written to the audit table once it answered",
+            spool.replayed.clone(),
+        );
+        registry.register(
+            "idgen_audit_records_lost",
+            "Audit records neither written nor spooled (the spool failed too), or unreadable in the spool",
+            spool.lost.clone(),
         );
     }
 

@@ -1,0 +1,500 @@
+//! An audit record is never lost: one the audit table would not take (after the SDK's own
+//! retries with backoff) is appended to a local spool file and fsynced before the caller goes
+//! on, then written to the table by a background replayer, with backoff, once it answers.
+//!
+//! The spool is a directory (`lease.dynamodb.audit_spool`, by default `audit-spool/` beside the
+//! schedule copy). Each process appends to a file of its own,
+//! `<audit table>.<pid>-<random>.spool`, one JSON record per line, and holds an exclusive
+//! `flock` on it for as long as it lives. A replayer takes its own file by renaming it aside
+//! (the lock stays with the open file) and writes it out; it also takes any other file of the
+//! same audit table whose lock it can get, because the process that wrote it is gone (a crash, a
+//! `kill -9`, an operator's CLI that exited while the table was down). A file is removed only
+//! after every line in it was written.
+//!
+//! Every record carries the event key it was first tried with, so writing one twice (a replay
+//! cut short, two replayers racing for a dead process's file) leaves one item, not two.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::lease_store::StoreError;
+use crate::metrics::{AuditSpoolMetrics, TableLabel};
+
+/// One audit item exactly as the audit table stores it (see `dynamodb.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpooledRecord {
+    pub machine_id: u32,
+    /// `<20-digit Unix ms>#<event>#<random>`: fixed when the record is made, so a replay
+    /// overwrites rather than duplicates.
+    pub event_key: String,
+    pub event: String,
+    pub holder: String,
+    pub lease_epoch: u64,
+    pub lease_expiry: i64,
+    pub at_unix_ms: i64,
+}
+
+/// Where spooled records are written once the table answers.
+#[async_trait]
+pub trait AuditSink: Send + Sync + 'static {
+    async fn put(&self, record: &SpooledRecord) -> Result<(), StoreError>;
+}
+
+/// The first pause after a failed replay; it doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How often the directory is looked at for files of processes that are gone.
+const SCAN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A spool file this process holds the lock of.
+struct Held {
+    path: PathBuf,
+    file: File,
+    /// Lines in the file, and how many of them were already written to the table.
+    lines: u64,
+    written: u64,
+}
+
+struct Files {
+    /// The file new records go to (created at the first record).
+    own: Option<Held>,
+    /// Files set aside for the replayer: our own earlier ones and those of processes now gone.
+    aside: Vec<Held>,
+    rotations: u64,
+}
+
+/// The spool of one audit table in one directory, shared by every store of this process on that
+/// table ([`AuditSpool::shared`]).
+pub struct AuditSpool {
+    dir: PathBuf,
+    table: String,
+    /// `<pid>-<random>`: this process's part of its file names.
+    me: String,
+    sink: Arc<dyn AuditSink>,
+    files: Mutex<Files>,
+    /// Records in the files this process holds that are not written yet.
+    waiting: AtomicU64,
+    /// One replay at a time (the background task, or a final flush).
+    replaying: tokio::sync::Mutex<()>,
+    wake: Arc<Notify>,
+    metrics: &'static AuditSpoolMetrics,
+}
+
+/// The spools of this process, so two stores on one audit table share one file and one
+/// replayer, and a final flush can reach them all. A spool lives as long as its process: its
+/// records outlive the store that wrote them.
+static SPOOLS: LazyLock<Mutex<HashMap<SpoolKey, Arc<AuditSpool>>>> = LazyLock::new(Default::default);
+
+/// A spool directory and an audit table.
+type SpoolKey = (PathBuf, String);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// fsyncs a directory, so a file created or renamed in it survives a crash.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl AuditSpool {
+    /// The spool of `table` in `dir` (created if missing), with its replayer running on the
+    /// current Tokio runtime; the one this process already has, if any.
+    pub fn shared(dir: &Path, table: &str, sink: Arc<dyn AuditSink>) -> io::Result<Arc<AuditSpool>> {
+        std::fs::create_dir_all(dir)?;
+        let dir = dir.canonicalize()?;
+        let key = (dir.clone(), table.to_owned());
+        let mut spools = lock(&SPOOLS);
+        if let Some(spool) = spools.get(&key) {
+            return Ok(spool.clone());
+        }
+        let spool = Arc::new(AuditSpool::new(dir, table, sink)?);
+        spools.insert(key, spool.clone());
+        spool.spawn_replayer();
+        Ok(spool)
+    }
+
+    fn new(dir: PathBuf, table: &str, sink: Arc<dyn AuditSink>) -> io::Result<AuditSpool> {
+        // A directory we cannot write to must fail the start, not the first lost record.
+        let probe = dir.join(format!(".probe-{}-{:016x}", std::process::id(), rand::random::<u64>()));
+        File::create(&probe)?;
+        std::fs::remove_file(&probe)?;
+        let metrics = crate::metrics::audit_spool();
+        let label = TableLabel { table: table.to_owned() };
+        // Every series exists from the start, at 0, so an alert sees the first increase.
+        metrics.waiting.get_or_create(&label).set(0);
+        for family in [&metrics.spooled, &metrics.replayed, &metrics.lost] {
+            let _ = family.get_or_create(&label);
+        }
+        Ok(AuditSpool {
+            dir,
+            table: table.to_owned(),
+            me: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
+            sink,
+            files: Mutex::new(Files { own: None, aside: Vec::new(), rotations: 0 }),
+            waiting: AtomicU64::new(0),
+            replaying: tokio::sync::Mutex::new(()),
+            wake: Arc::new(Notify::new()),
+            metrics,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records spooled by this process (or taken over from a gone one) and not written yet.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    fn label(&self) -> TableLabel {
+        TableLabel { table: self.table.clone() }
+    }
+
+    fn set_waiting(&self, delta: i64) {
+        let apply = |n: u64| n.saturating_add_signed(delta);
+        let before = self.waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(apply(n)));
+        let now = apply(before.unwrap_or_else(|n| n));
+        self.metrics.waiting.get_or_create(&self.label()).set(now as i64);
+    }
+
+    /// Appends `record` and fsyncs it: when this returns `Ok`, the record survives a crash.
+    pub fn append(&self, record: &SpooledRecord) -> io::Result<()> {
+        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
+        line.push(b'\n');
+        let mut files = lock(&self.files);
+        if files.own.is_none() {
+            let path = self.dir.join(format!("{}.{}.spool", self.table, self.me));
+            let file = OpenOptions::new().create_new(true).append(true).read(true).open(&path)?;
+            file.try_lock().map_err(|error| io::Error::other(format!("locking {}: {error}", path.display())))?;
+            sync_dir(&self.dir)?;
+            files.own = Some(Held { path, file, lines: 0, written: 0 });
+        }
+        let own = files.own.as_mut().expect("opened above");
+        own.file.write_all(&line)?;
+        own.file.sync_data()?;
+        own.lines += 1;
+        drop(files);
+        self.set_waiting(1);
+        self.metrics.spooled.get_or_create(&self.label()).inc();
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Writes out everything this process can take: its own records, and the files of
+    /// processes that are gone. `Ok(n)`: all written (`n` records); `Err`: the table still
+    /// refuses, and what was not written stays spooled.
+    pub async fn replay(&self) -> Result<u64, StoreError> {
+        let _one = self.replaying.lock().await;
+        self.set_aside().map_err(|error| StoreError::Unavailable(format!("spool {}: {error}", self.dir.display())))?;
+        let mut total = 0;
+        loop {
+            let Some(mut held) = lock(&self.files).aside.pop() else { return Ok(total) };
+            match self.write_out(&mut held).await {
+                Ok(written) => {
+                    total += written;
+                    // Only now is the file gone: a crash before this replays it again (harmless).
+                    if let Err(error) = std::fs::remove_file(&held.path)
+                        && error.kind() != io::ErrorKind::NotFound
+                    {
+                        tracing::error!(%error, file = %held.path.display(), "cannot remove a replayed audit spool file");
+                    }
+                    let _ = sync_dir(&self.dir);
+                }
+                Err(error) => {
+                    lock(&self.files).aside.push(held);
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// Moves our own file aside (new records start a new one) and takes the files of processes
+    /// that are gone.
+    fn set_aside(&self) -> io::Result<()> {
+        let mut files = lock(&self.files);
+        if let Some(own) = files.own.take_if(|own| own.lines > 0) {
+            files.rotations += 1;
+            let path = self.dir.join(format!("{}.{}-{}.spool", self.table, self.me, files.rotations));
+            std::fs::rename(&own.path, &path)?;
+            sync_dir(&self.dir)?;
+            files.aside.push(Held { path, ..own });
+        }
+        let ours: Vec<PathBuf> = files.own.iter().chain(&files.aside).map(|held| held.path.clone()).collect();
+        drop(files);
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if ours.contains(&path) || !self.is_ours_to_take(&path) {
+                continue;
+            }
+            let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) else { continue };
+            if file.try_lock().is_err() {
+                continue; // its process is alive and replays it itself
+            }
+            let lines = BufReader::new(&file).lines().count() as u64;
+            tracing::warn!(file = %path.display(), records = lines, "taking over the audit spool of a process that is gone");
+            lock(&self.files).aside.push(Held { path, file, lines, written: 0 });
+            self.set_waiting(lines as i64);
+        }
+        Ok(())
+    }
+
+    /// A spool file of this audit table: `<table>.<id>.spool`, where the id has no dot (a table
+    /// name may have dots, so the name is split at the last one).
+    fn is_ours_to_take(&self, path: &Path) -> bool {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
+        let Some(stem) = name.strip_suffix(".spool") else { return false };
+        stem.rsplit_once('.').is_some_and(|(table, id)| table == self.table && !id.is_empty())
+    }
+
+    /// Writes the file's records not yet written, in order.
+    async fn write_out(&self, held: &mut Held) -> Result<u64, StoreError> {
+        held.file.rewind().map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut lines = Vec::new();
+        for line in BufReader::new(&held.file).lines() {
+            lines.push(line.map_err(|e| StoreError::Unavailable(format!("reading {}: {e}", held.path.display())))?);
+        }
+        let mut written = 0;
+        for line in lines.iter().skip(held.written as usize) {
+            match serde_json::from_str::<SpooledRecord>(line) {
+                Ok(record) => {
+                    self.sink.put(&record).await?;
+                    self.metrics.replayed.get_or_create(&self.label()).inc();
+                    written += 1;
+                }
+                // Only a write cut off by a crash before its fsync (so never acknowledged) can
+                // leave a line like this.
+                Err(error) => {
+                    tracing::error!(%error, file = %held.path.display(), line, "audit record lost: unreadable spool line");
+                    self.metrics.lost.get_or_create(&self.label()).inc();
+                }
+            }
+            held.written += 1;
+            self.set_waiting(-1);
+        }
+        // Lines counted when the file was taken but not read back (none, unless it shrank).
+        let unread = held.lines.saturating_sub(held.written);
+        if unread > 0 {
+            self.set_waiting(-(unread as i64));
+            held.written = held.lines;
+        }
+        Ok(written)
+    }
+
+    fn spawn_replayer(self: &Arc<Self>) {
+        let spool = Arc::downgrade(self);
+        let wake = self.wake.clone();
+        tokio::spawn(async move {
+            // The first pass at once: a process starting up writes what a gone one left.
+            let mut backoff: Option<Duration> = Some(Duration::ZERO);
+            loop {
+                match backoff {
+                    // The table refused: wait it out, whatever is appended meanwhile.
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => {
+                        tokio::select! {
+                            _ = wake.notified() => tokio::time::sleep(MIN_BACKOFF).await,
+                            _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+                        }
+                    }
+                }
+                let Some(spool) = spool.upgrade() else { return };
+                match spool.replay().await {
+                    Ok(0) => backoff = None,
+                    Ok(written) => {
+                        tracing::info!(table = %spool.table, records = written, "spooled audit records written");
+                        backoff = None;
+                    }
+                    Err(error) => {
+                        let next = backoff.map_or(MIN_BACKOFF, |b| (b * 2).clamp(MIN_BACKOFF, MAX_BACKOFF));
+                        tracing::warn!(%error, table = %spool.table, waiting = spool.waiting(), retry_in = ?next, "audit table still refuses spooled records");
+                        backoff = Some(next);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One last attempt, for a process about to exit: every live spool of this process replayed,
+/// for at most `within`. Returns what is still waiting (it stays on disk for the next process
+/// that uses the same directory).
+pub async fn flush_all(within: Duration) -> u64 {
+    let spools: Vec<Arc<AuditSpool>> = lock(&SPOOLS).values().cloned().collect();
+    let mut left = 0;
+    for spool in spools {
+        if spool.waiting() == 0 {
+            continue;
+        }
+        let _ = tokio::time::timeout(within, spool.replay()).await;
+        left += spool.waiting();
+    }
+    left
+}
+
+/// Where each live spool with records waiting is, and how many: for a message at exit.
+pub fn waiting_spools() -> Vec<(PathBuf, String, u64)> {
+    lock(&SPOOLS)
+        .values()
+        .filter(|spool| spool.waiting() > 0)
+        .map(|spool| (spool.dir.clone(), spool.table.clone(), spool.waiting()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table that refuses until told otherwise, and keeps what it took by event key.
+    #[derive(Default)]
+    struct Table {
+        down: std::sync::atomic::AtomicBool,
+        items: Mutex<HashMap<String, SpooledRecord>>,
+        puts: AtomicU64,
+    }
+
+    #[async_trait]
+    impl AuditSink for Table {
+        async fn put(&self, record: &SpooledRecord) -> Result<(), StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            self.puts.fetch_add(1, Ordering::SeqCst);
+            lock(&self.items).insert(record.event_key.clone(), record.clone());
+            Ok(())
+        }
+    }
+
+    fn record(n: u32) -> SpooledRecord {
+        SpooledRecord {
+            machine_id: n,
+            event_key: format!("{:020}#claim#{n:016x}", 1_000 + n),
+            event: "claim".into(),
+            holder: format!("h{n}"),
+            lease_epoch: u64::from(n),
+            lease_expiry: 5_000,
+            at_unix_ms: 1_000 + i64::from(n),
+        }
+    }
+
+    fn spool_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".spool"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn records_wait_on_disk_while_the_table_refuses_and_are_written_once_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::default());
+        table.down.store(true, Ordering::SeqCst);
+        let spool = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        for n in 0..5 {
+            spool.append(&record(n)).unwrap();
+        }
+        assert_eq!(spool.waiting(), 5);
+        let on_disk = std::fs::read_to_string(dir.path().join(&spool_files(dir.path())[0])).unwrap();
+        assert_eq!(on_disk.lines().count(), 5, "each record is on disk when append returns");
+        assert!(spool.replay().await.is_err());
+        assert_eq!(spool.waiting(), 5, "nothing is dropped while the table refuses");
+        // Appends go on while the first file is set aside.
+        spool.append(&record(5)).unwrap();
+        table.down.store(false, Ordering::SeqCst);
+        assert_eq!(spool.replay().await.unwrap(), 6);
+        assert_eq!(spool.waiting(), 0);
+        assert_eq!(lock(&table.items).len(), 6);
+        assert_eq!(spool_files(dir.path()), Vec::<String>::new(), "written files are removed");
+    }
+
+    #[tokio::test]
+    async fn a_replay_cut_short_resumes_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::default());
+        let spool = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        for n in 0..3 {
+            spool.append(&record(n)).unwrap();
+        }
+        // The table goes down after the first put.
+        struct Flaky(Arc<Table>);
+        #[async_trait]
+        impl AuditSink for Flaky {
+            async fn put(&self, record: &SpooledRecord) -> Result<(), StoreError> {
+                let result = self.0.put(record).await;
+                self.0.down.store(true, Ordering::SeqCst);
+                result
+            }
+        }
+        let flaky = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", Arc::new(Flaky(table.clone()))).unwrap());
+        drop(spool); // its process is gone: the lock is released, the file stays
+        assert!(flaky.replay().await.is_err());
+        assert_eq!(flaky.waiting(), 2);
+        table.down.store(false, Ordering::SeqCst);
+        let mut left = 2;
+        while left > 0 {
+            table.down.store(false, Ordering::SeqCst);
+            let _ = flaky.replay().await;
+            left = flaky.waiting();
+        }
+        assert_eq!(table.puts.load(Ordering::SeqCst), 3, "no record written twice, none skipped");
+        assert_eq!(lock(&table.items).len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_gone_process_file_is_taken_over_and_a_live_one_is_left_to_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::default());
+        table.down.store(true, Ordering::SeqCst);
+        let live = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        let gone = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        let other_table = Arc::new(AuditSpool::new(dir.path().into(), "t-audit.x-audit", table.clone()).unwrap());
+        live.append(&record(1)).unwrap();
+        gone.append(&record(2)).unwrap();
+        other_table.append(&record(3)).unwrap();
+        drop(gone);
+        table.down.store(false, Ordering::SeqCst);
+        let heir = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        assert_eq!(heir.replay().await.unwrap(), 1, "only the gone process's file");
+        assert!(lock(&table.items).values().all(|r| r.machine_id == 2));
+        assert_eq!(live.replay().await.unwrap(), 1);
+        assert_eq!(other_table.replay().await.unwrap(), 1);
+        assert_eq!(lock(&table.items).len(), 3);
+        assert_eq!(spool_files(dir.path()), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_counted_lost_and_the_rest_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::default());
+        let good = serde_json::to_string(&record(7)).unwrap();
+        std::fs::write(dir.path().join("t-audit.1-dead.spool"), format!("{good}\n{{\"machine_id\": 8, \"ev")).unwrap();
+        let spool = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        let lost = spool.metrics.lost.get_or_create(&spool.label()).get();
+        assert_eq!(spool.replay().await.unwrap(), 1);
+        assert_eq!(spool.metrics.lost.get_or_create(&spool.label()).get(), lost + 1);
+        assert_eq!(spool.waiting(), 0);
+        assert_eq!(spool_files(dir.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_unwritable_directory_fails_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        assert!(AuditSpool::new(file.join("spool"), "t-audit", Arc::new(Table::default())).is_err());
+    }
+}
