@@ -16,6 +16,8 @@ pub struct RegistryConfig {
     pub listen: SocketAddr,
     /// `postgres://…` in production; `sqlite://…` as the embedded default.
     pub database_url: String,
+    /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
+    pub sqlite_open_timeout_ms: u64,
     /// The one region allowed to issue under layouts without a region field (v1).
     pub home_region: String,
     /// The horizon is kept at least this far ahead of now (no cutover is ever scheduled closer).
@@ -38,6 +40,7 @@ impl Default for RegistryConfig {
         RegistryConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
             database_url: "sqlite://.idgen/registry.db".into(),
+            sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             home_region: "us-east-1".into(),
             horizon_lead_ms: 30 * 86_400_000,
             operators: BTreeMap::new(),

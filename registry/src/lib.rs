@@ -45,10 +45,13 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let operators = config.operator_tokens()?;
-    let store =
-        store::RegistryStore::connect(&config.database_url, &config.initial_schedule()?).await.with_context(|| {
-            format!("opening the registry database {}", idgen::config::redacted_url(&config.database_url))
-        })?;
+    let store = store::RegistryStore::connect_waiting(
+        &config.database_url,
+        &config.initial_schedule()?,
+        std::time::Duration::from_millis(config.sqlite_open_timeout_ms),
+    )
+    .await
+    .with_context(|| format!("opening the registry database {}", idgen::config::redacted_url(&config.database_url)))?;
     let state = AppState {
         store: Arc::new(store),
         operators: Arc::new(operators),

@@ -150,8 +150,22 @@ impl RegistryStore {
     /// Connects (`postgres://…` or `sqlite://…`), applies the migrations for that database, and
     /// seeds the schedule if the registry is new.
     pub async fn connect(url: &str, initial: &InitialSchedule) -> Result<Self, RegistryError> {
+        Self::connect_waiting(url, initial, idgen::open_lock::DEFAULT_OPEN_TIMEOUT).await
+    }
+
+    /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
+    /// file ([`idgen::open_lock`]).
+    pub async fn connect_waiting(
+        url: &str,
+        initial: &InitialSchedule,
+        within: std::time::Duration,
+    ) -> Result<Self, RegistryError> {
         sqlx::any::install_default_drivers();
         let sqlite = url.starts_with("sqlite:");
+        // Held until the file is set up and seeded.
+        let _one_opener = idgen::open_lock::lock_for_open_url(url, within)
+            .await
+            .map_err(|error| RegistryError::Storage(sqlx::Error::Configuration(Box::new(error))))?;
         let pool = if sqlite {
             // One connection: SQLite serializes writers anyway, and this keeps read-then-write
             // transactions from failing with SQLITE_BUSY under concurrent requests.

@@ -12,6 +12,8 @@ pub struct PublicIdsConfig {
     pub listen: SocketAddr,
     /// `postgres://…` in production; `sqlite://…` as the embedded default.
     pub database_url: String,
+    /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
+    pub sqlite_open_timeout_ms: u64,
     /// The KMS key that wraps the encrypted format's data keys; unset: no encrypted format.
     pub kms: Option<KmsSection>,
     /// The listener's certificate and key, and the CA of client certificates; re-read on SIGHUP.
@@ -38,6 +40,7 @@ impl Default for PublicIdsConfig {
         PublicIdsConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8709)),
             database_url: "sqlite://.idgen/public-ids.db".into(),
+            sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             kms: None,
             tls: idgen_server::TlsSection::default(),
             quotas: idgen_server::QuotaSection::default(),

@@ -51,9 +51,12 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     config.tls.validate()?;
     config.quotas.validate()?;
-    let store = store::PublicIdStore::connect(&config.database_url).await.with_context(|| {
-        format!("opening the public-ID database {}", idgen::config::redacted_url(&config.database_url))
-    })?;
+    let store = store::PublicIdStore::connect_waiting(
+        &config.database_url,
+        std::time::Duration::from_millis(config.sqlite_open_timeout_ms),
+    )
+    .await
+    .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(&config.database_url)))?;
     let mut registry = prometheus_client::registry::Registry::default();
     let kms_metrics = kms::KmsMetrics::default();
     kms_metrics.register(&mut registry);

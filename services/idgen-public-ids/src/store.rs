@@ -37,6 +37,16 @@ impl PublicIdStore {
     }
 
     pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+        Self::connect_waiting(url, idgen::open_lock::DEFAULT_OPEN_TIMEOUT).await
+    }
+
+    /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
+    /// file ([`idgen::open_lock`]).
+    pub async fn connect_waiting(url: &str, within: std::time::Duration) -> Result<Self, sqlx::Error> {
+        // Held until the file is set up.
+        let _one_opener = idgen::open_lock::lock_for_open_url(url, within)
+            .await
+            .map_err(|error| sqlx::Error::Configuration(Box::new(error)))?;
         sqlx::any::install_default_drivers();
         let postgres = url.starts_with("postgres");
         let pool = if postgres {

@@ -164,6 +164,8 @@ pub struct LeaseSection {
     pub store: Option<StoreKind>,
     /// The SQLite lease file: an absolute path on a local filesystem in production.
     pub sqlite_path: Option<PathBuf>,
+    /// How long a start waits for other processes opening the same SQLite file at once (ms).
+    pub sqlite_open_timeout_ms: u64,
     pub dynamodb: DynamoDbSection,
     /// Create missing DynamoDB lease and audit tables at start-up (development only; production
     /// creates them once with `idgen leases init`).
@@ -218,6 +220,7 @@ impl Default for LeaseSection {
         LeaseSection {
             store: None,
             sqlite_path: None,
+            sqlite_open_timeout_ms: crate::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             dynamodb: DynamoDbSection::default(),
             create_tables: false,
             tables: BTreeMap::from([("v1".into(), "idgen-leases".into()), ("v2".into(), "idgen-leases-v2".into())]),
@@ -511,7 +514,8 @@ async fn open_sqlite(config: &GeneratorConfig, table: &str) -> anyhow::Result<Ar
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    let store = crate::sqlite::SqliteLeaseStore::open(path, table)
+    let within = std::time::Duration::from_millis(config.lease.sqlite_open_timeout_ms);
+    let store = crate::sqlite::SqliteLeaseStore::open_waiting(path, table, within)
         .await
         .with_context(|| format!("opening lease table {table} in {}", path.display()))?;
     Ok(Arc::new(store))

@@ -24,6 +24,7 @@ pub mod generator;
 pub mod keeper;
 pub mod lease_store;
 pub mod metrics;
+pub mod open_lock;
 pub mod registry;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
