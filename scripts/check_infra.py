@@ -55,9 +55,7 @@ untag_resource update_continuous_backups update_contributor_insights update_glob
 update_global_table_settings update_item update_kinesis_streaming_destination update_table
 update_table_replica_auto_scaling update_time_to_live
 """.split()
-# `self.client.config()`: the client's own settings; `self.client.clone()`: another handle on
-# the same client (for the audit spool's replayer). Neither is a request.
-NOT_OPERATIONS = {"config", "clone"}
+NOT_OPERATIONS = {"config"}  # `self.client.config()`: the client's own settings, no request
 
 # What a generator's role may do: item calls and DescribeTable. Anything else the code calls
 # (CreateTable in `create_tables`, run by `idgen leases init` in development) is table

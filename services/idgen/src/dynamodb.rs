@@ -80,29 +80,14 @@ pub struct DynamoDbLeaseStore {
     spool: Option<Arc<AuditSpool>>,
 }
 
-/// Writes audit items: the store's own records and the spool's replays.
-struct AuditTable {
-    client: Client,
-    audit: String,
-}
+/// The spool's way to the audit table: the store's own [`DynamoDbLeaseStore::put_audit`] (on a
+/// copy without the spool, which would otherwise hold itself).
+struct AuditTable(DynamoDbLeaseStore);
 
 #[async_trait]
 impl AuditSink for AuditTable {
     async fn put(&self, record: &SpooledRecord) -> Result<(), StoreError> {
-        self.client
-            .put_item()
-            .table_name(&self.audit)
-            .item("machine_id", n(record.machine_id))
-            .item("event_key", s(&record.event_key))
-            .item("event", s(&record.event))
-            .item("holder", s(&record.holder))
-            .item("lease_epoch", n(record.lease_epoch))
-            .item("lease_expiry", n(record.lease_expiry))
-            .item("at_unix_ms", n(record.at_unix_ms))
-            .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+        self.0.put_audit(record).await
     }
 }
 
@@ -195,7 +180,7 @@ impl DynamoDbLeaseStore {
     /// `dir`, fsynced, and are written by a background replayer once the table answers
     /// ([`crate::audit_spool`]). Fails if `dir` cannot be written to.
     pub fn with_audit_spool(mut self, dir: &std::path::Path) -> std::io::Result<Self> {
-        let sink = Arc::new(AuditTable { client: self.client.clone(), audit: self.audit.clone() });
+        let sink = Arc::new(AuditTable(DynamoDbLeaseStore { spool: None, ..self.clone() }));
         self.spool = Some(AuditSpool::shared(dir, &self.audit, sink)?);
         Ok(self)
     }
@@ -328,6 +313,24 @@ impl DynamoDbLeaseStore {
         })
     }
 
+    /// Writes one audit item (a record now, or a spooled one replayed).
+    async fn put_audit(&self, record: &SpooledRecord) -> Result<(), StoreError> {
+        self.client
+            .put_item()
+            .table_name(&self.audit)
+            .item("machine_id", n(record.machine_id))
+            .item("event_key", s(&record.event_key))
+            .item("event", s(&record.event))
+            .item("holder", s(&record.holder))
+            .item("lease_epoch", n(record.lease_epoch))
+            .item("lease_expiry", n(record.lease_expiry))
+            .item("at_unix_ms", n(record.at_unix_ms))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
     /// Records an event whose outcome is already decided (a change applied, or a renewal
     /// refused): a record the table will not take must not turn that outcome into an error the
     /// keeper would act on. It goes to the spool instead (straight away while earlier ones wait
@@ -351,13 +354,10 @@ impl DynamoDbLeaseStore {
         let what = format!("{} of machine {} by {}", record.event, record.machine_id, record.holder);
         let error = match &self.spool {
             Some(spool) if spool.waiting() > 0 => "earlier records are still waiting in the spool".to_owned(),
-            _ => {
-                let table = AuditTable { client: self.client.clone(), audit: self.audit.clone() };
-                match table.put(&record).await {
-                    Ok(()) => return,
-                    Err(error) => error.to_string(),
-                }
-            }
+            _ => match self.put_audit(&record).await {
+                Ok(()) => return,
+                Err(error) => error.to_string(),
+            },
         };
         let Some(spool) = &self.spool else {
             crate::metrics::audit_spool().lost.get_or_create(&TableLabel { table: self.audit.clone() }).inc();
