@@ -80,6 +80,14 @@ async fn e2e_public_ids_through_the_binary() {
     ] {
         assert!(metrics.contains(series), "{series} missing from /metrics:\n{metrics}");
     }
+    // A new data-key version, as JSON.
+    let rotated = idgen(&["public", "rotate-key", "--config", config.to_str().unwrap(), "--json"]).await.unwrap();
+    let rotated: serde_json::Value = serde_json::from_str(rotated.trim()).unwrap();
+    assert_eq!(
+        (rotated["key_version"].as_u64(), rotated["restart_needed"].as_bool()),
+        (Some(2), Some(true)),
+        "{rotated}"
+    );
     println!(
         "public IDs: three formats round-tripped through `idgen public`, 32 concurrent creates agreed, a forged ID was 404"
     );

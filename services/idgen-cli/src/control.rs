@@ -9,6 +9,8 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
+use crate::table::{Table, text};
+
 #[derive(Args, Debug)]
 pub struct Registry {
     /// The registry's base URL.
@@ -105,16 +107,16 @@ impl Registry {
         }
         match command {
             RegionsCommand::List => {
-                println!("{:>6}  {:<9}  {:<24}  NAME", "NUMBER", "STATUS", "CREATED");
+                let mut table = Table::new(&["NUMBER", "STATUS", "CREATED", "NAME"]).right(&[0]);
                 for region in body["regions"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:>6}  {:<9}  {:<24}  {}",
-                        region["number"],
-                        region["status"].as_str().unwrap_or(""),
-                        region["created_at"].as_str().unwrap_or(""),
-                        region["name"].as_str().unwrap_or("")
-                    );
+                    table.row([
+                        text(&region["number"]),
+                        text(&region["status"]),
+                        text(&region["created_at"]),
+                        text(&region["name"]),
+                    ]);
                 }
+                table.print();
                 println!(
                     "{} of {} region numbers left (retired numbers are never reused)",
                     body["numbers_left"], body["numbers_total"]
@@ -146,17 +148,17 @@ impl Registry {
             println!("{body}");
             return Ok(());
         }
-        println!("{:<8}  {:>6}  {:>7}  {:>8}  FROM", "LAYOUT", "REGION", "MACHINE", "SEQUENCE");
+        let mut table = Table::new(&["LAYOUT", "REGION", "MACHINE", "SEQUENCE", "FROM"]).right(&[1, 2, 3]);
         for layout in body["layouts"].as_array().into_iter().flatten() {
-            println!(
-                "{:<8}  {:>6}  {:>7}  {:>8}  {}",
-                layout["name"].as_str().unwrap_or(""),
-                layout["region_bits"],
-                layout["machine_bits"],
-                layout["sequence_bits"],
-                layout["from"].as_str().unwrap_or("")
-            );
+            table.row([
+                text(&layout["name"]),
+                text(&layout["region_bits"]),
+                text(&layout["machine_bits"]),
+                text(&layout["sequence_bits"]),
+                text(&layout["from"]),
+            ]);
         }
+        table.print();
         println!(
             "horizon {} (no cutover before it); home region {}",
             body["horizon"].as_str().unwrap_or(""),

@@ -19,6 +19,7 @@ use idgen::core::Schedule;
 use idgen_worker::WorkerConfig;
 use serde_json::{Value, json};
 
+use crate::table::{Table, text};
 use crate::tls;
 
 #[derive(Args)]
@@ -166,15 +167,18 @@ fn print(duplicate: &Duplicate, decoded: &Value, holders: Option<&Value>, json: 
     match holders {
         Some(Value::Array(events)) if events.is_empty() => println!("    no lease history in the window"),
         Some(Value::Array(events)) => {
+            let mut table = Table::new(&["AT", "EVENT", "EPOCH", "EXPIRY", "HOLDER"]).right(&[2]);
             for e in events {
-                println!(
-                    "    {}  {:<18}  epoch {:>4}  expiry {}  {}",
-                    e["at"].as_str().unwrap_or(""),
-                    e["event"].as_str().unwrap_or(""),
-                    e["lease_epoch"],
-                    e["lease_expiry"].as_str().unwrap_or(""),
-                    e["holder"].as_str().unwrap_or("")
-                );
+                table.row([
+                    text(&e["at"]),
+                    text(&e["event"]),
+                    text(&e["lease_epoch"]),
+                    text(&e["lease_expiry"]),
+                    text(&e["holder"]),
+                ]);
+            }
+            for line in table.render().lines() {
+                println!("    {line}");
             }
         }
         Some(other) => println!("    lease history unavailable: {}", other["error"].as_str().unwrap_or("")),

@@ -14,6 +14,8 @@ use clap::{Args, Subcommand};
 use idgen::core::{Schedule, Timestamp, format_unix_ms};
 use idgen::{AuditEvent, LeaseRow, LeaseStore, MAX_LEASE_MS, QUARANTINED};
 use idgen_worker::config::{StoreKind, WorkerConfig};
+
+use crate::table::Table;
 use serde_json::json;
 
 #[derive(Args, Debug)]
@@ -273,17 +275,17 @@ fn print_rows(rows: &[LeaseRow], now: i64, json: bool) {
         println!("{}", serde_json::Value::Array(rows.iter().map(|row| row_json(row, now)).collect()));
         return;
     }
-    println!("{:>7}  {:<11}  {:>5}  {:<24}  HOLDER", "MACHINE", "STATE", "EPOCH", "EXPIRY");
+    let mut table = Table::new(&["MACHINE", "STATE", "EPOCH", "EXPIRY", "HOLDER"]).right(&[0, 2]);
     for row in rows {
-        println!(
-            "{:>7}  {:<11}  {:>5}  {:<24}  {}",
-            row.machine_id,
-            state(row, now),
-            row.lease_epoch,
+        table.row([
+            row.machine_id.to_string(),
+            state(row, now).to_string(),
+            row.lease_epoch.to_string(),
             format_unix_ms(row.lease_expiry),
-            row.holder
-        );
+            row.holder.clone(),
+        ]);
     }
+    table.print();
 }
 
 fn print_history(events: &[AuditEvent], json: bool) {
@@ -301,16 +303,16 @@ fn print_history(events: &[AuditEvent], json: bool) {
         println!("{}", serde_json::Value::Array(items));
         return;
     }
-    println!("{:<24}  {:>7}  {:<18}  {:>5}  {:<24}  HOLDER", "AT", "MACHINE", "EVENT", "EPOCH", "EXPIRY");
+    let mut table = Table::new(&["AT", "MACHINE", "EVENT", "EPOCH", "EXPIRY", "HOLDER"]).right(&[1, 3]);
     for e in events {
-        println!(
-            "{:<24}  {:>7}  {:<18}  {:>5}  {:<24}  {}",
+        table.row([
             format_unix_ms(e.at_unix_ms),
-            e.machine_id,
-            e.kind.as_str(),
-            e.lease_epoch,
+            e.machine_id.to_string(),
+            e.kind.as_str().to_owned(),
+            e.lease_epoch.to_string(),
             format_unix_ms(e.lease_expiry),
-            e.holder
-        );
+            e.holder.clone(),
+        ]);
     }
+    table.print();
 }

@@ -6,6 +6,8 @@ mod duplicates;
 mod ids;
 mod leases;
 mod public;
+mod status;
+mod table;
 mod tls;
 mod up;
 
@@ -17,7 +19,18 @@ use clap::{Parser, Subcommand};
 use idgen_worker::config::WorkerConfig;
 
 #[derive(Parser)]
-#[command(name = "idgen", version, about = "Unique 64-bit IDs: the local platform, workers and operator tools")]
+#[command(
+    name = "idgen",
+    version,
+    about = "Unique 64-bit IDs: the local platform, workers and operator tools",
+    after_help = "Exit status, the same for every command:\n  \
+                  0  done\n  \
+                  1  refused, failed or not found (a server said no, a backend did not answer, \
+                  status found something down)\n  \
+                  2  usage: bad arguments, or input that is not what it should be (e.g. not an ID)\n  \
+                  3  only `idgen duplicates`: duplicates were found (so a job can tell found from failed)\n\n\
+                  Every command that prints data takes --json (one JSON value per line)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,6 +70,13 @@ enum Command {
     /// PostgreSQL column, decode each and, with --leases, show who held its machine number then.
     /// Exits 0 when there is none, 3 when there are (1 on an error).
     Duplicates(duplicates::DuplicatesArgs),
+    /// One screen of the platform: the registry, the schedule and horizon, every region, each
+    /// worker's health (the reason when refusing) and its leases. The local platform is the one
+    /// `idgen up` started (<dir>/up.json); name another with --registry and --worker REGION=URL.
+    /// Exits 1 when anything is down or refusing.
+    Status(status::StatusArgs),
+    /// Shell completions: `idgen completions bash > /etc/bash_completion.d/idgen` (or zsh, fish).
+    Completions { shell: clap_complete::Shell },
     /// Inspect and operate the lease table: init, list, get, history, quarantine, release-quarantine.
     Leases(leases::LeasesArgs),
     /// Decode IDs (63-bit or UUIDv7): with the registry's schedule and region names when
@@ -85,6 +105,8 @@ enum Command {
     DevCerts {
         #[arg(long, default_value = ".idgen/tls")]
         dir: PathBuf,
+        #[arg(long)]
+        json: bool,
     },
     /// The registry's regions: list, add, retire.
     Regions {
@@ -133,6 +155,20 @@ fn main() -> ExitCode {
             idgen_worker::init_tracing();
             runtime().and_then(|rt| rt.block_on(ids::run(args)))
         }
+        Command::Status(args) => match runtime().and_then(|rt| rt.block_on(status::run(args))) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(error) => Err(error),
+        },
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "idgen",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Leases(args) => runtime().and_then(|rt| rt.block_on(leases::run(args))),
         Command::Duplicates(args) => match runtime().and_then(|rt| rt.block_on(duplicates::run(args))) {
             Ok(true) => Ok(()),
@@ -144,8 +180,9 @@ fn main() -> ExitCode {
             idgen_worker::init_tracing();
             runtime().and_then(|rt| rt.block_on(public::run(command, &tls)))
         }
-        Command::DevCerts { dir } => up::DevTls::create_in(&dir).map(|tls| {
-            println!("development CA and certificates written to {}", tls.dir.display());
+        Command::DevCerts { dir, json } => up::DevTls::create_in(&dir).map(|tls| match json {
+            true => println!("{}", serde_json::json!({"dir": tls.dir.display().to_string()})),
+            false => println!("development CA and certificates written to {}", tls.dir.display()),
         }),
         Command::Regions { registry, command } => runtime().and_then(|rt| rt.block_on(registry.regions(command))),
         Command::Layouts { registry, command } => runtime().and_then(|rt| rt.block_on(registry.layouts(command))),

@@ -41,6 +41,8 @@ pub enum PublicCommand {
     RotateKey {
         #[arg(long)]
         config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -80,14 +82,18 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
             }
             Ok(())
         }
-        PublicCommand::RotateKey { config } => {
+        PublicCommand::RotateKey { config, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
             let kms = config.kms.as_ref().context("no [kms] section: the encrypted format is not configured")?;
             let store = idgen_public_ids::store::PublicIdStore::connect(&config.database_url).await?;
             let client = idgen_public_ids::kms::client(&kms.settings()).await;
             let version =
                 idgen_public_ids::kms::add_key_version(&store, &client, &kms.key_id, &Default::default()).await?;
-            println!("data key version {version} added; restart the service to encrypt with it");
+            if json {
+                println!("{}", json!({"key_version": version, "key_id": kms.key_id, "restart_needed": true}));
+            } else {
+                println!("data key version {version} added; restart the service to encrypt with it");
+            }
             Ok(())
         }
     }

@@ -26,8 +26,13 @@ impl ClientTls {
 
     /// An HTTP client with these settings (plain when none is given).
     pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        self.client_with_timeout(std::time::Duration::from_secs(30))
+    }
+
+    /// [`Self::client`] with another per-request timeout.
+    pub fn client_with_timeout(&self, timeout: std::time::Duration) -> anyhow::Result<reqwest::Client> {
         let section = self.section();
-        let builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+        let builder = reqwest::Client::builder().timeout(timeout);
         Ok(match section.client_config()? {
             Some(config) => builder.use_preconfigured_tls(config),
             None => builder,

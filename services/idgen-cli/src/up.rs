@@ -17,6 +17,8 @@ use clap::Args;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::table::Table;
+
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
     /// Moves every default port: the registry listens on P, the first region's workers on
@@ -48,6 +50,10 @@ pub struct UpArgs {
     /// `operator` and `idgen-worker`) under <dir>/tls/, with small example quotas.
     #[arg(long)]
     pub tls: bool,
+    /// Print the endpoint summary as one JSON object (also written to <dir>/up.json, which
+    /// `idgen status` reads) instead of the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The development PKI of `up --tls` (and `idgen dev-certs`), written under `<dir>/tls/`.
@@ -207,46 +213,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         return Err(error);
     }
 
-    println!();
-    println!(
-        "idgen is up ({} region(s), {} workers each); data in {}",
-        args.regions.len(),
-        args.workers,
-        dir.display()
-    );
-    for process in &running {
-        println!("  {:<22} {}", process.name, process.url);
+    let summary = summary(&args, &dir, &running, tls.as_ref());
+    let state = dir.join("up.json");
+    std::fs::write(&state, format!("{summary:#}\n")).with_context(|| format!("writing {}", state.display()))?;
+    if args.json {
+        println!("{summary}");
+    } else {
+        print_summary(&args, &dir, &running, &token, tls.as_ref());
     }
-    println!("  operator token         {} (in {})", token, dir.join("operator-token").display());
-    if let Some(cutover) = args.cutover_in {
-        println!(
-            "  v2 cutover             in {} s: IDs before it are v1 (home region only), after it v2 with each region's number",
-            cutover.as_secs()
-        );
-    }
-    if let Some(tls) = &tls {
-        println!("  mutual TLS             CA and certificates in {}", tls.dir.display());
-        for (caller, rate, burst) in EXAMPLE_QUOTAS {
-            println!("  quota of {caller:<13} {rate} IDs/s, burst {burst}");
-        }
-    }
-    if let Some(worker) = running.get(2) {
-        let curl = tls.as_ref().map_or_else(|| "curl -s".to_owned(), |tls| tls.curl("orders"));
-        println!();
-        println!("  try:  {curl} -X POST {}/v1/ids", worker.url);
-        println!("        {curl} -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", worker.url);
-        println!("        {curl} {}/v1/ids/97301141913751557/decode", worker.url);
-        println!("        {curl} {}/v1/layouts", running[0].url);
-        println!(
-            "        {curl} -X POST {}/v1/public-ids -d '{{\"internal_id\": \"97301141913751557\"}}'",
-            running[1].url
-        );
-    }
-    println!();
-    println!(
-        "A worker that exits is started again after {} s, as systemd would; Ctrl-C stops everything and releases the leases.",
-        args.restart_after.as_secs_f64()
-    );
 
     let exited = supervise(&exe, &mut running, args.restart_after).await;
     if let Some((name, status)) = &exited {
@@ -399,6 +373,78 @@ fn worker_config(args: &UpArgs, region_dir: &Path, region: &str, registry_url: &
         path = toml_string(&region_dir.join("leases.db").to_string_lossy()),
         sync = args.require_clock_sync,
     )
+}
+
+/// The endpoints of the platform `up` started, as `--json` prints them and `<dir>/up.json` keeps
+/// them: what `idgen status` reads.
+fn summary(args: &UpArgs, dir: &Path, running: &[Running], tls: Option<&DevTls>) -> serde_json::Value {
+    let workers: Vec<serde_json::Value> = running
+        .iter()
+        .filter_map(|p| {
+            let (region, _) = p.name.split_once("/worker-")?;
+            Some(serde_json::json!({ "name": p.name, "region": region, "url": p.url }))
+        })
+        .collect();
+    serde_json::json!({
+        "status": "up",
+        "registry": running[0].url,
+        "public_ids": running[1].url,
+        "regions": args.regions,
+        "workers": workers,
+        "dir": dir.display().to_string(),
+        "operator_token_file": dir.join("operator-token").display().to_string(),
+        "tls_dir": tls.map(|tls| tls.dir.display().to_string()),
+        "cutover_in_s": args.cutover_in.map(|c| c.as_secs()),
+        "restart_after_s": args.restart_after.as_secs_f64(),
+    })
+}
+
+fn print_summary(args: &UpArgs, dir: &Path, running: &[Running], token: &str, tls: Option<&DevTls>) {
+    println!();
+    println!(
+        "idgen is up ({} region(s), {} workers each); data in {}",
+        args.regions.len(),
+        args.workers,
+        dir.display()
+    );
+    let mut table = Table::new(&["PROCESS", "URL"]);
+    for process in running {
+        table.row([process.name.clone(), process.url.clone()]);
+    }
+    table.print();
+    println!("operator token {} (in {})", token, dir.join("operator-token").display());
+    if let Some(cutover) = args.cutover_in {
+        println!(
+            "v2 cutover in {} s: IDs before it are v1 (home region only), after it v2 with each region's number",
+            cutover.as_secs()
+        );
+    }
+    if let Some(tls) = tls {
+        println!("mutual TLS: CA and certificates in {}", tls.dir.display());
+        let mut quotas = Table::new(&["CALLER", "IDS/S", "BURST"]).right(&[1, 2]);
+        for (caller, rate, burst) in EXAMPLE_QUOTAS {
+            quotas.row([caller.to_owned(), rate.to_string(), burst.to_string()]);
+        }
+        quotas.print();
+    }
+    if let Some(worker) = running.get(2) {
+        let curl = tls.map_or_else(|| "curl -s".to_owned(), |tls| tls.curl("orders"));
+        println!();
+        println!("  try:  {curl} -X POST {}/v1/ids", worker.url);
+        println!("        {curl} -X POST {}/v1/ids:batch -d '{{\"count\": 5}}'", worker.url);
+        println!("        {curl} {}/v1/ids/97301141913751557/decode", worker.url);
+        println!("        {curl} {}/v1/layouts", running[0].url);
+        println!(
+            "        {curl} -X POST {}/v1/public-ids -d '{{\"internal_id\": \"97301141913751557\"}}'",
+            running[1].url
+        );
+        println!("        idgen status");
+    }
+    println!();
+    println!(
+        "A worker that exits is started again after {} s, as systemd would; Ctrl-C stops everything and releases the leases.",
+        args.restart_after.as_secs_f64()
+    );
 }
 
 async fn start_child(exe: &Path, name: &str, args: &[&str], ready: &'static str) -> anyhow::Result<Running> {
