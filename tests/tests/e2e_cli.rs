@@ -136,6 +136,8 @@ async fn e2e_tables_line_up_json_parses_and_status_shows_the_platform() {
     assert_eq!(exit_code(&["regions", "retire", "no-such-region", "--registry", &registry], here).await, 1);
     assert_eq!(exit_code(&["no-such-command"], here).await, 2);
     assert_eq!(exit_code(&["decode", "not-an-id"], here).await, 2);
+    assert_eq!(exit_code(&["status", "--dir", state, "--worker", "no-url"], here).await, 2);
+    assert_eq!(exit_code(&["leases", "--config", config, "quarantine", "--operator", "me"], here).await, 2);
     let help = idgen(&["--help"]).await.unwrap();
     assert!(help.contains("Exit status") && help.contains("2  usage"), "{help}");
 

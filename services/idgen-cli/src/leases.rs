@@ -151,7 +151,10 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
         (layout, Some((id, operator))) => {
             let (of_id, machine) = machine_of(&id, &issuing(&config).await?, &config)?;
             if let Some(layout) = layout.filter(|l| *l != of_id) {
-                bail!("--layout {layout} contradicts the ID, which belongs to layout {of_id}");
+                return Err(crate::Usage(format!(
+                    "--layout {layout} contradicts the ID, which belongs to layout {of_id}"
+                ))
+                .into());
             }
             let store = idgen::open_lease_store_for_operator(&config, &of_id).await?;
             return quarantine_and_print(&*store, &of_id, machine, &operator, args.json).await;
@@ -183,7 +186,7 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
             print_history(&events, args.json);
         }
         LeasesCommand::Quarantine { machine, operator, .. } => {
-            let machine = machine.context("give a machine number or --id")?;
+            let machine = machine.ok_or_else(|| crate::Usage("give a machine number or --id".into()))?;
             quarantine_and_print(&*store, &layout, machine, &operator, args.json).await?;
         }
         LeasesCommand::ReleaseQuarantine { machine, operator } => {

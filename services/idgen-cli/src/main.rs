@@ -191,10 +191,23 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("idgen: {error:#}");
-            ExitCode::FAILURE
+            if error.downcast_ref::<Usage>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }
+
+/// A mistake in how a command was called that clap cannot see (a malformed value, arguments
+/// that contradict each other): exit status 2, like clap's own usage errors.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 /// What `--check-config` prints for a configuration that would start.
 fn print_check(service: &str, file: Option<PathBuf>, lines: Vec<String>) -> anyhow::Result<()> {

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
 use serde_json::{Value, json};
 
@@ -188,7 +188,14 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
         table.print();
     }
     println!();
-    println!("{}", if healthy { "all issuing" } else { "NOT all issuing: see above" });
+    println!(
+        "{}",
+        match (healthy, worker_json.is_empty()) {
+            (true, true) => "registry ok; no worker checked (name them with --worker REGION=URL)",
+            (true, false) => "all issuing",
+            (false, _) => "NOT all issuing: see above",
+        }
+    );
     Ok(healthy)
 }
 
@@ -199,7 +206,8 @@ fn parse_workers(given: &[String]) -> anyhow::Result<Vec<(String, String)>> {
             Some((region, url)) if !region.is_empty() && url.starts_with("http") => {
                 Ok((region.to_owned(), url.to_owned()))
             }
-            _ => bail!("--worker {pair:?}: give REGION=URL, e.g. us-east-1=http://127.0.0.1:8701"),
+            _ => Err(crate::Usage(format!("--worker {pair:?}: give REGION=URL, e.g. us-east-1=http://127.0.0.1:8701"))
+                .into()),
         })
         .collect()
 }

@@ -177,7 +177,7 @@ fn operator_token(dir: &Path) -> anyhow::Result<String> {
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.regions.is_empty() || args.regions.len() > 8 {
-        bail!("--regions takes 1 to 8 region names");
+        return Err(crate::Usage("--regions takes 1 to 8 region names".into()).into());
     }
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize().with_context(|| format!("resolving {}", args.dir.display()))?;

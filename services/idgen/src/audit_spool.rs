@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Seek, Write};
+use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -69,8 +69,10 @@ struct Files {
     /// The file new records go to (created at the first record).
     own: Option<Held>,
     /// Files set aside for the replayer: our own earlier ones and those of processes now gone.
+    /// A file stays here until it is removed, so a replay cut short resumes it.
     aside: Vec<Held>,
-    rotations: u64,
+    /// How many own files this process has made (the last part of their names).
+    made: u64,
 }
 
 /// The spool of one audit table in one directory, shared by every store of this process on that
@@ -80,13 +82,15 @@ pub struct AuditSpool {
     table: String,
     /// `<pid>-<random>`: this process's part of its file names.
     me: String,
-    sink: Arc<dyn AuditSink>,
+    /// Where records are written (replaced if the runtime the replayer ran on is gone).
+    sink: Mutex<Arc<dyn AuditSink>>,
     files: Mutex<Files>,
     /// Records in the files this process holds that are not written yet.
     waiting: AtomicU64,
     /// One replay at a time (the background task, or a final flush).
     replaying: tokio::sync::Mutex<()>,
     wake: Arc<Notify>,
+    replayer: Mutex<Option<tokio::task::JoinHandle<()>>>,
     metrics: &'static AuditSpoolMetrics,
 }
 
@@ -107,6 +111,20 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The file's lines (without their newline), read from its start. A last line without a
+/// newline is a line too: a write cut off by a crash, which will not parse.
+fn read_lines(file: &File) -> io::Result<Vec<Vec<u8>>> {
+    let mut reader = file.try_clone()?;
+    reader.rewind()?;
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes)?;
+    let mut lines: Vec<Vec<u8>> = bytes.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+    if lines.last().is_some_and(Vec::is_empty) {
+        lines.pop();
+    }
+    Ok(lines)
+}
+
 impl AuditSpool {
     /// The spool of `table` in `dir` (created if missing), with its replayer running on the
     /// current Tokio runtime; the one this process already has, if any.
@@ -116,6 +134,11 @@ impl AuditSpool {
         let key = (dir.clone(), table.to_owned());
         let mut spools = lock(&SPOOLS);
         if let Some(spool) = spools.get(&key) {
+            // Its replayer ran on a runtime that is gone: this one takes over, with this sink.
+            if lock(&spool.replayer).as_ref().is_none_or(|task| task.is_finished()) {
+                *lock(&spool.sink) = sink;
+                spool.spawn_replayer();
+            }
             return Ok(spool.clone());
         }
         let spool = Arc::new(AuditSpool::new(dir, table, sink)?);
@@ -140,11 +163,12 @@ impl AuditSpool {
             dir,
             table: table.to_owned(),
             me: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
-            sink,
-            files: Mutex::new(Files { own: None, aside: Vec::new(), rotations: 0 }),
+            sink: Mutex::new(sink),
+            files: Mutex::new(Files { own: None, aside: Vec::new(), made: 0 }),
             waiting: AtomicU64::new(0),
             replaying: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
+            replayer: Mutex::new(None),
             metrics,
         })
     }
@@ -162,6 +186,7 @@ impl AuditSpool {
         TableLabel { table: self.table.clone() }
     }
 
+    /// Called with `files` locked, so that a record is counted before the replayer can see it.
     fn set_waiting(&self, delta: i64) {
         let apply = |n: u64| n.saturating_add_signed(delta);
         let before = self.waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(apply(n)));
@@ -169,24 +194,43 @@ impl AuditSpool {
         self.metrics.waiting.get_or_create(&self.label()).set(now as i64);
     }
 
+    /// A new own file, locked before it has a name another process would take
+    /// (`<table>.<me>-<n>.spool`): made as a dot-file, locked, then renamed into place.
+    fn create_own(&self, made: &mut u64) -> io::Result<Held> {
+        *made += 1;
+        let name = format!("{}.{}-{}.spool", self.table, self.me, made);
+        let making = self.dir.join(format!(".{name}.new"));
+        let file = OpenOptions::new().create_new(true).append(true).read(true).open(&making)?;
+        file.try_lock().map_err(|error| io::Error::other(format!("locking {}: {error}", making.display())))?;
+        let path = self.dir.join(name);
+        std::fs::rename(&making, &path)?;
+        sync_dir(&self.dir)?;
+        Ok(Held { path, file, lines: 0, written: 0 })
+    }
+
     /// Appends `record` and fsyncs it: when this returns `Ok`, the record survives a crash.
+    /// On an error nothing of it stays in the file (a half line would swallow the next record).
     pub fn append(&self, record: &SpooledRecord) -> io::Result<()> {
         let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
         line.push(b'\n');
         let mut files = lock(&self.files);
         if files.own.is_none() {
-            let path = self.dir.join(format!("{}.{}.spool", self.table, self.me));
-            let file = OpenOptions::new().create_new(true).append(true).read(true).open(&path)?;
-            file.try_lock().map_err(|error| io::Error::other(format!("locking {}: {error}", path.display())))?;
-            sync_dir(&self.dir)?;
-            files.own = Some(Held { path, file, lines: 0, written: 0 });
+            let own = self.create_own(&mut files.made)?;
+            files.own = Some(own);
         }
-        let own = files.own.as_mut().expect("opened above");
-        own.file.write_all(&line)?;
-        own.file.sync_data()?;
+        let own = files.own.as_mut().expect("made above");
+        let before = own.file.metadata()?.len();
+        if let Err(error) = own.file.write_all(&line).and_then(|()| own.file.sync_data()) {
+            if own.file.set_len(before).and_then(|()| own.file.sync_data()).is_err() {
+                // Beyond repair: its whole records are still replayed; new ones start a new file.
+                let broken = files.own.take().expect("held above");
+                files.aside.push(broken);
+            }
+            return Err(error);
+        }
         own.lines += 1;
-        drop(files);
         self.set_waiting(1);
+        drop(files);
         self.metrics.spooled.get_or_create(&self.label()).inc();
         self.wake.notify_one();
         Ok(())
@@ -194,28 +238,54 @@ impl AuditSpool {
 
     /// Writes out everything this process can take: its own records, and the files of
     /// processes that are gone. `Ok(n)`: all written (`n` records); `Err`: the table still
-    /// refuses, and what was not written stays spooled.
+    /// refuses, and what was not written stays spooled. Safe to cancel: a file leaves the list
+    /// (and is unlocked) only once it is removed, and its progress is kept.
     pub async fn replay(&self) -> Result<u64, StoreError> {
         let _one = self.replaying.lock().await;
-        self.set_aside().map_err(|error| StoreError::Unavailable(format!("spool {}: {error}", self.dir.display())))?;
+        let io = |what: &str, error: io::Error| {
+            StoreError::Unavailable(format!("spool {}: {what}: {error}", self.dir.display()))
+        };
+        self.set_aside().map_err(|e| io("taking files", e))?;
+        let sink = lock(&self.sink).clone();
         let mut total = 0;
         loop {
-            let Some(mut held) = lock(&self.files).aside.pop() else { return Ok(total) };
-            match self.write_out(&mut held).await {
-                Ok(written) => {
-                    total += written;
-                    // Only now is the file gone: a crash before this replays it again (harmless).
-                    if let Err(error) = std::fs::remove_file(&held.path)
-                        && error.kind() != io::ErrorKind::NotFound
-                    {
-                        tracing::error!(%error, file = %held.path.display(), "cannot remove a replayed audit spool file");
+            let next =
+                lock(&self.files).aside.first().map(|held| (held.path.clone(), held.file.try_clone(), held.written));
+            let Some((path, file, written)) = next else { return Ok(total) };
+            let lines = file.and_then(|file| read_lines(&file)).map_err(|e| io("reading", e))?;
+            for (index, line) in lines.iter().enumerate().skip(written as usize) {
+                match serde_json::from_slice::<SpooledRecord>(line) {
+                    Ok(record) => {
+                        sink.put(&record).await?;
+                        self.metrics.replayed.get_or_create(&self.label()).inc();
+                        total += 1;
                     }
-                    let _ = sync_dir(&self.dir);
+                    // Only a write cut off before its fsync (never acknowledged) leaves this.
+                    Err(error) => {
+                        let text = String::from_utf8_lossy(line);
+                        tracing::error!(%error, file = %path.display(), line = %text, "audit record lost: unreadable spool line");
+                        self.metrics.lost.get_or_create(&self.label()).inc();
+                    }
                 }
-                Err(error) => {
-                    lock(&self.files).aside.push(held);
-                    return Err(error);
+                let mut files = lock(&self.files);
+                if let Some(held) = files.aside.iter_mut().find(|held| held.path == path) {
+                    held.written = index as u64 + 1;
+                    self.set_waiting(-1);
                 }
+            }
+            // Every line written: the file goes, then its lock (a crash between the two only
+            // means it is replayed again, which overwrites the same items).
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != io::ErrorKind::NotFound
+            {
+                return Err(io("removing a replayed file", error));
+            }
+            let _ = sync_dir(&self.dir);
+            let mut files = lock(&self.files);
+            if let Some(at) = files.aside.iter().position(|held| held.path == path) {
+                let held = files.aside.remove(at);
+                let unread = held.lines.saturating_sub(held.written);
+                self.set_waiting(-(unread as i64));
             }
         }
     }
@@ -223,79 +293,56 @@ impl AuditSpool {
     /// Moves our own file aside (new records start a new one) and takes the files of processes
     /// that are gone.
     fn set_aside(&self) -> io::Result<()> {
-        let mut files = lock(&self.files);
-        if let Some(own) = files.own.take_if(|own| own.lines > 0) {
-            files.rotations += 1;
-            let path = self.dir.join(format!("{}.{}-{}.spool", self.table, self.me, files.rotations));
-            std::fs::rename(&own.path, &path)?;
-            sync_dir(&self.dir)?;
-            files.aside.push(Held { path, ..own });
+        {
+            let mut files = lock(&self.files);
+            if let Some(own) = files.own.take_if(|own| own.lines > 0) {
+                files.aside.push(own);
+            }
         }
-        let ours: Vec<PathBuf> = files.own.iter().chain(&files.aside).map(|held| held.path.clone()).collect();
-        drop(files);
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
-            if ours.contains(&path) || !self.is_ours_to_take(&path) {
+            if !self.is_ours_to_take(&path) || lock(&self.files).aside.iter().any(|held| held.path == path) {
                 continue;
             }
-            let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) else { continue };
+            // Read-only is enough for the lock, and for files another user wrote.
+            let file = match File::open(&path) {
+                Ok(file) => file,
+                Err(error) => {
+                    tracing::error!(%error, file = %path.display(), "cannot open an audit spool file to replay it");
+                    continue;
+                }
+            };
             if file.try_lock().is_err() {
                 continue; // its process is alive and replays it itself
             }
-            let lines = BufReader::new(&file).lines().count() as u64;
+            // Removed by another replayer between our listing and our lock.
+            if std::os::unix::fs::MetadataExt::nlink(&file.metadata()?) == 0 {
+                continue;
+            }
+            let lines = read_lines(&file)?.len() as u64;
             tracing::warn!(file = %path.display(), records = lines, "taking over the audit spool of a process that is gone");
-            lock(&self.files).aside.push(Held { path, file, lines, written: 0 });
+            let mut files = lock(&self.files);
+            files.aside.push(Held { path, file, lines, written: 0 });
             self.set_waiting(lines as i64);
         }
         Ok(())
     }
 
-    /// A spool file of this audit table: `<table>.<id>.spool`, where the id has no dot (a table
-    /// name may have dots, so the name is split at the last one).
+    /// A spool file of this audit table written by another process: `<table>.<id>.spool`, where
+    /// the id has no dot (a table name may have dots, so the name is split at the last one) and
+    /// is not this process's.
     fn is_ours_to_take(&self, path: &Path) -> bool {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
         let Some(stem) = name.strip_suffix(".spool") else { return false };
-        stem.rsplit_once('.').is_some_and(|(table, id)| table == self.table && !id.is_empty())
-    }
-
-    /// Writes the file's records not yet written, in order.
-    async fn write_out(&self, held: &mut Held) -> Result<u64, StoreError> {
-        held.file.rewind().map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let mut lines = Vec::new();
-        for line in BufReader::new(&held.file).lines() {
-            lines.push(line.map_err(|e| StoreError::Unavailable(format!("reading {}: {e}", held.path.display())))?);
-        }
-        let mut written = 0;
-        for line in lines.iter().skip(held.written as usize) {
-            match serde_json::from_str::<SpooledRecord>(line) {
-                Ok(record) => {
-                    self.sink.put(&record).await?;
-                    self.metrics.replayed.get_or_create(&self.label()).inc();
-                    written += 1;
-                }
-                // Only a write cut off by a crash before its fsync (so never acknowledged) can
-                // leave a line like this.
-                Err(error) => {
-                    tracing::error!(%error, file = %held.path.display(), line, "audit record lost: unreadable spool line");
-                    self.metrics.lost.get_or_create(&self.label()).inc();
-                }
-            }
-            held.written += 1;
-            self.set_waiting(-1);
-        }
-        // Lines counted when the file was taken but not read back (none, unless it shrank).
-        let unread = held.lines.saturating_sub(held.written);
-        if unread > 0 {
-            self.set_waiting(-(unread as i64));
-            held.written = held.lines;
-        }
-        Ok(written)
+        stem.rsplit_once('.').is_some_and(|(table, id)| {
+            table == self.table && !id.is_empty() && !id.starts_with(&format!("{}-", self.me))
+        })
     }
 
     fn spawn_replayer(self: &Arc<Self>) {
-        let spool = Arc::downgrade(self);
+        let spool = self.clone();
         let wake = self.wake.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             // The first pass at once: a process starting up writes what a gone one left.
             let mut backoff: Option<Duration> = Some(Duration::ZERO);
             loop {
@@ -309,7 +356,6 @@ impl AuditSpool {
                         }
                     }
                 }
-                let Some(spool) = spool.upgrade() else { return };
                 match spool.replay().await {
                     Ok(0) => backoff = None,
                     Ok(written) => {
@@ -324,6 +370,7 @@ impl AuditSpool {
                 }
             }
         });
+        *lock(&self.replayer) = Some(task);
     }
 }
 
@@ -487,6 +534,45 @@ mod tests {
         assert_eq!(spool.replay().await.unwrap(), 1);
         assert_eq!(spool.metrics.lost.get_or_create(&spool.label()).get(), lost + 1);
         assert_eq!(spool.waiting(), 0);
+        assert_eq!(spool_files(dir.path()), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_replay_cancelled_midway_keeps_the_file_and_its_count() {
+        /// A table that takes one record, then hangs (until let go).
+        struct Hanging {
+            table: Arc<Table>,
+            hang: std::sync::atomic::AtomicBool,
+        }
+        #[async_trait]
+        impl AuditSink for Hanging {
+            async fn put(&self, record: &SpooledRecord) -> Result<(), StoreError> {
+                if self.hang.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                self.hang.store(true, Ordering::SeqCst);
+                self.table.put(record).await
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::default());
+        let sink = Arc::new(Hanging { table: table.clone(), hang: false.into() });
+        let spool = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", sink.clone()).unwrap());
+        for n in 0..3 {
+            spool.append(&record(n)).unwrap();
+        }
+        // A final flush that runs out of time in the middle of the file.
+        assert!(tokio::time::timeout(Duration::from_millis(50), spool.replay()).await.is_err());
+        assert_eq!(spool.waiting(), 2, "the written one is counted, the others still wait");
+        // The file is still this process's: another spool of the directory cannot take it.
+        let other = Arc::new(AuditSpool::new(dir.path().into(), "t-audit", table.clone()).unwrap());
+        assert_eq!(other.replay().await.unwrap(), 0);
+        sink.hang.store(false, Ordering::SeqCst);
+        while spool.waiting() > 0 {
+            sink.hang.store(false, Ordering::SeqCst);
+            let _ = tokio::time::timeout(Duration::from_millis(50), spool.replay()).await;
+        }
+        assert_eq!(table.puts.load(Ordering::SeqCst), 3, "resumed where it stopped: none twice, none skipped");
         assert_eq!(spool_files(dir.path()), Vec::<String>::new());
     }
 

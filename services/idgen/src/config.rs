@@ -536,10 +536,32 @@ async fn open_dynamodb(
             .await
             .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
     }
-    let spool = config.audit_spool_dir();
-    let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table)
-        .with_audit_spool(&spool)
-        .with_context(|| format!("the audit spool directory {} (lease.dynamodb.audit_spool)", spool.display()))?;
+    let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table);
+    let configured = config.audit_spool_dir();
+    let (store, spool) = match store.clone().with_audit_spool(&configured) {
+        Ok(store) => (store, configured),
+        Err(error) if audit_required => {
+            return Err(error).with_context(|| {
+                format!("the audit spool directory {} (lease.dynamodb.audit_spool)", configured.display())
+            });
+        }
+        // An operator's command runs as the operator, who may not write the workers' spool
+        // (/var/lib/idgen belongs to the idgen user): their own spool, which their next
+        // `idgen leases` command replays.
+        Err(error) => {
+            let own = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state/idgen/audit-spool"));
+            match own.as_deref().map(|dir| (dir, store.clone().with_audit_spool(dir))) {
+                Some((dir, Ok(store))) => {
+                    tracing::warn!(%error, configured = %configured.display(), spool = %dir.display(), "cannot write the configured audit spool: this command's records would wait in the operator's own");
+                    (store, dir.to_owned())
+                }
+                _ => {
+                    tracing::warn!(%error, configured = %configured.display(), "no audit spool: a record the audit table refuses is only logged");
+                    (store, configured)
+                }
+            }
+        }
+    };
     match store.verify_lease_table().await {
         Ok(()) => {}
         Err(error @ crate::StoreError::Unavailable(_)) => {
@@ -559,7 +581,7 @@ async fn open_dynamodb(
             tracing::warn!(%error, table = audit, spool = %spool.display(), "no audit table: the records of this command's changes wait in the audit spool")
         }
         Err(error) => {
-            return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
+            return Err(error).with_context(|| format!("audit table {audit} in region {}", settings.region));
         }
     }
     Ok(Arc::new(store))
