@@ -148,6 +148,9 @@ impl EmbeddedGenerator {
 
     /// One ID; strictly above every ID this generator issued before.
     pub async fn next_id(&self) -> Result<u64, Refusal> {
+        if let Some(id) = self.generator.try_next_id() {
+            return Ok(id);
+        }
         self.generator.next_id().await
     }
 

@@ -67,6 +67,7 @@ struct Run {
 
 impl Run {
     /// The IDs at `offset` (counted for this run) and after, up to `want`.
+    #[inline]
     fn hand_out(&self, offset: u64, want: u32) -> Option<Taken> {
         (offset < self.count)
             .then(|| Taken { first: self.first + offset, count: (self.count - offset).min(u64::from(want)) as u32 })
@@ -85,6 +86,7 @@ impl Runs {
     /// there is no such run or it is used up (then the caller takes the slow path). The run is
     /// looked at before an offset is counted, so requests that cannot use it (another millisecond,
     /// used up) do not consume its offsets.
+    #[inline]
     pub(crate) fn take(&self, now_unix_ms: i64, want: u32) -> Option<Taken> {
         let generation = self.current.0.load(Ordering::Acquire);
         let run = self.run(generation)?;
@@ -100,6 +102,7 @@ impl Runs {
 
     /// The run of `generation`, read consistently from its slot; `None` if the slot holds
     /// another generation's run (or is being written).
+    #[inline]
     fn run(&self, generation: u64) -> Option<Run> {
         let slot = &self.slots[generation as usize % SLOTS];
         if slot.tag.load(Ordering::Acquire) != generation {
