@@ -57,6 +57,21 @@ pub enum LayoutsCommand {
     },
 }
 
+/// The layouts of a `GET /v1/layouts` answer, as a table (`layouts show`, `status`).
+pub fn layouts_table(schedule: &Value) -> Table {
+    let mut table = Table::new(&["LAYOUT", "REGION", "MACHINE", "SEQUENCE", "FROM"]).right(&[1, 2, 3]);
+    for layout in schedule["layouts"].as_array().into_iter().flatten() {
+        table.row([
+            text(&layout["name"]),
+            text(&layout["region_bits"]),
+            text(&layout["machine_bits"]),
+            text(&layout["sequence_bits"]),
+            text(&layout["from"]),
+        ]);
+    }
+    table
+}
+
 impl Registry {
     fn token(&self) -> anyhow::Result<String> {
         if let Some(token) = &self.token {
@@ -148,17 +163,7 @@ impl Registry {
             println!("{body}");
             return Ok(());
         }
-        let mut table = Table::new(&["LAYOUT", "REGION", "MACHINE", "SEQUENCE", "FROM"]).right(&[1, 2, 3]);
-        for layout in body["layouts"].as_array().into_iter().flatten() {
-            table.row([
-                text(&layout["name"]),
-                text(&layout["region_bits"]),
-                text(&layout["machine_bits"]),
-                text(&layout["sequence_bits"]),
-                text(&layout["from"]),
-            ]);
-        }
-        table.print();
+        layouts_table(&body).print();
         println!(
             "horizon {} (no cutover before it); home region {}",
             body["horizon"].as_str().unwrap_or(""),

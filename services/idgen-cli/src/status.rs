@@ -120,17 +120,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
             text(&schedule["home_region"]),
             text(&schedule["horizon"])
         );
-        let mut table = Table::new(&["LAYOUT", "REGION", "MACHINE", "SEQUENCE", "FROM"]).right(&[1, 2, 3]);
-        for layout in schedule["layouts"].as_array().into_iter().flatten() {
-            table.row([
-                text(&layout["name"]),
-                text(&layout["region_bits"]),
-                text(&layout["machine_bits"]),
-                text(&layout["sequence_bits"]),
-                text(&layout["from"]),
-            ]);
-        }
-        table.print();
+        crate::control::layouts_table(schedule).print();
     }
     if let Ok((200, body)) = &regions {
         println!();
