@@ -268,3 +268,102 @@ macro_rules! lease_store_conformance {
         )*
     };
 }
+
+/// What a test can break in a [`FaultyStore`], shared by every store it wraps (a generator may
+/// open its table again, after a keeper restart).
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Every call answers `Unavailable` (the table is down).
+    pub down: std::sync::atomic::AtomicBool,
+    /// A claim goes through, but its answer is lost (`Unavailable`).
+    pub lose_claim_answers: std::sync::atomic::AtomicBool,
+}
+
+impl Faults {
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn set_losing_claim_answers(&self, lose: bool) {
+        self.lose_claim_answers.store(lose, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A lease table wrapped so a test can switch it off or make it lose the answers to claims it
+/// applies ([`Faults`]); otherwise every call goes to `inner`.
+pub struct FaultyStore {
+    pub inner: Arc<dyn LeaseStore>,
+    pub faults: Arc<Faults>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn LeaseStore>, faults: Arc<Faults>) -> Arc<Self> {
+        Arc::new(FaultyStore { inner, faults })
+    }
+
+    fn check(&self) -> Result<(), crate::StoreError> {
+        match self.faults.down.load(std::sync::atomic::Ordering::SeqCst) {
+            true => Err(crate::StoreError::Unavailable("switched off by the test".into())),
+            false => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for FaultyStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn table_key(&self) -> String {
+        self.inner.table_key()
+    }
+    async fn claim_as(
+        &self,
+        m: u32,
+        h: &str,
+        t: &ClaimToken,
+        now: i64,
+        exp: i64,
+    ) -> Result<ClaimOutcome, crate::StoreError> {
+        self.check()?;
+        let outcome = self.inner.claim_as(m, h, t, now, exp).await;
+        if self.faults.lose_claim_answers.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::StoreError::Unavailable("the claim went through, its answer was lost".into()));
+        }
+        outcome
+    }
+    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, crate::StoreError> {
+        self.check()?;
+        self.inner.renew(m, h, e, exp, now).await
+    }
+    async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, crate::StoreError> {
+        self.check()?;
+        self.inner.release(m, h, e, exp, now).await
+    }
+    async fn quarantine(&self, m: u32, o: &str, now: i64) -> Result<crate::LeaseRow, crate::StoreError> {
+        self.check()?;
+        self.inner.quarantine(m, o, now).await
+    }
+    async fn release_quarantine(
+        &self,
+        m: u32,
+        o: &str,
+        exp: i64,
+        now: i64,
+    ) -> Result<Option<crate::LeaseRow>, crate::StoreError> {
+        self.check()?;
+        self.inner.release_quarantine(m, o, exp, now).await
+    }
+    async fn get(&self, m: u32) -> Result<Option<crate::LeaseRow>, crate::StoreError> {
+        self.check()?;
+        self.inner.get(m).await
+    }
+    async fn list(&self) -> Result<Vec<crate::LeaseRow>, crate::StoreError> {
+        self.check()?;
+        self.inner.list().await
+    }
+    async fn history(&self, m: Option<u32>, from: i64, to: i64) -> Result<Vec<crate::AuditEvent>, crate::StoreError> {
+        self.check()?;
+        self.inner.history(m, from, to).await
+    }
+}

@@ -7,15 +7,14 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use idgen::config::MachineRangeSection;
+use idgen::conformance::{Faults, FaultyStore};
 use idgen::core::generator::Refusal;
 use idgen::supervisor::StoreOpener;
 use idgen::{
-    AuditEvent, ClaimOutcome, ClaimToken, Conditional, EmbeddedGenerator, GeneratorConfig, Health, LeaseRow,
-    LeaseStore, ManualClock, SqliteLeaseStore, StartOptions, StoreError, SyncStatus,
+    EmbeddedGenerator, GeneratorConfig, Health, LeaseStore, ManualClock, SqliteLeaseStore, StartOptions, SyncStatus,
 };
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
@@ -258,75 +257,18 @@ async fn a_process_frozen_past_its_lease_refuses_on_waking_and_never_reissues_it
     println!("freeze: 16 of 16 queued calls refused on waking; {checked} IDs, none twice");
 }
 
-/// A lease table the test can switch off: every call answers `Unavailable` while it is down.
-struct Switchable {
-    inner: Arc<dyn LeaseStore>,
-    down: Arc<AtomicBool>,
-}
-
-impl Switchable {
-    fn check(&self) -> Result<(), StoreError> {
-        match self.down.load(Ordering::SeqCst) {
-            true => Err(StoreError::Unavailable("switched off by the test".into())),
-            false => Ok(()),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl LeaseStore for Switchable {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn table_key(&self) -> String {
-        self.inner.table_key()
-    }
-    async fn claim_as(&self, m: u32, h: &str, t: &ClaimToken, now: i64, exp: i64) -> Result<ClaimOutcome, StoreError> {
-        self.check()?;
-        self.inner.claim_as(m, h, t, now, exp).await
-    }
-    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
-        self.check()?;
-        self.inner.renew(m, h, e, exp, now).await
-    }
-    async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
-        self.check()?;
-        self.inner.release(m, h, e, exp, now).await
-    }
-    async fn quarantine(&self, m: u32, o: &str, now: i64) -> Result<LeaseRow, StoreError> {
-        self.check()?;
-        self.inner.quarantine(m, o, now).await
-    }
-    async fn release_quarantine(&self, m: u32, o: &str, exp: i64, now: i64) -> Result<Option<LeaseRow>, StoreError> {
-        self.check()?;
-        self.inner.release_quarantine(m, o, exp, now).await
-    }
-    async fn get(&self, m: u32) -> Result<Option<LeaseRow>, StoreError> {
-        self.check()?;
-        self.inner.get(m).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        self.check()?;
-        self.inner.list().await
-    }
-    async fn history(&self, m: Option<u32>, from: i64, to: i64) -> Result<Vec<AuditEvent>, StoreError> {
-        self.check()?;
-        self.inner.history(m, from, to).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_lease_table_down_it_issues_until_the_fence_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), "outage");
-    let down = Arc::new(AtomicBool::new(false));
+    let faults = Arc::new(Faults::default());
     let stores: StoreOpener = {
-        let down = down.clone();
+        let faults = faults.clone();
         Arc::new(move |config: &GeneratorConfig, layout: &str| {
-            let (config, layout, down) = (config.clone(), layout.to_owned(), down.clone());
+            let (config, layout, faults) = (config.clone(), layout.to_owned(), faults.clone());
             Box::pin(async move {
                 let inner = idgen::open_lease_store(&config, &layout).await?;
-                Ok(Arc::new(Switchable { inner, down }) as Arc<dyn LeaseStore>)
+                Ok(FaultyStore::new(inner, faults) as Arc<dyn LeaseStore>)
             })
         })
     };
@@ -336,7 +278,7 @@ async fn with_the_lease_table_down_it_issues_until_the_fence_then_recovers() {
     let machine = machine_held(&generator).unwrap();
     let mut ids = generator.next_ids(100).await.unwrap();
 
-    down.store(true, Ordering::SeqCst);
+    faults.set_down(true);
     let down_at = Instant::now();
     let (mut served_while_down, mut first_refusal) = (0, None);
     while down_at.elapsed() < Duration::from_secs(4) {
@@ -360,7 +302,7 @@ async fn with_the_lease_table_down_it_issues_until_the_fence_then_recovers() {
         first_refusal >= Duration::from_millis(1_400) && first_refusal <= Duration::from_millis(2_700),
         "{first_refusal:?}"
     );
-    down.store(false, Ordering::SeqCst);
+    faults.set_down(false);
     generator.ready(Duration::from_secs(10)).await.unwrap();
     ids.extend(generator.next_ids(1_000).await.unwrap());
     println!(

@@ -2,13 +2,14 @@
 //! passed to `tick`, and a real SQLite lease table.
 
 use std::sync::Arc;
+
+use idgen::conformance::FaultyStore;
 use std::time::Duration;
 
 use idgen::core::{Generator, GeneratorConfig, OPEN_HORIZON, Refusal, Schedule};
 use idgen::{
-    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseConfig,
-    LeaseConfigError, LeaseKeeper, LeaseRow, LeaseStore, MachineRanges, ManualClock, Outcome, SqliteLeaseStore,
-    StoreError, SyncStatus,
+    AuditKind, GeneratorMetrics, IdGenerator, LeaseConfig, LeaseConfigError, LeaseKeeper, LeaseStore, MachineRanges,
+    ManualClock, Outcome, SqliteLeaseStore, SyncStatus,
 };
 use tokio::time::Instant;
 
@@ -205,71 +206,9 @@ fn lease_timing_leaves_room_for_one_failed_renewal() {
     }
 }
 
-/// A lease table that can be switched off (every call answers `Unavailable` while it is down),
-/// or made to lose the answers to claims that it applies.
-struct Switchable {
-    inner: Arc<dyn LeaseStore>,
-    down: std::sync::atomic::AtomicBool,
-    lose_answers: std::sync::atomic::AtomicBool,
-}
-
-impl Switchable {
-    fn check(&self) -> Result<(), StoreError> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("switched off by the test".into()));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait::async_trait]
-impl LeaseStore for Switchable {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn table_key(&self) -> String {
-        self.inner.table_key()
-    }
-    async fn claim_as(&self, m: u32, h: &str, t: &ClaimToken, now: i64, exp: i64) -> Result<ClaimOutcome, StoreError> {
-        self.check()?;
-        let outcome = self.inner.claim_as(m, h, t, now, exp).await;
-        if self.lose_answers.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("the claim went through, its answer was lost".into()));
-        }
-        outcome
-    }
-    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
-        self.check()?;
-        self.inner.renew(m, h, e, exp, now).await
-    }
-    async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
-        self.check()?;
-        self.inner.release(m, h, e, exp, now).await
-    }
-    async fn quarantine(&self, m: u32, o: &str, now: i64) -> Result<LeaseRow, StoreError> {
-        self.check()?;
-        self.inner.quarantine(m, o, now).await
-    }
-    async fn release_quarantine(&self, m: u32, o: &str, exp: i64, now: i64) -> Result<Option<LeaseRow>, StoreError> {
-        self.check()?;
-        self.inner.release_quarantine(m, o, exp, now).await
-    }
-    async fn get(&self, m: u32) -> Result<Option<LeaseRow>, StoreError> {
-        self.check()?;
-        self.inner.get(m).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        self.check()?;
-        self.inner.list().await
-    }
-    async fn history(&self, m: Option<u32>, from: i64, to: i64) -> Result<Vec<AuditEvent>, StoreError> {
-        self.check()?;
-        self.inner.history(m, from, to).await
-    }
-}
-
-fn switchable(f: &Fixture) -> Arc<Switchable> {
-    Arc::new(Switchable { inner: f.store.clone(), down: false.into(), lose_answers: false.into() })
+/// The fixture's table, wrapped so the test can switch it off or lose claim answers.
+fn switchable(f: &Fixture) -> Arc<FaultyStore> {
+    FaultyStore::new(f.store.clone(), Arc::default())
 }
 
 #[tokio::test]
@@ -280,7 +219,7 @@ async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
     let g = generator(&f.clock);
     let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(0..=63), "a".into()).unwrap();
     assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
-    store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_down(true);
     now += Duration::from_millis(1_000);
     f.clock.advance(1_000);
     let outcome = k.tick(now).await;
@@ -290,7 +229,7 @@ async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
     f.clock.set(T0 + 2_500);
     assert!(matches!(g.next_id().await, Err(Refusal::PastFence { .. })));
     assert!(matches!(g.health(), idgen::Health::Refusing { refusal: Refusal::PastFence { .. }, .. }));
-    store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_down(false);
     now += Duration::from_millis(1_000);
     let outcome = k.tick(now).await;
     assert!(matches!(outcome, Outcome::Renewed { .. }), "{outcome:?}");
@@ -327,11 +266,11 @@ async fn a_claim_whose_answer_was_lost_is_adopted_not_left_for_a_whole_lease() {
     let store = switchable(&f);
     let g = generator(&f.clock);
     let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(5..=5), "a".into()).unwrap();
-    store.lose_answers.store(true, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_losing_claim_answers(true);
     let Outcome::StoreUnavailable { retry_in, .. } = k.tick(now).await else { panic!() };
     let row = f.store.get(5).await.unwrap().unwrap();
     assert_eq!((row.holder.as_str(), row.lease_epoch), ("a", 1), "the claim went through");
-    store.lose_answers.store(false, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_losing_claim_answers(false);
     now += retry_in;
     f.clock.advance(300);
     assert_eq!(k.tick(now).await, Outcome::Adopted { machine: 5, epoch: 1, expiry_unix_ms: T0 + 3_000 });
@@ -348,9 +287,9 @@ async fn a_lost_claim_whose_row_is_no_longer_ours_is_not_adopted() {
     let store = switchable(&f);
     let g = generator(&f.clock);
     let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(5..=5), "a".into()).unwrap();
-    store.lose_answers.store(true, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_losing_claim_answers(true);
     let Outcome::StoreUnavailable { retry_in, .. } = k.tick(now).await else { panic!() };
-    store.lose_answers.store(false, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_losing_claim_answers(false);
     // Meanwhile the row was quarantined and lifted: it no longer carries our token.
     f.store.quarantine(5, "oncall", T0).await.unwrap();
     f.store.release_quarantine(5, "oncall", T0 + 10, T0).await.unwrap().unwrap();
@@ -403,9 +342,9 @@ async fn a_release_gives_back_a_claim_whose_answer_was_lost() {
     let store = switchable(&f);
     let g = generator(&f.clock);
     let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(5..=5), "a".into()).unwrap();
-    store.lose_answers.store(true, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_losing_claim_answers(true);
     assert!(matches!(k.tick(now).await, Outcome::StoreUnavailable { .. }));
-    store.lose_answers.store(false, std::sync::atomic::Ordering::SeqCst);
+    store.faults.set_losing_claim_answers(false);
     k.release().await.unwrap();
     let row = f.store.get(5).await.unwrap().unwrap();
     assert_eq!(row.lease_expiry, T0, "given back at the claim's :now, not held for a whole lease");
