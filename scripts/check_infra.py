@@ -12,11 +12,11 @@ Facts taken from the code at check time, so that a change on either side without
 fails here:
   - the DynamoDB calls of every Rust file using aws_sdk_dynamodb (`self.client.<op>()`), each
     with the table it is made on (`.table_name(&self.table)` lease, `&self.audit` audit,
-    anything else both), and the calls `quarantine`, `release_quarantine` and `verify_tables`
-    reach through their helpers;
+    anything else both), and the calls `quarantine`, `release_quarantine`,
+    `verify_lease_table` and `verify_audit_table` reach through their helpers;
   - the lease tables per layout (services/idgen/src/config.rs, `lease.tables` default) and the
     audit table name (`format!("{table}-audit")` in dynamodb.rs);
-  - the key schema `create_tables` creates and `verify_tables` expects;
+  - the key schema `create_tables` creates and `verify_lease_table` / `verify_audit_table` expect;
   - the lease timing defaults (services/idgen/src/keeper.rs) and the worker's shutdown grace
     (services/idgen-worker/src/config.rs).
 """
@@ -174,6 +174,17 @@ def strip_rust(source):
     return "".join(out)
 
 
+def closing_brace(code, start):
+    """The index of the brace that closes the one at `start` in stripped code."""
+    depth, j = 0, start
+    while j < len(code):
+        depth += {"{": 1, "}": -1}.get(code[j], 0)
+        if depth == 0:
+            break
+        j += 1
+    return j
+
+
 def functions(code):
     """name -> list of bodies (text between the braces) of every `fn name` in stripped code."""
     found = {}
@@ -182,13 +193,7 @@ def functions(code):
         semicolon = code.find(";", match.end())
         if start < 0 or (0 <= semicolon < start):
             continue  # a declaration without a body
-        depth, j = 0, start
-        while j < len(code):
-            depth += {"{": 1, "}": -1}.get(code[j], 0)
-            if depth == 0:
-                break
-            j += 1
-        found.setdefault(match.group(1), []).append(code[start + 1:j])
+        found.setdefault(match.group(1), []).append(code[start + 1:closing_brace(code, start)])
     return found
 
 
@@ -315,13 +320,7 @@ def raw_body(raw, function):
     code = strip_rust(raw)
     match = re.search(r"\bfn\s+" + function + r"\b", code)
     start = code.find("{", match.end())
-    depth, j = 0, start
-    while j < len(code):
-        depth += {"{": 1, "}": -1}.get(code[j], 0)
-        if depth == 0:
-            break
-        j += 1
-    return raw[start + 1:j]
+    return raw[start + 1:closing_brace(code, start)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,10 +495,10 @@ def main():
         require(set(tables) == wanted, f"template has {sorted(tables)}, the code uses {sorted(wanted)}")
         return ", ".join(f"{layout}: {t} + {t}{facts['audit_suffix']}" for layout, t in sorted(facts["lease_tables"].items()))
 
-    @check("every table's key schema is what dynamodb.rs creates (and verify_tables expects)")
+    @check("every table's key schema is what dynamodb.rs creates (and verify_lease_table / verify_audit_table expect)")
     def _():
         require(facts["schema"] == facts["verified_schema"],
-                f"dynamodb.rs disagrees with itself: create_tables {facts['schema']}, verify_tables {facts['verified_schema']}")
+                f"dynamodb.rs disagrees with itself: create_tables {facts['schema']}, verify_*_table {facts['verified_schema']}")
         for name, body in resources(regional, "AWS::DynamoDB::Table").items():
             props = body["Properties"]
             kind = table_kind(facts, props["TableName"])
@@ -543,7 +542,7 @@ def main():
     @check("the operator role can quarantine and lift (and nothing beyond the code's calls)")
     def _():
         needed = {kind: set() for kind in ("lease", "audit")}
-        for function in ("quarantine", "release_quarantine", "verify_tables"):
+        for function in ("quarantine", "release_quarantine", "verify_lease_table", "verify_audit_table"):
             require(function in facts["reach"], f"dynamodb.rs: no fn {function}")
             for action, kind in facts["reach"][function]:
                 needed[kind].add(action)

@@ -253,20 +253,14 @@ impl DynamoDbLeaseStore {
         Err(StoreError::Unavailable(format!("table {name} did not become ACTIVE within a minute")))
     }
 
-    /// Checks that the lease table and its audit table exist with the key schema SPEC §2 gives,
-    /// so that a mistyped table or region fails a worker's start instead of leaving it not-ready
-    /// with only warnings. A table that cannot be reached is `Unavailable`, not misconfigured.
-    pub async fn verify_tables(&self) -> Result<(), StoreError> {
-        self.verify_lease_table().await?;
-        self.verify_audit_table().await
-    }
-
-    /// [`Self::verify_tables`] for the lease table only.
+    /// Checks that the lease table exists with the key schema SPEC §2 gives, so that a mistyped
+    /// table or region fails a worker's start instead of leaving it not-ready with only
+    /// warnings. A table that cannot be reached is `Unavailable`, not misconfigured.
     pub async fn verify_lease_table(&self) -> Result<(), StoreError> {
         self.verify(&self.table, &[("machine_id", ScalarAttributeType::N, KeyType::Hash)]).await
     }
 
-    /// [`Self::verify_tables`] for the audit table only.
+    /// [`Self::verify_lease_table`] for the audit table.
     pub async fn verify_audit_table(&self) -> Result<(), StoreError> {
         let keys = [
             ("machine_id", ScalarAttributeType::N, KeyType::Hash),
