@@ -179,6 +179,11 @@ impl WorkerProcess {
         Ok(tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.context("worker did not stop")??)
     }
 
+    /// Its `/metrics` text.
+    pub async fn metrics(&self, client: &reqwest::Client) -> anyhow::Result<String> {
+        Ok(client.get(format!("{}/metrics", self.url)).send().await?.text().await?)
+    }
+
     pub async fn health(&self, client: &reqwest::Client) -> anyhow::Result<(u16, Value)> {
         let response = client.get(format!("{}/healthz", self.url)).send().await?;
         Ok((response.status().as_u16(), response.json().await?))

@@ -567,7 +567,7 @@ async fn e2e_production_mode_follows_the_kernel_clock_state() {
 
 /// The value of one series on `/metrics` (0 when it is not there).
 async fn series(client: &reqwest::Client, worker: &WorkerProcess, name: &str) -> u64 {
-    let text = client.get(format!("{}/metrics", worker.url)).send().await.unwrap().text().await.unwrap();
+    let text = worker.metrics(client).await.unwrap();
     text.lines().find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0)
 }
 

@@ -80,10 +80,6 @@ fn peer_certificate(response: &reqwest::Response) -> Vec<u8> {
     info.peer_certificate().expect("a server certificate").to_vec()
 }
 
-async fn metrics(client: &reqwest::Client, worker: &WorkerProcess) -> String {
-    client.get(format!("{}/metrics", worker.url)).send().await.unwrap().text().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_mtls_refuses_what_it_must_and_names_every_caller() {
     let pki = Pki::new();
@@ -121,7 +117,7 @@ async fn e2e_mtls_refuses_what_it_must_and_names_every_caller() {
     let response = by_name.post(format!("https://localhost:{port}/v1/ids")).send().await.unwrap();
     assert_eq!(response.status(), 200);
 
-    let text = metrics(&pki.client(Some("orders")), &worker).await;
+    let text = worker.metrics(&pki.client(Some("orders"))).await.unwrap();
     for reason in ["no_client_certificate", "unknown_issuer", "certificate_expired"] {
         let series = format!("idgen_tls_handshake_failures_total{{reason=\"{reason}\"}} ");
         let count = text.lines().find_map(|l| l.strip_prefix(&series)).map(|v| v.parse::<f64>().unwrap());
@@ -207,7 +203,7 @@ async fn e2e_quotas_hold_a_caller_to_its_rate_and_not_its_neighbour() {
     assert_eq!(spiffe.post(&url).send().await.unwrap().status(), 200);
     assert_eq!(spiffe.post(&url).send().await.unwrap().status(), 429);
 
-    let text = metrics(&pki.client(Some("ingest")), &worker).await;
+    let text = worker.metrics(&pki.client(Some("ingest"))).await.unwrap();
     for needle in [
         format!("idgen_caller_requests_throttled_total{{caller=\"orders\"}} {orders_throttled}"),
         "idgen_caller_ids_served_total{caller=\"bulk\"} 1000".to_owned(),

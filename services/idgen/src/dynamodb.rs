@@ -353,20 +353,18 @@ impl DynamoDbLeaseStore {
                 Err(error) => error.to_string(),
             },
         };
-        let Some(spool) = &self.spool else {
-            crate::metrics::audit_spool().lost.get_or_create(&TableLabel { table: self.audit.clone() }).inc();
-            tracing::error!(%error, table = %self.audit, "audit record lost (no spool configured): {what}");
-            return;
+        let why = match &self.spool {
+            None => "no spool configured".to_owned(),
+            Some(spool) => match spool.append(&record) {
+                Ok(()) => {
+                    tracing::warn!(%error, table = %self.audit, spool = %spool.dir().display(), "audit record spooled: {what}");
+                    return;
+                }
+                Err(spool_error) => format!("the spool failed too: {spool_error}"),
+            },
         };
-        match spool.append(&record) {
-            Ok(()) => {
-                tracing::warn!(%error, table = %self.audit, spool = %spool.dir().display(), "audit record spooled: {what}")
-            }
-            Err(spool_error) => {
-                crate::metrics::audit_spool().lost.get_or_create(&TableLabel { table: self.audit.clone() }).inc();
-                tracing::error!(%error, %spool_error, table = %self.audit, "audit record lost (the spool failed too): {what}");
-            }
-        }
+        crate::metrics::audit_spool().lost.get_or_create(&TableLabel { table: self.audit.clone() }).inc();
+        tracing::error!(%error, table = %self.audit, "audit record lost ({why}): {what}");
     }
 }
 
