@@ -132,6 +132,30 @@ async fn batches_and_bad_input() {
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("format_unavailable")));
     let (status, _) = call(&s, Method::GET, "/v1/internal-ids/abc/public-id", "").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // An ID sent as a JSON number above 2^53 - 1 was probably rounded by a JavaScript caller
+    // (9007199254740993 arrives as ...992): refused with advice, and nothing is created.
+    for (path, bad) in [
+        ("/v1/public-ids", r#"{"internal_id": 9007199254740992}"#),
+        ("/v1/public-ids", r#"{"internal_id": 97301141913751557}"#),
+        ("/v1/public-ids:batch", r#"{"internal_ids": ["4000000", 9007199254740992]}"#),
+    ] {
+        let (status, body) = call(&s, Method::POST, path, bad).await;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{bad}"
+        );
+        assert!(message.contains("decimal strings"), "{bad}: {message}");
+    }
+    for id in ["9007199254740992", "97301141913751557", "4000000"] {
+        let (status, _) = call(&s, Method::GET, &format!("/v1/internal-ids/{id}/public-id?format=opaque"), "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{id} was created by a refused request");
+    }
+    // Exact small integers are still accepted.
+    let (status, body) = call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": 9007199254740991}"#).await;
+    assert_eq!((status, body["internal_id"].as_str()), (StatusCode::CREATED, Some("9007199254740991")));
     let (status, _) = call(&s, Method::GET, "/v1/internal-ids/999999/public-id?format=opaque", "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
