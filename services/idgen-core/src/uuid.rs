@@ -71,15 +71,7 @@ fn encode(unix_ms: i64, counter: u64, tail: u32) -> [u8; 16] {
 
 /// `xxxxxxxx-xxxx-7xxx-xxxx-xxxxxxxxxxxx`, lowercase.
 pub fn format(bytes: &[u8; 16]) -> String {
-    let mut out = String::with_capacity(36);
-    for (i, byte) in bytes.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out.push('-');
-        }
-        out.push(char::from_digit(u32::from(byte >> 4), 16).expect("nibble"));
-        out.push(char::from_digit(u32::from(byte & 0xf), 16).expect("nibble"));
-    }
-    out
+    uuid::Uuid::from_bytes(*bytes).hyphenated().to_string()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -92,33 +84,22 @@ pub enum UuidError {
     WrongVariant,
 }
 
-/// Parses the hyphenated form (either case) and returns the bytes of a UUIDv7.
+/// Parses the hyphenated form (either case) and returns the bytes of a UUIDv7. The `uuid` crate
+/// also reads the simple, braced and URN forms; 36 bytes can only be the hyphenated one, which is
+/// all the API has ever accepted.
 pub fn parse_v7(text: &str) -> Result<[u8; 16], UuidError> {
-    let raw = text.as_bytes();
-    if raw.len() != 36 {
+    if text.len() != 36 {
         return Err(UuidError::Malformed);
     }
-    let mut bytes = [0u8; 16];
-    let mut nibbles = 0;
-    for (i, &c) in raw.iter().enumerate() {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            if c != b'-' {
-                return Err(UuidError::Malformed);
-            }
-            continue;
-        }
-        let value = (c as char).to_digit(16).ok_or(UuidError::Malformed)? as u8;
-        bytes[nibbles / 2] |= if nibbles % 2 == 0 { value << 4 } else { value };
-        nibbles += 1;
-    }
-    let version = bytes[6] >> 4;
+    let parsed = uuid::Uuid::try_parse(text).map_err(|_| UuidError::Malformed)?;
+    let version = parsed.get_version_num() as u8;
     if version != 7 {
         return Err(UuidError::NotVersion7(version));
     }
-    if bytes[8] >> 6 != 0b10 {
+    if parsed.get_variant() != uuid::Variant::RFC4122 {
         return Err(UuidError::WrongVariant);
     }
-    Ok(bytes)
+    Ok(parsed.into_bytes())
 }
 
 /// The Unix-millisecond timestamp in a UUIDv7's first 48 bits.

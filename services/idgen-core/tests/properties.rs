@@ -729,4 +729,71 @@ proptest! {
             prop_assert_eq!(parsed.unwrap(), bytes);
         }
     }
+
+    /// The `uuid` crate's parser and formatter behave exactly as the hand-written ones they
+    /// replaced (kept below as the oracle) on every input: the same bytes, the same error.
+    #[test]
+    fn uuid_text_matches_the_hand_written_parser(
+        text in "[-0-9a-fA-F{}:urnidgz\u{e9} ]{0,46}",
+        bytes in any::<[u8; 16]>(),
+        at in 0usize..36,
+        with in proptest::char::any(),
+    ) {
+        prop_assert_eq!(uuid::format(&bytes), legacy::format(&bytes));
+        let formatted = uuid::format(&bytes);
+        let mut mutated: Vec<char> = formatted.chars().collect();
+        mutated[at] = with;
+        let mutated: String = mutated.into_iter().collect();
+        let braced = format!("{{{formatted}}}");
+        let urn = format!("urn:uuid:{formatted}");
+        let simple = formatted.replace('-', "");
+        for input in [&text, &formatted, &formatted.to_uppercase(), &mutated, &braced, &urn, &simple] {
+            prop_assert_eq!(uuid::parse_v7(input), legacy::parse_v7(input), "{:?}", input);
+        }
+    }
+}
+
+/// The UUID text code before it went through the `uuid` crate, as the oracle for it.
+mod legacy {
+    use idgen_core::uuid::UuidError;
+
+    pub fn format(bytes: &[u8; 16]) -> String {
+        let mut out = String::with_capacity(36);
+        for (i, byte) in bytes.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                out.push('-');
+            }
+            out.push(char::from_digit(u32::from(byte >> 4), 16).expect("nibble"));
+            out.push(char::from_digit(u32::from(byte & 0xf), 16).expect("nibble"));
+        }
+        out
+    }
+
+    pub fn parse_v7(text: &str) -> Result<[u8; 16], UuidError> {
+        let raw = text.as_bytes();
+        if raw.len() != 36 {
+            return Err(UuidError::Malformed);
+        }
+        let mut bytes = [0u8; 16];
+        let mut nibbles = 0;
+        for (i, &c) in raw.iter().enumerate() {
+            if matches!(i, 8 | 13 | 18 | 23) {
+                if c != b'-' {
+                    return Err(UuidError::Malformed);
+                }
+                continue;
+            }
+            let value = (c as char).to_digit(16).ok_or(UuidError::Malformed)? as u8;
+            bytes[nibbles / 2] |= if nibbles % 2 == 0 { value << 4 } else { value };
+            nibbles += 1;
+        }
+        let version = bytes[6] >> 4;
+        if version != 7 {
+            return Err(UuidError::NotVersion7(version));
+        }
+        if bytes[8] >> 6 != 0b10 {
+            return Err(UuidError::WrongVariant);
+        }
+        Ok(bytes)
+    }
 }
