@@ -9,6 +9,7 @@
 pub mod generator;
 pub mod layout;
 pub mod schedule;
+pub mod text;
 pub mod time;
 pub mod uuid;
 
@@ -20,4 +21,5 @@ pub use layout::{DecodedId, FieldError, Layout, MachineNumber, RegionNumber, Seq
 pub use schedule::{
     DEFAULT_V2_FROM, DecodeError, OPEN_HORIZON, Schedule, ScheduleChange, ScheduleEntry, ScheduleError,
 };
+pub use text::{IdText, IdTextError, parse_id};
 pub use time::{EPOCH_UNIX_MS, MAX_TIMESTAMP, Timestamp, TimestampError, format_unix_ms, parse_rfc3339_ms};

@@ -267,32 +267,11 @@ pub async fn create_uuids(State(state): State<AppState>, caller: Caller, body: B
 }
 
 /// What a decode path segment is: a 63-bit ID or a UUIDv7.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdText {
-    Snowflake(u64),
-    Uuid([u8; 16]),
-}
+pub use idgen::core::IdText;
 
+/// An ID in a URL: `idgen_core::parse_id`, its refusal as a 400 `invalid_id`.
 pub fn parse_id(text: &str) -> Result<IdText, ApiError> {
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        let too_big = || {
-            ApiError::bad_request(
-                "invalid_id",
-                format!("{text} is out of range: an ID is a non-negative 63-bit integer (< 2^63)"),
-            )
-        };
-        let value: u64 = text.parse().map_err(|_| too_big())?;
-        if value >> 63 != 0 {
-            return Err(too_big());
-        }
-        return Ok(IdText::Snowflake(value));
-    }
-    if text.contains('-') {
-        return uuid::parse_v7(text)
-            .map(IdText::Uuid)
-            .map_err(|error| ApiError::bad_request("invalid_id", format!("{text:?}: {error}")));
-    }
-    Err(ApiError::bad_request("invalid_id", format!("{text:?} is neither a non-negative 63-bit integer nor a UUIDv7")))
+    idgen::core::parse_id(text).map_err(|error| ApiError::bad_request("invalid_id", error.to_string()))
 }
 
 pub async fn decode(

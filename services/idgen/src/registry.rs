@@ -91,10 +91,16 @@ impl RegistrySnapshot {
                 response.bytes().await.map_err(|e| RegistryError::Unreachable(e.to_string()))
             }
         };
+        Self::from_responses(&get("/v1/layouts").await?, &get("/v1/regions").await?)
+    }
+
+    /// The registry's two answers (`GET /v1/layouts`, `GET /v1/regions`) as one snapshot, whose
+    /// schedule must be valid.
+    pub fn from_responses(layouts: &[u8], regions: &[u8]) -> Result<Self, RegistryError> {
         let layouts: LayoutsResponse =
-            serde_json::from_slice(&get("/v1/layouts").await?).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+            serde_json::from_slice(layouts).map_err(|e| RegistryError::Invalid(e.to_string()))?;
         let regions: RegionsResponse =
-            serde_json::from_slice(&get("/v1/regions").await?).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+            serde_json::from_slice(regions).map_err(|e| RegistryError::Invalid(e.to_string()))?;
         let snapshot = RegistrySnapshot {
             layouts: layouts.layouts,
             horizon_ms: layouts.horizon_ms,
@@ -195,7 +201,16 @@ impl RegistrySnapshot {
     pub fn load(path: &Path) -> Result<Self, RegistryError> {
         let cache_error = |error: String| RegistryError::Cache { path: path.display().to_string(), error };
         let text = std::fs::read(path).map_err(|e| cache_error(e.to_string()))?;
-        let snapshot: RegistrySnapshot = serde_json::from_slice(&text).map_err(|e| cache_error(e.to_string()))?;
+        Self::from_cache(&text).map_err(|error| match error {
+            RegistryError::Cache { error, .. } => cache_error(error),
+            other => other,
+        })
+    }
+
+    /// The copy on disk (what [`RegistrySnapshot::save`] wrote), whose schedule must be valid.
+    pub fn from_cache(bytes: &[u8]) -> Result<Self, RegistryError> {
+        let snapshot: RegistrySnapshot = serde_json::from_slice(bytes)
+            .map_err(|e| RegistryError::Cache { path: String::new(), error: e.to_string() })?;
         snapshot.schedule()?;
         Ok(snapshot)
     }
