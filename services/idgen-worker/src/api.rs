@@ -14,14 +14,14 @@ use idgen::core::{Schedule, format_unix_ms, uuid};
 use idgen::{Health, IdGenerator, SyncStatus};
 use idgen_server::Caller;
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
+use crate::body;
 use crate::error::ApiError;
 
 /// Request bodies are tiny (`{"count": 1000}`); anything bigger is refused unread.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
-pub const MAX_BATCH: u64 = 1_000;
+pub use crate::body::MAX_BATCH;
 
 /// What every handler reads, behind one `Arc`: axum clones the state for every request, and one
 /// reference count is all that clone should cost.
@@ -84,65 +84,6 @@ async fn body_bytes(mut body: Body) -> Result<Bytes, ApiError> {
     Ok(bytes)
 }
 
-/// The body as a JSON object; an empty body (or only whitespace) is `None`. This general reading
-/// is the one that words the errors; the typed fast paths below fall back to it on anything they
-/// do not accept, so every error code and message comes from here.
-fn parse_object(bytes: &[u8]) -> Result<Option<Map<String, Value>>, ApiError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(map)) => Ok(Some(map)),
-        Ok(_) | Err(_) => Err(ApiError::bad_request("invalid_body", "request body must be a JSON object")),
-    }
-}
-
-/// Whether the body is a JSON object at the top (a derived struct would also take an array).
-fn is_object(bytes: &[u8]) -> bool {
-    bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
-}
-
-/// Whether a `POST /v1/ids` body is one of those it takes: nothing, or an object without fields.
-fn accepts_no_fields(bytes: &[u8]) -> bool {
-    let trimmed = bytes.trim_ascii();
-    trimmed.is_empty() || trimmed == b"{}" || (is_object(bytes) && serde_json::from_slice::<NoFields>(bytes).is_ok())
-}
-
-/// `POST /v1/ids`: `{}` (any whitespace) or nothing.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoFields {}
-
-/// `POST /v1/ids:batch` and `/v1/uuids`: `{"count": n}`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CountOnly {
-    count: u64,
-}
-
-/// `{"count": n}` with 1 ≤ n ≤ 1000; nothing else allowed in the object.
-fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result<u32, ApiError> {
-    let mut body = body.unwrap_or_default();
-    let count = body.remove("count");
-    if let Some(field) = body.keys().next() {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            format!("unknown field {field:?}; only \"count\" is accepted"),
-        ));
-    }
-    let count = match (count, default) {
-        (Some(value), _) => value.as_u64().filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
-            ApiError::bad_request(
-                "invalid_count",
-                format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"),
-            )
-        })?,
-        (None, Some(default)) => default,
-        (None, None) => return Err(ApiError::bad_request("invalid_count", "count is required: {\"count\": 1..1000}")),
-    };
-    Ok(count as u32)
-}
-
 /// `POST /v1/ids` (any other method: 405), answered straight from the request.
 pub async fn single_id(state: &AppState, caller: &Caller, request: axum::extract::Request) -> Response {
     if request.method() != axum::http::Method::POST {
@@ -168,16 +109,7 @@ async fn within_quota<T>(
 }
 
 async fn create_id(state: &AppState, caller: &Caller, body: Body) -> Result<Response, ApiError> {
-    let bytes = body_bytes(body).await?;
-    if !accepts_no_fields(&bytes) {
-        let field = parse_object(&bytes)?.and_then(|body| body.keys().next().cloned());
-        if let Some(field) = field {
-            return Err(ApiError::bad_request(
-                "invalid_body",
-                format!("unknown field {field:?}; send {{}} or an empty body"),
-            ));
-        }
-    }
+    body::check_single_body(&body_bytes(body).await?)?;
     let id = within_quota(state, caller, 1, state.generator.next_id()).await?;
     Ok(json_response(id_json(id)))
 }
@@ -202,17 +134,8 @@ pub fn id_json(id: u64) -> Vec<u8> {
     body
 }
 
-/// The count of a `{"count": n}` body: typed when the body is exactly that, else through the
-/// general reading (for its error messages); `default` when there is no body.
-fn count_of(bytes: &[u8], default: Option<u64>) -> Result<u32, ApiError> {
-    match is_object(bytes).then(|| serde_json::from_slice::<CountOnly>(bytes)) {
-        Some(Ok(CountOnly { count })) if (1..=MAX_BATCH).contains(&count) => Ok(count as u32),
-        _ => parse_count(parse_object(bytes)?, default),
-    }
-}
-
 pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
-    let count = count_of(&body_bytes(body).await?, None)?;
+    let count = body::count_of(&body_bytes(body).await?, None)?;
     let ids = within_quota(&state, &caller, count, state.generator.next_ids(count)).await?;
     Ok(json_response(ids_json(&ids)))
 }
@@ -261,7 +184,7 @@ fn increment_decimal(digits: &mut [u8]) -> bool {
 }
 
 pub async fn create_uuids(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
-    let count = count_of(&body_bytes(body).await?, Some(1))?;
+    let count = body::count_of(&body_bytes(body).await?, Some(1))?;
     let uuids = within_quota(&state, &caller, count, state.generator.next_uuids(count)).await?;
     Ok(Json(json!({ "ids": uuids.iter().map(uuid::format).collect::<Vec<_>>() })))
 }
@@ -380,22 +303,23 @@ pub async fn not_found() -> ApiError {
 mod tests {
     use super::*;
 
+    use crate::body::{BodyError, accepts_no_fields, count_of, parse_count, parse_object};
+
     /// What the handlers decided before the typed fast paths: the general reading alone.
-    fn general_count(bytes: &[u8], default: Option<u64>) -> Result<u32, ApiError> {
+    fn general_count(bytes: &[u8], default: Option<u64>) -> Result<u32, BodyError> {
         parse_count(parse_object(bytes)?, default)
     }
 
-    fn general_no_fields(bytes: &[u8]) -> Result<(), ApiError> {
+    fn general_no_fields(bytes: &[u8]) -> Result<(), BodyError> {
         match parse_object(bytes)?.and_then(|body| body.keys().next().cloned()) {
-            Some(field) => Err(ApiError::bad_request(
-                "invalid_body",
-                format!("unknown field {field:?}; send {{}} or an empty body"),
-            )),
+            Some(field) => {
+                Err(BodyError::new("invalid_body", format!("unknown field {field:?}; send {{}} or an empty body")))
+            }
             None => Ok(()),
         }
     }
 
-    fn fast_no_fields(bytes: &[u8]) -> Result<(), ApiError> {
+    fn fast_no_fields(bytes: &[u8]) -> Result<(), BodyError> {
         if !accepts_no_fields(bytes) {
             return general_no_fields(bytes);
         }
@@ -411,12 +335,27 @@ mod tests {
                 r#"[ \t\n]*\{[ ]*("count"[ ]*:[ ]*(-?[0-9]{1,5}(\.[0-9])?|1e3|"7"|null|true|\[1\])[ ]*(,[ ]*"(count|x)"[ ]*:[ ]*[0-9])?)?[ ]*\}[ ]*"#,
                 r#"\[[0-9]{0,4}\]|"[a-z]*"|[0-9]{1,4}|null|\{|\}|"#,
                 ".{0,12}",
+                "[ \t\n\r\x0b\x0c]{0,2}\\{\\}[ \t\n\r\x0b\x0c]{0,2}",
             ],
             default in proptest::option::of(1u64..=3),
         ) {
             let bytes = body.as_bytes();
             proptest::prop_assert_eq!(count_of(bytes, default), general_count(bytes, default), "{}", body);
             proptest::prop_assert_eq!(fast_no_fields(bytes), general_no_fields(bytes), "{}", body);
+        }
+    }
+
+    /// Found by the `request_body` fuzz target: a form feed is ASCII whitespace but not JSON
+    /// whitespace, and `\f{}\f` was taken as `{}` by the single-ID fast path.
+    #[test]
+    fn only_json_whitespace_surrounds_a_body() {
+        for bytes in [&b"\x0c{}\x0c"[..], b"\x0c", b"\x0b{}", b"{}\x0c"] {
+            let refused = crate::body::check_single_body(bytes).unwrap_err();
+            assert_eq!(refused.code, "invalid_body", "{bytes:?}");
+            assert_eq!(count_of(bytes, Some(1)).unwrap_err().code, "invalid_body", "{bytes:?}");
+        }
+        for bytes in [&b" \t\r\n{}\n"[..], b"", b" \r\n"] {
+            assert_eq!(crate::body::check_single_body(bytes), Ok(()), "{bytes:?}");
         }
     }
 

@@ -14,6 +14,12 @@ pub struct ApiError {
     pub retry_after_secs: Option<u64>,
 }
 
+impl From<crate::body::BodyError> for ApiError {
+    fn from(error: crate::body::BodyError) -> Self {
+        ApiError::bad_request(error.code, error.message)
+    }
+}
+
 impl ApiError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into(), retry_after_secs: None }

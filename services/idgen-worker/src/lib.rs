@@ -8,6 +8,7 @@
 //! generator down, which releases the leases.
 
 pub mod api;
+pub mod body;
 pub mod config;
 pub mod error;
 pub use idgen_server::http_metrics;
