@@ -4,6 +4,7 @@
 //! unknown, malformed or forged public ID gives one and the same 404.
 
 pub mod api;
+pub mod body;
 pub mod config;
 pub mod format;
 pub mod kms;
