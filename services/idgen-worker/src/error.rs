@@ -29,7 +29,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             code: "not_found",
-            message: "no such endpoint; see GET /healthz, POST /v1/ids, POST /v1/ids:batch, GET /v1/ids/{id}/decode, POST /v1/uuids, GET /metrics".into(),
+            message: "no such endpoint; see GET /healthz, POST /v1/ids, POST /v1/ids:batch, GET /v1/ids/{id}/decode, POST /v1/uuids, GET /metrics, GET /openapi.json".into(),
             retry_after_secs: None,
         }
     }

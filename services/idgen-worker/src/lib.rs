@@ -32,19 +32,21 @@ pub use config::WorkerConfig;
 use crate::error::ApiError;
 
 /// Every route the worker serves (the HTTP metrics keep handles for each).
-pub const ROUTES: [&str; 6] = ["/v1/ids", "/v1/ids:batch", "/v1/ids/{id}/decode", "/v1/uuids", "/healthz", "/metrics"];
+pub const ROUTES: [&str; 7] =
+    ["/v1/ids", "/v1/ids:batch", "/v1/ids/{id}/decode", "/v1/uuids", "/healthz", "/metrics", "/openapi.json"];
 
 /// The route axum serves `path` with, `unmatched` for the fallback: the HTTP metrics' label,
 /// worked out outside the router so that no layer has to sit on every route (axum boxes each
 /// layered route again per request). A test holds it to axum's own `MatchedPath`.
 pub fn route_of(path: &str) -> &'static str {
-    let [ids, batch, decode, uuids, healthz, metrics] = ROUTES;
+    let [ids, batch, decode, uuids, healthz, metrics, openapi] = ROUTES;
     match path {
         "/v1/ids" => ids,
         "/v1/ids:batch" => batch,
         "/v1/uuids" => uuids,
         "/healthz" => healthz,
         "/metrics" => metrics,
+        "/openapi.json" => openapi,
         _ => match path.strip_prefix("/v1/ids/").and_then(|rest| rest.strip_suffix("/decode")) {
             Some(id) if !id.contains('/') => decode,
             _ => "unmatched",
@@ -111,13 +113,14 @@ impl tower::Service<axum::extract::Request> for App {
 
 pub fn router(state: AppState) -> App {
     let method_not_allowed = || async { ApiError::method_not_allowed() };
-    let [_, batch, decode, uuids, healthz, metrics] = ROUTES;
+    let [_, batch, decode, uuids, healthz, metrics, openapi] = ROUTES;
     let router = Router::new()
         .route(batch, post(api::create_batch).fallback(method_not_allowed))
         .route(decode, get(api::decode).fallback(method_not_allowed))
         .route(uuids, post(api::create_uuids).fallback(method_not_allowed))
         .route(healthz, get(api::healthz).fallback(method_not_allowed))
         .route(metrics, get(api::metrics).fallback(method_not_allowed))
+        .route(openapi, get(api::openapi).fallback(method_not_allowed))
         .fallback(api::not_found)
         .with_state(state.clone());
     App { state, router, caller: Caller::anonymous() }
