@@ -4,13 +4,15 @@
 //! decodes any ID without panicking.
 #![no_main]
 
+use std::path::Path;
+
 use idgen::registry::RegistrySnapshot;
 use libfuzzer_sys::fuzz_target;
 
 fn holds(snapshot: &RegistrySnapshot, id: u64) {
     let schedule = snapshot.schedule().expect("a parsed snapshot has a valid schedule");
     let written = serde_json::to_vec(snapshot).expect("a snapshot serializes");
-    let read = RegistrySnapshot::from_cache(&written).expect("what was written reads back");
+    let read = RegistrySnapshot::from_cache(&written, Path::new("schedule.json")).expect("what was written reads back");
     assert_eq!(&read, snapshot);
     assert_eq!(read.schedule().expect("valid"), schedule);
     let _ = schedule.decode(id);
@@ -18,7 +20,7 @@ fn holds(snapshot: &RegistrySnapshot, id: u64) {
 
 fuzz_target!(|data: &[u8]| {
     let id = data.iter().rev().take(8).fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
-    if let Ok(snapshot) = RegistrySnapshot::from_cache(data) {
+    if let Ok(snapshot) = RegistrySnapshot::from_cache(data, Path::new("schedule.json")) {
         holds(&snapshot, id);
     }
     let split = data.iter().position(|&b| b == 0).unwrap_or(data.len());

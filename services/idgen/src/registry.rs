@@ -199,18 +199,16 @@ impl RegistrySnapshot {
     }
 
     pub fn load(path: &Path) -> Result<Self, RegistryError> {
-        let cache_error = |error: String| RegistryError::Cache { path: path.display().to_string(), error };
-        let text = std::fs::read(path).map_err(|e| cache_error(e.to_string()))?;
-        Self::from_cache(&text).map_err(|error| match error {
-            RegistryError::Cache { error, .. } => cache_error(error),
-            other => other,
-        })
+        let text = std::fs::read(path)
+            .map_err(|e| RegistryError::Cache { path: path.display().to_string(), error: e.to_string() })?;
+        Self::from_cache(&text, path)
     }
 
-    /// The copy on disk (what [`RegistrySnapshot::save`] wrote), whose schedule must be valid.
-    pub fn from_cache(bytes: &[u8]) -> Result<Self, RegistryError> {
+    /// The copy on disk (what [`RegistrySnapshot::save`] wrote to `path`), whose schedule must be
+    /// valid.
+    pub fn from_cache(bytes: &[u8], path: &Path) -> Result<Self, RegistryError> {
         let snapshot: RegistrySnapshot = serde_json::from_slice(bytes)
-            .map_err(|e| RegistryError::Cache { path: String::new(), error: e.to_string() })?;
+            .map_err(|e| RegistryError::Cache { path: path.display().to_string(), error: e.to_string() })?;
         snapshot.schedule()?;
         Ok(snapshot)
     }
