@@ -38,6 +38,27 @@ async fn wait_refusing_without_lease(client: &reqwest::Client, worker: &WorkerPr
     }
 }
 
+/// Polls until `/healthz` says 200 under a v1 machine number other than `old`, and returns it.
+async fn wait_issuing_under_another_number(
+    client: &reqwest::Client,
+    worker: &WorkerProcess,
+    old: u32,
+    within: Duration,
+) -> u32 {
+    let deadline = Instant::now() + within;
+    loop {
+        let (status, health) = worker.health(client).await.unwrap();
+        let held = health["leases"][0]["machine"].as_u64().map(|m| m as u32);
+        if status == 200
+            && let Some(machine) = held.filter(|&m| m != old)
+        {
+            return machine;
+        }
+        assert!(Instant::now() < deadline, "never moved off the quarantined number: {health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Worker freezes past its lease.
 
@@ -341,16 +362,7 @@ async fn e2e_quarantine_takes_the_number_from_a_live_worker() {
     let quarantined_at = now_unix_ms();
 
     // Its next renewal (≤ 1 s) fails: it stops issuing under the number and claims another.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let new_machine = loop {
-        let (status, health) = worker.health(&client).await.unwrap();
-        let held = health["leases"][0]["machine"].as_u64().map(|m| m as u32);
-        if status == 200 && held.is_some_and(|m| m != machine) {
-            break held.unwrap();
-        }
-        assert!(Instant::now() < deadline, "never moved off the quarantined number: {health}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let new_machine = wait_issuing_under_another_number(&client, &worker, machine, Duration::from_secs(10)).await;
     for _ in 0..10 {
         let batch = issue_ok(&client, &worker, 100).await;
         assert!(batch.iter().all(|id| v1_fields(*id).1 == new_machine));
@@ -605,16 +617,7 @@ async fn e2e_audit_table_killed_mid_run_every_record_is_found_afterwards() {
     assert!(stderr.contains("audit record(s) for") && stderr.contains(&spool.path().display().to_string()), "{stderr}");
 
     // The worker's renewal fails (renew_failed) and it claims another number (claim): both spooled.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let second = loop {
-        let (status, health) = worker.health(&client).await.unwrap();
-        let held = health["leases"][0]["machine"].as_u64().map(|m| m as u32);
-        if status == 200 && held.is_some_and(|m| m != first) {
-            break held.unwrap();
-        }
-        assert!(Instant::now() < deadline, "never moved off the quarantined number: {health}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let second = wait_issuing_under_another_number(&client, &worker, first, Duration::from_secs(15)).await;
     ids.extend(issue_ok(&client, &worker, 200).await);
     let waiting = format!("idgen_audit_records_waiting{{table=\"{audit}\"}}");
     let deadline = Instant::now() + Duration::from_secs(10);
