@@ -1,6 +1,6 @@
 //! The public-ID service's request bodies (`POST /v1/public-ids {"internal_id", "format"?}` and
 //! `:batch {"internal_ids", "format"?}`): a body is a JSON object or refused; an internal ID is
-//! accepted only as digits below 2^63 or an exact JSON integer up to 2^53 − 1, and reads back from
+//! accepted only as digits below 2^63 or a whole JSON number up to 2^53 − 1, and reads back from
 //! its decimal text; a larger JSON number is refused with the advice to send a string.
 //!
 //! `body.rs` and the `format.rs` it names use nothing else of the service: compiled in as they are.
@@ -24,7 +24,8 @@ fn check_id(value: &Value) {
             assert_eq!(body::parse_internal_id(&Value::String(id.to_string())), Ok(id));
             match value {
                 Value::String(text) => assert_eq!(text.trim_start_matches('0').parse::<u64>().unwrap_or(0), id),
-                Value::Number(n) => assert!(n.as_u64() == Some(id) && id <= body::MAX_SAFE_JSON_INTEGER, "{value}"),
+                // A whole number, however written (5, 5.0, 5e0), within the exact range.
+                Value::Number(n) => assert!(n.as_f64() == Some(id as f64) && id <= body::MAX_SAFE_JSON_INTEGER, "{value}"),
                 other => panic!("accepted {other} as an internal ID"),
             }
         }

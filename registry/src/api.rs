@@ -124,6 +124,15 @@ fn only_fields(body: &Map<String, Value>, allowed: &[&str]) -> Result<(), ApiErr
     }
 }
 
+/// A non-negative whole JSON number, as JSON Schema's `integer` has it: `8` and `8.0` alike (a
+/// fraction or an exponent beyond 2^53 is not exact, and refused).
+fn whole_number(value: &Value) -> Option<u64> {
+    value.as_u64().or_else(|| {
+        let f = value.as_f64()?;
+        (f.fract() == 0.0 && (0.0..=((1u64 << 53) - 1) as f64).contains(&f)).then_some(f as u64)
+    })
+}
+
 /// Region names: 1–63 characters of a–z, 0–9 and '-', starting with a letter.
 pub fn valid_region_name(name: &str) -> bool {
     (1..=63).contains(&name.len())
@@ -253,7 +262,7 @@ pub async fn add_layout(
         .ok_or_else(|| ApiError::bad_request("\"name\" (a string) is required"))?;
     let bits = |field: &str| -> Result<u8, ApiError> {
         body.get(field)
-            .and_then(Value::as_u64)
+            .and_then(whole_number)
             .filter(|b| *b <= 22)
             .map(|b| b as u8)
             .ok_or_else(|| ApiError::bad_request(format!("\"{field}\" must be an integer from 0 to 22")))
@@ -269,8 +278,7 @@ pub async fn add_layout(
             u64::try_from(unix - EPOCH_UNIX_MS)
                 .map_err(|_| ApiError::bad_request("\"from\" is before the epoch 2026-01-01"))?
         }
-        (None, Some(ms)) => ms
-            .as_u64()
+        (None, Some(ms)) => whole_number(ms)
             .ok_or_else(|| ApiError::bad_request("\"from_ms\" must be a non-negative integer (ms since 2026-01-01)"))?,
         _ => {
             return Err(ApiError::bad_request(
@@ -318,6 +326,10 @@ pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }
 
-pub async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not accept that method")
+/// The registry's OpenAPI 3.1 document, checked in as `docs/openapi/registry.json` (a test holds
+/// it to the router).
+pub const OPENAPI: &str = include_str!("../../docs/openapi/registry.json");
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }

@@ -22,17 +22,21 @@ pub use api::AppState;
 pub use config::RegistryConfig;
 
 /// The registry's routes, as `/metrics` labels them (anything else is `other`).
-pub const ROUTES: [&str; 6] =
-    ["/v1/regions", "/v1/regions/{action}", "/v1/layouts", "/v1/audit", "/healthz", "/metrics"];
+/// `/v1/regions/{action}` is `POST /v1/regions/{name}:retire` (a capture cannot share its path
+/// segment with a literal suffix here: the handler takes the suffix off).
+pub const ROUTES: [&str; 7] =
+    ["/v1/regions", "/v1/regions/{action}", "/v1/layouts", "/v1/audit", "/healthz", "/metrics", "/openapi.json"];
 
 pub fn router(state: AppState) -> Router {
-    let [regions, region_action, layouts, audit, healthz, _] = ROUTES;
+    use idgen_server::not_allowed;
+    let [regions, region_action, layouts, audit, healthz, _, openapi] = ROUTES;
     Router::new()
-        .route(regions, get(api::list_regions).post(api::add_region).fallback(api::method_not_allowed))
-        .route(region_action, post(api::region_action).fallback(api::method_not_allowed))
-        .route(layouts, get(api::get_layouts).post(api::add_layout).fallback(api::method_not_allowed))
-        .route(audit, get(api::audit).fallback(api::method_not_allowed))
-        .route(healthz, get(api::healthz).fallback(api::method_not_allowed))
+        .route(regions, get(api::list_regions).post(api::add_region).fallback(not_allowed("GET, HEAD, POST")))
+        .route(region_action, post(api::region_action).fallback(not_allowed("POST")))
+        .route(layouts, get(api::get_layouts).post(api::add_layout).fallback(not_allowed("GET, HEAD, POST")))
+        .route(audit, get(api::audit).fallback(not_allowed("GET, HEAD")))
+        .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
+        .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state)
 }

@@ -198,6 +198,7 @@ async fn the_schedule_is_published_and_validated() {
         r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10}"#.to_owned(),
         r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z", "from_ms": 5}"#.to_owned(),
         r#"{"name": "v3", "region_bits": -1, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
+        r#"{"name": "v3", "region_bits": 4.5, "machine_bits": 7.5, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
         r#"{"name": "V 3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
         v3("2030-01-01"),
         v3("2025-06-01T00:00:00Z"),
@@ -221,7 +222,9 @@ async fn the_schedule_is_published_and_validated() {
     );
     assert_eq!(call(&s, Method::GET, "/v1/layouts", None, "").await.1, before, "nothing changed");
 
-    let (status, body) = call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2040-01-01T00:00:00Z")).await;
+    // Whole numbers however written (4.0, 8e0): JSON Schema's integers, and the document's.
+    let whole = r#"{"name": "v3", "region_bits": 4.0, "machine_bits": 8e0, "sequence_bits": 10, "from": "2040-01-01T00:00:00Z"}"#;
+    let (status, body) = call(&s, Method::POST, "/v1/layouts", Some(TOKEN), whole).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["layouts"][2]["name"], "v3");
     assert_error(
@@ -246,4 +249,54 @@ async fn a_certificate_operator_writes_without_a_token() {
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     let (_, audit) = call(&s, Method::GET, "/v1/audit", Some(TOKEN), "").await;
     assert!(audit.to_string().contains("ops-bot"), "the write is recorded with the operator: {audit}");
+}
+
+/// `GET /openapi.json` serves the checked-in `docs/openapi/registry.json`, which names exactly the
+/// router's routes (`/v1/regions/{action}` is documented as what it is, `{name}:retire`); every
+/// method a path does not take gets the documented 405 with an `Allow` of the ones it does; and
+/// what each operation answers a plain request with is documented.
+#[tokio::test]
+async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
+    use idgen_test_support::openapi;
+    let (s, _dir) = state().await;
+    let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_registry::ROUTES, || {});
+    let app = idgen_server::http_metrics::with_metrics(router(s.clone()), metrics);
+    let send = |method: Method, uri: String, token: Option<&str>| {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request.body(Body::from(r#"{"name": "eu-west-1"}"#)).unwrap();
+        let app = app.clone();
+        async move { app.oneshot(request).await.unwrap() }
+    };
+    let response = send(Method::GET, "/openapi.json".into(), None).await;
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let served: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi/registry.json");
+    let operations =
+        openapi::operations(&served, file, &idgen_registry::ROUTES, |path| path.replace("{name}:retire", "{action}"));
+    for (path, item) in served["paths"].as_object().unwrap() {
+        let methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
+        let methods: Vec<&str> = methods.iter().map(String::as_str).collect();
+        let uri = path.replace("{name}", "eu-west-1");
+        for other in openapi::undocumented(&methods) {
+            let response = send(Method::from_bytes(other.as_bytes()).unwrap(), uri.clone(), Some(TOKEN)).await;
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{other} {path}");
+            assert_eq!(response.headers()["allow"], openapi::allow(&methods).as_str(), "{other} {path}");
+        }
+    }
+    for operation in &operations {
+        let uri = operation.path.replace("{name}", "eu-west-1");
+        for token in [Some(TOKEN), None] {
+            let method = Method::from_bytes(operation.method.as_bytes()).unwrap();
+            let status = send(method, uri.clone(), token).await.status();
+            assert!(
+                operation.responses[status.as_str()].is_object(),
+                "{} {} (token {token:?}): {status} is not documented",
+                operation.method,
+                operation.path
+            );
+        }
+    }
 }

@@ -257,11 +257,10 @@ pub async fn not_found() -> ApiError {
     }
 }
 
-pub async fn method_not_allowed() -> ApiError {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        code: "method_not_allowed",
-        message: "this endpoint does not accept that method".into(),
-        retry_after_secs: None,
-    }
+/// The service's OpenAPI 3.1 document, checked in as `docs/openapi/public-ids.json` (a test holds
+/// it to the router).
+pub const OPENAPI: &str = include_str!("../../../docs/openapi/public-ids.json");
+
+pub async fn openapi() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }

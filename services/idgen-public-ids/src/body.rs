@@ -23,7 +23,7 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, BodyError> {
 pub const MAX_SAFE_JSON_INTEGER: u64 = (1 << 53) - 1;
 
 /// An internal ID: a non-negative 63-bit integer, as a decimal string, or as a JSON integer up to
-/// 2^53 − 1. A larger JSON number was most likely rounded by a JavaScript caller before it was
+/// 2^53 − 1 (a whole number however it is written: `5`, `5.0`, `5e0`). A larger JSON number was most likely rounded by a JavaScript caller before it was
 /// sent (it would then name another ID), so it is refused with the advice to send a string.
 pub fn parse_internal_id(value: &Value) -> Result<u64, BodyError> {
     let bad = || BodyError(format!("internal_id must be a non-negative 63-bit integer, not {value}"));
@@ -34,11 +34,14 @@ pub fn parse_internal_id(value: &Value) -> Result<u64, BodyError> {
         Value::Number(n) => match n.as_u64() {
             Some(id) if id <= MAX_SAFE_JSON_INTEGER => id,
             Some(_) => return Err(unsafe_number(value)),
-            // A float that is a whole number this large (1e19, 9007199254740993.0): the same.
-            None if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > MAX_SAFE_JSON_INTEGER as f64) => {
-                return Err(unsafe_number(value));
-            }
-            None => return Err(bad()),
+            None => match n.as_f64() {
+                // A whole number written with a fraction or an exponent (5.0, 5e0) is the integer
+                // JSON Schema reads it as; exact up to 2^53 - 1 like any other.
+                Some(f) if f.fract() == 0.0 && (0.0..=MAX_SAFE_JSON_INTEGER as f64).contains(&f) => f as u64,
+                // A whole number this large (1e19, 9007199254740993.0): as for an integer.
+                Some(f) if f.fract() == 0.0 && f > MAX_SAFE_JSON_INTEGER as f64 => return Err(unsafe_number(value)),
+                _ => return Err(bad()),
+            },
         },
         _ => return Err(bad()),
     };
@@ -86,6 +89,12 @@ mod tests {
         assert_eq!(parse_internal_id(&json!("9223372036854775807")).unwrap(), i64::MAX as u64);
         assert_eq!(parse_internal_id(&json!(555)).unwrap(), 555);
         assert_eq!(parse_internal_id(&json!(MAX_SAFE_JSON_INTEGER)).unwrap(), MAX_SAFE_JSON_INTEGER);
+        assert_eq!(parse_internal_id(&serde_json::from_str("5.0").unwrap()).unwrap(), 5);
+        assert_eq!(parse_internal_id(&serde_json::from_str("5e3").unwrap()).unwrap(), 5000);
+        // Read exactly (serde_json's `float_roundtrip`): the default reading puts this one ULP off,
+        // at 1840754094809076.75, and would refuse a whole number as a fraction.
+        let exact: Value = serde_json::from_str("1840754094809077.0").unwrap();
+        assert_eq!(parse_internal_id(&exact).unwrap(), 1_840_754_094_809_077);
     }
 
     #[test]

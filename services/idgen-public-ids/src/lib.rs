@@ -22,23 +22,26 @@ pub use api::AppState;
 pub use config::PublicIdsConfig;
 
 /// The service's routes, as `/metrics` labels them (anything else is `other`).
-pub const ROUTES: [&str; 6] = [
+pub const ROUTES: [&str; 7] = [
     "/v1/public-ids",
     "/v1/public-ids:batch",
     "/v1/public-ids/{public_id}",
     "/v1/internal-ids/{internal_id}/public-id",
     "/healthz",
     "/metrics",
+    "/openapi.json",
 ];
 
 pub fn router(state: AppState) -> Router {
-    let [create, batch, resolve, lookup, healthz, _] = ROUTES;
+    use idgen_server::not_allowed;
+    let [create, batch, resolve, lookup, healthz, _, openapi] = ROUTES;
     Router::new()
-        .route(create, post(api::create).fallback(api::method_not_allowed))
-        .route(batch, post(api::create_batch).fallback(api::method_not_allowed))
-        .route(resolve, get(api::resolve).fallback(api::method_not_allowed))
-        .route(lookup, get(api::lookup).fallback(api::method_not_allowed))
-        .route(healthz, get(api::healthz).fallback(api::method_not_allowed))
+        .route(create, post(api::create).fallback(not_allowed("POST")))
+        .route(batch, post(api::create_batch).fallback(not_allowed("POST")))
+        .route(resolve, get(api::resolve).fallback(not_allowed("GET, HEAD")))
+        .route(lookup, get(api::lookup).fallback(not_allowed("GET, HEAD")))
+        .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
+        .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state)
 }

@@ -187,3 +187,54 @@ async fn resolve_and_create_are_held_to_the_callers_quota() {
     let other = as_caller("backoffice", Method::GET, "/v1/public-ids/0000000000000000000000000a", "").await.unwrap();
     assert_eq!(other.status(), StatusCode::NOT_FOUND, "a caller without a quota is not limited");
 }
+
+/// `GET /openapi.json` serves the checked-in `docs/openapi/public-ids.json`, which names exactly
+/// the router's routes; every method a path does not take gets the documented 405 with an
+/// `Allow` of the ones it does; and what each operation answers a plain request with, and a bad
+/// one, is documented.
+#[tokio::test]
+async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
+    use idgen_test_support::openapi;
+    let (s, _dir) = state(true).await;
+    let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
+    let app = idgen_server::http_metrics::with_metrics(router(s.clone()), metrics);
+    let send = |method: Method, uri: String, body: &'static str| {
+        let request = Request::builder().method(method).uri(uri).body(Body::from(body)).unwrap();
+        let app = app.clone();
+        async move { app.oneshot(request).await.unwrap() }
+    };
+    let response = send(Method::GET, "/openapi.json".into(), "").await;
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let served: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi/public-ids.json");
+    let operations = openapi::operations(&served, file, &idgen_public_ids::ROUTES, str::to_owned);
+    for (path, item) in served["paths"].as_object().unwrap() {
+        let methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
+        let methods: Vec<&str> = methods.iter().map(String::as_str).collect();
+        let uri = path.replace("{public_id}", "x").replace("{internal_id}", "5");
+        for other in openapi::undocumented(&methods) {
+            let response = send(Method::from_bytes(other.as_bytes()).unwrap(), uri.clone(), "").await;
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{other} {path}");
+            assert_eq!(response.headers()["allow"], openapi::allow(&methods).as_str(), "{other} {path}");
+        }
+    }
+    for operation in &operations {
+        let method = Method::from_bytes(operation.method.as_bytes()).unwrap();
+        let good = match operation.path.as_str() {
+            "/v1/public-ids" => r#"{"internal_id": "5"}"#,
+            "/v1/public-ids:batch" => r#"{"internal_ids": ["5", "6"], "format": "encrypted"}"#,
+            _ => "",
+        };
+        for (uri, body) in [
+            (operation.path.replace("{public_id}", "x").replace("{internal_id}", "5"), good),
+            (operation.path.replace("{public_id}", "%FF").replace("{internal_id}", "-1"), "["),
+        ] {
+            let status = send(method.clone(), uri.clone(), body).await.status();
+            assert!(
+                operation.responses[status.as_str()].is_object(),
+                "{} {uri} {body:?}: {status} is not documented",
+                operation.method
+            );
+        }
+    }
+}

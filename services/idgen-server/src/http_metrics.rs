@@ -194,6 +194,9 @@ pub fn pool_gauges(
 pub fn with_metrics(router: axum::Router, metrics: ServiceMetrics) -> axum::Router {
     let scrape = metrics.clone();
     router
-        .route("/metrics", axum::routing::get(move || std::future::ready(scrape.render())))
+        .route(
+            "/metrics",
+            axum::routing::get(move || std::future::ready(scrape.render())).fallback(crate::not_allowed("GET, HEAD")),
+        )
         .layer(axum::middleware::from_fn_with_state(metrics, layer))
 }

@@ -26,6 +26,27 @@ pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};
 pub use serve::{ServerMetrics, serve};
 pub use tls::{Tls, TlsSection};
 
+/// The answer of a route to a method it does not take, the same in every service: 405
+/// `method_not_allowed` in the `{"error": {"code", "message"}}` shape, with the `Allow` header
+/// RFC 9110 requires (`allow` lists the route's methods, e.g. `"GET, HEAD"`).
+pub fn method_not_allowed(allow: &'static str) -> Response {
+    use axum::http::{HeaderValue, StatusCode, header};
+    use axum::response::IntoResponse;
+    let message = format!("this endpoint does not accept that method; it takes {allow}");
+    let body = serde_json::json!({"error": {"code": "method_not_allowed", "message": message}});
+    let mut response = (StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response();
+    response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+/// A route's fallback (`MethodRouter::fallback`) for the methods it does not take:
+/// [`method_not_allowed`] with `allow`.
+pub fn not_allowed(
+    allow: &'static str,
+) -> impl FnOnce() -> std::future::Ready<Response> + Clone + Send + Sync + 'static {
+    move || std::future::ready(method_not_allowed(allow))
+}
+
 /// A service that sets the connection's caller as a request extension, for handlers that read it
 /// with the [`Caller`] extractor.
 #[derive(Clone)]

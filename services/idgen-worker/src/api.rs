@@ -87,7 +87,7 @@ async fn body_bytes(mut body: Body) -> Result<Bytes, ApiError> {
 /// `POST /v1/ids` (any other method: 405), answered straight from the request.
 pub async fn single_id(state: &AppState, caller: &Caller, request: axum::extract::Request) -> Response {
     if request.method() != axum::http::Method::POST {
-        return ApiError::method_not_allowed().into_response();
+        return idgen_server::method_not_allowed("POST");
     }
     create_id(state, caller, request.into_body()).await.unwrap_or_else(IntoResponse::into_response)
 }

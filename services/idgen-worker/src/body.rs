@@ -84,7 +84,16 @@ struct CountOnly {
     count: u64,
 }
 
-/// `{"count": n}` with 1 ≤ n ≤ 1000; nothing else allowed in the object.
+/// A JSON number that is a whole number, as JSON Schema's `integer` has it: `262` and `262.0`
+/// alike (JSON itself does not tell them apart, and some writers emit the second).
+fn whole_number(value: &Value) -> Option<u64> {
+    value.as_u64().or_else(|| {
+        let f = value.as_f64()?;
+        (f.fract() == 0.0 && (0.0..=MAX_BATCH as f64).contains(&f)).then_some(f as u64)
+    })
+}
+
+/// `{"count": n}` with 1 ≤ n ≤ 1000 (a whole number: `2.0` is 2); nothing else allowed in the object.
 pub fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result<u32, BodyError> {
     let mut body = body.unwrap_or_default();
     let count = body.remove("count");
@@ -92,7 +101,7 @@ pub fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Re
         return Err(BodyError::new("invalid_body", format!("unknown field {field:?}; only \"count\" is accepted")));
     }
     let count = match (count, default) {
-        (Some(value), _) => value.as_u64().filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
+        (Some(value), _) => whole_number(&value).filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
             BodyError::new("invalid_count", format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"))
         })?,
         (None, Some(default)) => default,

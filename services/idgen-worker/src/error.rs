@@ -34,15 +34,6 @@ impl ApiError {
         }
     }
 
-    pub fn method_not_allowed() -> Self {
-        ApiError {
-            status: StatusCode::METHOD_NOT_ALLOWED,
-            code: "method_not_allowed",
-            message: "this endpoint does not accept that method".into(),
-            retry_after_secs: None,
-        }
-    }
-
     /// Over the caller's quota: 429 `over_quota` with the limiter's `Retry-After`.
     pub fn over_quota(over: idgen_server::OverQuota) -> Self {
         ApiError {

@@ -29,8 +29,6 @@ use tokio::net::TcpListener;
 pub use api::AppState;
 pub use config::WorkerConfig;
 
-use crate::error::ApiError;
-
 /// Every route the worker serves (the HTTP metrics keep handles for each).
 pub const ROUTES: [&str; 7] =
     ["/v1/ids", "/v1/ids:batch", "/v1/ids/{id}/decode", "/v1/uuids", "/healthz", "/metrics", "/openapi.json"];
@@ -112,15 +110,15 @@ impl tower::Service<axum::extract::Request> for App {
 }
 
 pub fn router(state: AppState) -> App {
-    let method_not_allowed = || async { ApiError::method_not_allowed() };
+    use idgen_server::not_allowed;
     let [_, batch, decode, uuids, healthz, metrics, openapi] = ROUTES;
     let router = Router::new()
-        .route(batch, post(api::create_batch).fallback(method_not_allowed))
-        .route(decode, get(api::decode).fallback(method_not_allowed))
-        .route(uuids, post(api::create_uuids).fallback(method_not_allowed))
-        .route(healthz, get(api::healthz).fallback(method_not_allowed))
-        .route(metrics, get(api::metrics).fallback(method_not_allowed))
-        .route(openapi, get(api::openapi).fallback(method_not_allowed))
+        .route(batch, post(api::create_batch).fallback(not_allowed("POST")))
+        .route(decode, get(api::decode).fallback(not_allowed("GET, HEAD")))
+        .route(uuids, post(api::create_uuids).fallback(not_allowed("POST")))
+        .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
+        .route(metrics, get(api::metrics).fallback(not_allowed("GET, HEAD")))
+        .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state.clone());
     App { state, router, caller: Caller::anonymous() }

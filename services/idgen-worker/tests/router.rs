@@ -115,6 +115,8 @@ async fn batch_is_strictly_increasing_and_count_is_checked() {
     for bad in [
         r#"{"count": 0}"#,
         r#"{"count": 1001}"#,
+        r#"{"count": 1e4}"#,
+        r#"{"count": 2.5}"#,
         r#"{"count": -1}"#,
         r#"{"count": "10"}"#,
         r#"{"count": 1.5}"#,
@@ -135,6 +137,12 @@ async fn batch_is_strictly_increasing_and_count_is_checked() {
     // None of the bad requests used a sequence number.
     let (_, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 1}"#).await;
     assert_eq!(ids_of(&body)[0] & 0xfff, 1000);
+    // A whole number is an integer however it is written (JSON Schema's reading, and the
+    // document's): 3.0 and 3e0 are 3.
+    for three in [r#"{"count": 3.0}"#, r#"{"count": 3e0}"#] {
+        let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", three).await;
+        assert_eq!((status, ids_of(&body).len()), (StatusCode::OK, 3), "{three}");
+    }
 }
 
 #[tokio::test]
@@ -408,8 +416,9 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
         f.clock.advance(1);
         let uri = path.replace("{id}", "97301141913751557");
         let other = if method == Method::GET { Method::POST } else { Method::GET };
-        let (status, _, body, _) = call(&f, other, &uri, "").await;
+        let (status, headers, body, _) = call(&f, other, &uri, "").await;
         assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+        assert_eq!(headers["allow"], idgen_test_support::openapi::allow(&[method.as_str()]).as_str(), "{path}");
         assert!(operation["responses"]["405"].is_object(), "{path}: 405 is not documented");
         let body = if path.as_str() == "/v1/ids:batch" { r#"{"count": 2}"# } else { "" };
         let (status, ..) = call(&f, method.clone(), &uri, body).await;

@@ -1,9 +1,12 @@
 //! Test support for the store suites: a throwaway database (a SQLite file in a temporary
 //! directory, or a fresh PostgreSQL database on the server `IDGEN_POSTGRES_URL` names;
 //! ./scripts/test starts it) and [`store_suite!`] to run one suite per database. PostgreSQL
-//! unreachable or the variable unset: the test fails, it never skips.
+//! unreachable or the variable unset: the test fails, it never skips. [`openapi`]: what each
+//! service's router test holds its OpenAPI document to.
 
 use sqlx::Connection;
+
+pub mod openapi;
 
 /// Dropped, it removes what it made: the directory, or the PostgreSQL database.
 pub struct TestDatabase {
