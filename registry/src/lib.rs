@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod config;
+pub mod console;
 pub mod store;
 
 use std::future::Future;
@@ -24,12 +25,22 @@ pub use config::RegistryConfig;
 /// The registry's routes, as `/metrics` labels them (anything else is `other`).
 /// `/v1/regions/{action}` is `POST /v1/regions/{name}:retire` (a capture cannot share its path
 /// segment with a literal suffix here: the handler takes the suffix off).
-pub const ROUTES: [&str; 7] =
-    ["/v1/regions", "/v1/regions/{action}", "/v1/layouts", "/v1/audit", "/healthz", "/metrics", "/openapi.json"];
+pub const ROUTES: [&str; 10] = [
+    "/v1/regions",
+    "/v1/regions/{action}",
+    "/v1/layouts",
+    "/v1/audit",
+    "/healthz",
+    "/metrics",
+    "/openapi.json",
+    "/console",
+    "/console/console.js",
+    "/console/console.css",
+];
 
 pub fn router(state: AppState) -> Router {
     use idgen_server::not_allowed;
-    let [regions, region_action, layouts, audit, healthz, _, openapi] = ROUTES;
+    let [regions, region_action, layouts, audit, healthz, _, openapi, page, script, style] = ROUTES;
     Router::new()
         .route(regions, get(api::list_regions).post(api::add_region).fallback(not_allowed("GET, HEAD, POST")))
         .route(region_action, post(api::region_action).fallback(not_allowed("POST")))
@@ -37,6 +48,9 @@ pub fn router(state: AppState) -> Router {
         .route(audit, get(api::audit).fallback(not_allowed("GET, HEAD")))
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
         .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
+        .route(page, get(console::page).fallback(not_allowed("GET, HEAD")))
+        .route(script, get(console::script).fallback(not_allowed("GET, HEAD")))
+        .route(style, get(console::style).fallback(not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state)
 }

@@ -300,3 +300,37 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
         }
     }
 }
+
+/// `GET /console` and its two assets: the right types, a policy that allows only the registry's
+/// own files and API, and a script that names no other origin.
+#[tokio::test]
+async fn the_console_is_served_with_its_assets_under_a_strict_policy() {
+    let (s, _dir) = state().await;
+    let get = |uri: &'static str| {
+        let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        let app = router(s.clone());
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            let headers = response.headers().clone();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (headers, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let (headers, page) = get("/console").await;
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let policy = headers["content-security-policy"].to_str().unwrap();
+    for directive in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
+        assert!(policy.contains(directive), "{policy}");
+    }
+    assert!(page.contains(r#"src="/console/console.js""#) && page.contains(r#"href="/console/console.css""#));
+    let (headers, script) = get("/console/console.js").await;
+    assert_eq!(headers["content-type"], "text/javascript; charset=utf-8");
+    let origins: Vec<&str> =
+        script.match_indices("http").map(|(i, _)| &script[i..(i + 40).min(script.len())]).collect();
+    assert!(
+        origins.iter().all(|o| o.starts_with("http://www.w3.org/2000/svg")),
+        "the script names another origin: {origins:?}"
+    );
+    let (headers, _) = get("/console/console.css").await;
+    assert_eq!(headers["content-type"], "text/css; charset=utf-8");
+}

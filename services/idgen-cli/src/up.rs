@@ -439,6 +439,9 @@ fn print_summary(args: &UpArgs, dir: &Path, running: &[Running], token: &str, tl
             running[1].url
         );
         println!("        idgen status");
+        if tls.is_none() {
+            println!("  console: {}/console (the regions, the schedule and any ID, in a browser)", running[0].url);
+        }
     }
     println!();
     println!(
