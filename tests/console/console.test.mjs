@@ -179,6 +179,33 @@ try {
   await page.locator(`#region-table tr[data-region="${fresh}"]`).waitFor();
   step(`with the token the page adds ${fresh} (number ${added.number}), and GET /v1/regions lists it`);
 
+  // The other two writes, with the token: a layout scheduled, and the new region retired.
+  await page.fill("#layout-name", "v3");
+  await page.fill("#layout-from", "2040-01-01T00:00:00Z");
+  await page.click("#add-layout-form button[type=submit]");
+  await page.locator("#confirm").waitFor({ state: "visible" });
+  assert.match(await page.locator("#confirm-text").textContent(), /cannot be moved or removed/);
+  await page.click("#confirm-button");
+  await page.locator("#write-result").filter({ hasText: "Scheduled v3" }).waitFor();
+  const v3 = (await json(`${REGISTRY}/v1/layouts`)).body.layouts.find((l) => l.name === "v3");
+  assert.deepEqual([v3.region_bits, v3.machine_bits, v3.sequence_bits, v3.from], [4, 8, 10, "2040-01-01T00:00:00.000Z"]);
+  await page.locator('.layout[data-layout="v3"]').waitFor();
+  await page.selectOption("#retire-region-name", fresh);
+  await page.click("#retire-region-form button[type=submit]");
+  await page.locator("#confirm").waitFor({ state: "visible" });
+  assert.match(await page.locator("#confirm-text").textContent(), new RegExp(`region number ${added.number} is never handed out again`));
+  await page.click("#confirm-button");
+  await page.locator("#write-result").filter({ hasText: `Retired ${fresh}` }).waitFor();
+  const retiredNow = (await json(`${REGISTRY}/v1/regions`)).body.regions.find((r) => r.name === fresh);
+  assert.equal(retiredNow.status, "retired");
+  // A write the registry refuses for its own reasons: the message is the API's.
+  await page.fill("#layout-name", "v4");
+  await page.fill("#layout-from", "2030-01-01T00:00:00Z");
+  await page.click("#add-layout-form button[type=submit]");
+  await page.click("#confirm-button");
+  await page.locator("#write-error").filter({ hasText: "409 schedule_conflict" }).waitFor();
+  step("with the token the page schedules v3 and retires the new region (the API shows both); a refused layout shows the API's 409");
+
   await page.screenshot({ path: join(ARTIFACTS, "console-after-write.png"), fullPage: true });
 
   // A narrow window: nothing wider than the viewport but the tables' own scroll areas.
