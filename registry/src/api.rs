@@ -77,9 +77,30 @@ impl From<RegistryError> for ApiError {
     }
 }
 
+/// Whether a browser sent this request for another site's page. A browser holding an operator's
+/// client certificate sends it along on any request, a cross-site form post included, so such a
+/// request is refused whatever it carries. Browsers name where a request comes from
+/// (`Sec-Fetch-Site`, or at least `Origin`); the CLI and curl send neither.
+fn cross_site(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return !matches!(site.as_bytes(), b"same-origin" | b"none");
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else { return false };
+    let authority = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, rest)| rest);
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    authority.is_none() || authority != host
+}
+
 /// The operator's name: the caller of a client certificate listed in `certificate_operators`,
 /// or the name of the configured token the request carries.
 fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<String, ApiError> {
+    if cross_site(headers) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_site",
+            "operator requests are not taken from another site's page; use this registry's /console, the CLI or curl",
+        ));
+    }
     let unauthorized = || {
         ApiError::new(
             StatusCode::UNAUTHORIZED,

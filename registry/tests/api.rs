@@ -334,3 +334,42 @@ async fn the_console_is_served_with_its_assets_under_a_strict_policy() {
     let (headers, _) = get("/console/console.css").await;
     assert_eq!(headers["content-type"], "text/css; charset=utf-8");
 }
+
+/// A browser holding an operator's client certificate would send it with another site's form
+/// post too: operator requests that a browser says come from another site are refused (403
+/// `cross_site`) whatever they carry, and change nothing. Same-origin requests (the console) and
+/// requests without those headers (the CLI, curl) are not affected.
+#[tokio::test]
+async fn operator_requests_from_another_sites_page_are_refused() {
+    let (s, _dir) = state().await;
+    let post = |headers: &'static [(&'static str, &'static str)]| {
+        let mut request = Request::builder().method(Method::POST).uri("/v1/regions");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Body::from(r#"{"name": "eu-west-1"}"#))
+            .unwrap();
+        let app = router(s.clone());
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null))
+        }
+    };
+    for headers in [
+        &[("sec-fetch-site", "cross-site")][..],
+        &[("sec-fetch-site", "same-site")],
+        &[("origin", "https://evil.example"), ("host", "registry.internal:8700")],
+        &[("origin", "null"), ("host", "registry.internal:8700")],
+    ] {
+        assert_error(post(headers).await, StatusCode::FORBIDDEN, "cross_site");
+    }
+    assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1["regions"], json!([]), "nothing changed");
+    let same_origin = &[("sec-fetch-site", "same-origin"), ("origin", "http://registry.internal:8700")][..];
+    assert_eq!(post(same_origin).await.0, StatusCode::CREATED);
+    let old_browser = &[("origin", "http://registry.internal:8700"), ("host", "registry.internal:8700")][..];
+    assert_error(post(old_browser).await, StatusCode::CONFLICT, "name_exists");
+}
