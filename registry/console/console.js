@@ -58,7 +58,7 @@ function layoutAt(schedule, timestamp) {
 /// same object a worker's GET /v1/ids/{id}/decode answers, plus `fields` (each field's bits, for
 /// drawing). Throws a DecodeError for text that is not an ID.
 function decodeId(text, schedule, regions) {
-  const parsed = parseId(text.trim());
+  const parsed = parseId(text);
   if (parsed.kind === "uuid") {
     const unixMs = BigInt("0x" + parsed.hex.slice(0, 12));
     const h = parsed.hex;
@@ -177,18 +177,20 @@ function renderRegions() {
     if (layout.region_bits === 0) continue;
     const cells = 2 ** layout.region_bits;
     const row = el("div", { class: "cells", role: "list", "aria-label": `Region numbers under ${layout.name}` });
+    // "Left" counts only the numbers every layout can carry, as the API's numbers_left does.
+    const usable = Math.min(cells, state.numbersTotal);
     let used = 0, gone = 0;
     for (let n = 0; n < Math.min(cells, 256); n++) {
       const region = state.regions.find((r) => r.number === n);
       const kind = region ? region.status === "active" ? "used" : "retired" : n < state.numbersTotal ? "free" : "unusable";
-      if (kind === "used") used++;
-      if (kind === "retired") gone++;
+      if (kind === "used" && n < usable) used++;
+      if (kind === "retired" && n < usable) gone++;
       const label = region ? `${n}: ${region.name} (${region.status})` : `${n}: ${kind === "free" ? "free" : "not usable under every layout"}`;
       row.append(el("span", { class: `cell ${kind}`, role: "listitem", title: label, "aria-label": label, text: String(n) }));
     }
     const note = cells > 256 ? ` (the first 256 of ${cells} drawn)` : "";
     capacity.append(el("div", { class: "capacity-row" },
-      el("p", { text: `${layout.name}: ${layout.region_bits} region bits, ${cells} numbers — ${used} used, ${gone} retired, ${Math.max(0, Math.min(cells, state.numbersTotal) - used - gone)} left${note}` }),
+      el("p", { text: `${layout.name}: ${layout.region_bits} region bits, ${cells} numbers — ${used} used, ${gone} retired, ${Math.max(0, usable - used - gone)} left${note}` }),
       row));
   }
   capacity.append(el("p", { class: "legend" },
@@ -270,12 +272,14 @@ function showDecode(text) {
   const result = document.getElementById("decode-result");
   error.textContent = "";
   if (!state.schedule) {
+    result.hidden = true;
     error.textContent = "The schedule is not loaded yet.";
     return;
   }
   let decoded;
   try {
-    decoded = decodeId(text, state.schedule, state.regions);
+    // What was pasted, without the spaces around it (the API takes the text exactly as sent).
+    decoded = decodeId(text.trim(), state.schedule, state.regions);
   } catch (e) {
     result.hidden = true;
     error.textContent = e instanceof DecodeError ? e.message : `Could not decode: ${e.message}`;
@@ -367,7 +371,7 @@ async function write(form) {
   }
   try {
     const answer = await api(request.method, request.path, request.body);
-    result.textContent = request.done(answer);
+    result.textContent = answer ? request.done(answer) : "Done.";
     await load();
   } catch (e) {
     error.textContent = `The registry refused: ${e.message}`;

@@ -23,6 +23,7 @@ trap stop_all EXIT
 
 start() {
   local name=$1; shift
+  : >"$WORK/$name.log" # before the child, which opens it only once it runs
   "$BIN" "$@" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   local pid=$! url=""

@@ -119,15 +119,16 @@ try {
     const local = await page.evaluate((text) => window.idgenConsole.decode(text), id);
     assert.deepEqual(local, api.body, `decode of ${id}`);
   }
-  for (const bad of ["9223372036854775808", "12a", "0190d5a5-5b2c-4a3c-8d4e-1234567890ab", "0190d5a5-5b2c-7a3c-0d4e-1234567890ab"]) {
-    const api = await json(`${WORKER}/v1/ids/${bad}/decode`);
+  const bads = ["9223372036854775808", "12a", " 123", "123\n", "0190d5a5-5b2c-4a3c-8d4e-1234567890ab", "0190d5a5-5b2c-7a3c-0d4e-1234567890ab"];
+  for (const bad of bads) {
+    const api = await json(`${WORKER}/v1/ids/${encodeURIComponent(bad)}/decode`);
     assert.equal(api.status, 400, bad);
     const refused = await page.evaluate((text) => {
       try { window.idgenConsole.decode(text); return false; } catch { return true; }
     }, bad);
     assert.ok(refused, `the page decoded ${bad}, which the API refuses`);
   }
-  step(`${ids.length} IDs and UUIDs decode on the page exactly as GET /v1/ids/{id}/decode answers, and 4 bad ones are refused by both`);
+  step(`${ids.length} IDs and UUIDs decode on the page exactly as GET /v1/ids/{id}/decode answers, and ${bads.length} bad ones are refused by both`);
 
   // Keyboard only: Tab from the top reaches the decode field and Enter decodes.
   await page.reload();
