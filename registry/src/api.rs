@@ -347,10 +347,6 @@ pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }
 
-/// The registry's OpenAPI 3.1 document, checked in as `docs/openapi/registry.json` (a test holds
-/// it to the router).
+/// The registry's OpenAPI 3.1 document, checked in as `docs/openapi/registry.json` (served by
+/// `idgen_server::openapi_route`; a test holds it to the router).
 pub const OPENAPI: &str = include_str!("../../docs/openapi/registry.json");
-
-pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
-}

@@ -47,7 +47,7 @@ pub fn router(state: AppState) -> Router {
         .route(layouts, get(api::get_layouts).post(api::add_layout).fallback(not_allowed("GET, HEAD, POST")))
         .route(audit, get(api::audit).fallback(not_allowed("GET, HEAD")))
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
-        .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
+        .route(openapi, idgen_server::openapi_route(api::OPENAPI))
         .route(page, get(console::page).fallback(not_allowed("GET, HEAD")))
         .route(script, get(console::script).fallback(not_allowed("GET, HEAD")))
         .route(style, get(console::style).fallback(not_allowed("GET, HEAD")))

@@ -257,10 +257,6 @@ pub async fn not_found() -> ApiError {
     }
 }
 
-/// The service's OpenAPI 3.1 document, checked in as `docs/openapi/public-ids.json` (a test holds
-/// it to the router).
+/// The service's OpenAPI 3.1 document, checked in as `docs/openapi/public-ids.json` (served by
+/// `idgen_server::openapi_route`; a test holds it to the router).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi/public-ids.json");
-
-pub async fn openapi() -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
-}

@@ -41,7 +41,7 @@ pub fn router(state: AppState) -> Router {
         .route(resolve, get(api::resolve).fallback(not_allowed("GET, HEAD")))
         .route(lookup, get(api::lookup).fallback(not_allowed("GET, HEAD")))
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
-        .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
+        .route(openapi, idgen_server::openapi_route(api::OPENAPI))
         .fallback(api::not_found)
         .with_state(state)
 }

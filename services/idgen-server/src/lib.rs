@@ -47,6 +47,19 @@ pub fn not_allowed(
     move || std::future::ready(method_not_allowed(allow))
 }
 
+/// `GET /openapi.json` of a service: its OpenAPI document (checked in under `docs/openapi/` and
+/// compiled in) as JSON, and the 405 for every other method.
+pub fn openapi_route<S>(document: &'static str) -> axum::routing::MethodRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    use axum::response::IntoResponse;
+    let serve = move || {
+        std::future::ready(([(axum::http::header::CONTENT_TYPE, "application/json")], document).into_response())
+    };
+    axum::routing::get(serve).fallback(not_allowed("GET, HEAD"))
+}
+
 /// A service that sets the connection's caller as a request extension, for handlers that read it
 /// with the [`Caller`] extractor.
 #[derive(Clone)]

@@ -295,13 +295,9 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
-/// The worker's OpenAPI 3.1 document, checked in as `docs/openapi/worker.json` (a test holds it
-/// to the router's routes).
+/// The worker's OpenAPI 3.1 document, checked in as `docs/openapi/worker.json` (served by
+/// `idgen_server::openapi_route`; a test holds it to the router's routes).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi/worker.json");
-
-pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
-}
 
 pub async fn not_found() -> ApiError {
     ApiError::not_found()

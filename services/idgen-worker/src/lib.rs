@@ -118,7 +118,7 @@ pub fn router(state: AppState) -> App {
         .route(uuids, post(api::create_uuids).fallback(not_allowed("POST")))
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
         .route(metrics, get(api::metrics).fallback(not_allowed("GET, HEAD")))
-        .route(openapi, get(api::openapi).fallback(not_allowed("GET, HEAD")))
+        .route(openapi, idgen_server::openapi_route(api::OPENAPI))
         .fallback(api::not_found)
         .with_state(state.clone());
     App { state, router, caller: Caller::anonymous() }

@@ -397,20 +397,11 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     let (status, headers, served, _) = call(&f, Method::GET, "/openapi.json", "").await;
     assert_eq!((status, headers["content-type"].to_str().unwrap()), (StatusCode::OK, "application/json"));
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi/worker.json");
-    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-    assert_eq!(served, checked_in, "the served document is not {file}");
-    assert_eq!(served["openapi"], "3.1.0");
-    let paths = served["paths"].as_object().unwrap();
-    let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
-    let mut routes = idgen_worker::ROUTES.to_vec();
-    documented.sort_unstable();
-    routes.sort_unstable();
-    assert_eq!(documented, routes, "documented paths and the router's routes differ");
-    for (path, item) in paths {
-        let operations = item.as_object().unwrap();
-        assert_eq!(operations.len(), 1, "{path}: one method per route");
-        let (method, operation) = operations.iter().next().unwrap();
-        let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+    let operations = idgen_test_support::openapi::operations(&served, file, &idgen_worker::ROUTES, str::to_owned);
+    assert_eq!(operations.len(), idgen_worker::ROUTES.len(), "one method per route");
+    for operation in &operations {
+        let path = &operation.path;
+        let method = Method::from_bytes(operation.method.as_bytes()).unwrap();
         // `decode` and `/metrics` close the millisecond's run (its unused IDs are a gap): the
         // next ID comes from the next millisecond, which this manual clock must be moved to.
         f.clock.advance(1);
@@ -419,14 +410,10 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
         let (status, headers, body, _) = call(&f, other, &uri, "").await;
         assert_error(status, &body, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
         assert_eq!(headers["allow"], idgen_test_support::openapi::allow(&[method.as_str()]).as_str(), "{path}");
-        assert!(operation["responses"]["405"].is_object(), "{path}: 405 is not documented");
         let body = if path.as_str() == "/v1/ids:batch" { r#"{"count": 2}"# } else { "" };
         let (status, ..) = call(&f, method.clone(), &uri, body).await;
-        assert!(operation["responses"][status.as_str()].is_object(), "{method} {path}: {status} is not documented");
+        assert!(operation.responses[status.as_str()].is_object(), "{method} {path}: {status} is not documented");
         let (status, ..) = call(&f, method, &uri.replace("97301141913751557", "x"), "[").await;
-        assert!(
-            operation["responses"][status.as_str()].is_object(),
-            "{path} with bad input: {status} is not documented"
-        );
+        assert!(operation.responses[status.as_str()].is_object(), "{path} with bad input: {status} is not documented");
     }
 }
