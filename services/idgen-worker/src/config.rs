@@ -163,7 +163,17 @@ impl WorkerConfig {
                 lease.machines.first,
                 lease.machines.last.map_or("the layout's last".to_owned(), |last| last.to_string())
             ),
-            format!("clock: {}", if self.clock.require_sync { "must be synchronized" } else { "NOT CHECKED" }),
+            format!(
+                "clock: {}; {}",
+                if self.clock.require_sync { "must be synchronized" } else { "NOT CHECKED" },
+                if !self.clock.cpu_counter {
+                    "read for every ID (cpu_counter = false)"
+                } else if idgen::Clock::follows_cpu_counter(&idgen::SystemClock::new(false, 0)) {
+                    "kept on the CPU's counter here (clocksource tsc): the request path checks the counter"
+                } else {
+                    "read for every ID (no TSC clocksource here)"
+                }
+            ),
             format!("listener: {} on {}", listener, self.listen),
         ])
     }

@@ -42,20 +42,29 @@ fn cpu_ns(clock: libc::clockid_t) -> u128 {
 enum Work {
     ClockRead,
     NextId,
+    NextIdByClock,
     Batch1000,
     UuidV7,
     Snowflaked,
     RsSnowflake,
 }
 
-const WORKS: [Work; 6] =
-    [Work::ClockRead, Work::NextId, Work::Batch1000, Work::UuidV7, Work::Snowflaked, Work::RsSnowflake];
+const WORKS: [Work; 7] = [
+    Work::ClockRead,
+    Work::NextId,
+    Work::NextIdByClock,
+    Work::Batch1000,
+    Work::UuidV7,
+    Work::Snowflaked,
+    Work::RsSnowflake,
+];
 
 impl Work {
     fn name(self) -> &'static str {
         match self {
             Work::ClockRead => "SystemTime::now()",
             Work::NextId => "idgen next_id()",
+            Work::NextIdByClock => "idgen next_id(), clock",
             Work::Batch1000 => "idgen next_ids(1000)",
             Work::UuidV7 => "uuid now_v7()",
             Work::Snowflaked => "snowflaked (sync)",
@@ -73,6 +82,8 @@ impl Work {
 /// service holds it: its lease and sequence carry on from one measurement to the next).
 struct Subjects {
     idgen: Arc<EmbeddedGenerator>,
+    /// The same with `clock.cpu_counter = false`: the fast path reads the clock for every ID.
+    idgen_by_clock: Arc<EmbeddedGenerator>,
     snowflaked: snowflaked::sync::Generator,
     rs_snowflake: Mutex<snowflake::SnowflakeIdGenerator>,
 }
@@ -84,8 +95,10 @@ impl Subjects {
             Work::ClockRead => {
                 std::hint::black_box(SystemTime::now());
             }
-            Work::NextId => {
-                std::hint::black_box(self.idgen.next_id().await.expect("issuing"));
+            Work::NextId | Work::NextIdByClock => {
+                // One call site for both, so that the two are compiled (and inlined) alike.
+                let idgen = if work == Work::NextId { &self.idgen } else { &self.idgen_by_clock };
+                std::hint::black_box(idgen.next_id().await.expect("issuing"));
             }
             Work::Batch1000 => {
                 std::hint::black_box(self.idgen.next_ids(1_000).await.expect("issuing"));
@@ -109,9 +122,10 @@ impl Subjects {
 /// to its share of 2,048 items per millisecond, sleeping between bursts, and CPU is the threads'
 /// own time inside the bursts (a sleep costs none; the clock reads around a burst of hundreds of
 /// calls add well under a nanosecond per call).
-fn measure(idgen: &Arc<EmbeddedGenerator>, work: Work, threads: usize, run: Duration, paced: bool) -> (f64, f64) {
+fn measure(idgens: &[Arc<EmbeddedGenerator>; 2], work: Work, threads: usize, run: Duration, paced: bool) -> (f64, f64) {
     let subjects = Arc::new(Subjects {
-        idgen: idgen.clone(),
+        idgen: idgens[0].clone(),
+        idgen_by_clock: idgens[1].clone(),
         snowflaked: snowflaked::sync::Generator::new(1),
         rs_snowflake: Mutex::new(snowflake::SnowflakeIdGenerator::new(1, 1)),
     });
@@ -172,19 +186,32 @@ fn main() -> anyhow::Result<()> {
     let run = Duration::from_secs_f64(seconds);
 
     // The embedded generator as a service runs it: its own lease file, the keeper on a runtime
-    // of its own, the clock check off (this machine's clock reports unsynchronized).
+    // of its own, the clock check off (this machine's clock reports unsynchronized). Twice: as
+    // configured by default, and with `clock.cpu_counter = false` (a clock read for every ID).
     let dir = tempfile::tempdir()?;
-    let mut config = GeneratorConfig::development();
-    config.clock.require_sync = false;
-    config.lease.store = Some(StoreKind::Sqlite);
-    config.lease.sqlite_path = Some(dir.path().join("leases.db"));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let idgen = runtime.block_on(async {
-        let mut registry = prometheus_client::registry::Registry::default();
-        let idgen = EmbeddedGenerator::start(&config, &mut registry).await?;
-        idgen.ready(Duration::from_secs(30)).await?;
-        anyhow::Ok(Arc::new(idgen))
-    })?;
+    let start = |file: &str, cpu_counter: bool| {
+        let mut config = GeneratorConfig::development();
+        config.clock.require_sync = false;
+        config.clock.cpu_counter = cpu_counter;
+        config.lease.store = Some(StoreKind::Sqlite);
+        config.lease.sqlite_path = Some(dir.path().join(file));
+        runtime.block_on(async {
+            let mut registry = prometheus_client::registry::Registry::default();
+            let idgen = EmbeddedGenerator::start(&config, &mut registry).await?;
+            idgen.ready(Duration::from_secs(30)).await?;
+            anyhow::Ok(Arc::new(idgen))
+        })
+    };
+    let idgens = [start("leases.db", true)?, start("leases-by-clock.db", false)?];
+    println!(
+        "idgen next_id() checks the {}",
+        if idgens[0].generator().checks_cpu_counter() {
+            "CPU counter (clocksource tsc)"
+        } else {
+            "clock (no TSC clocksource here)"
+        }
+    );
 
     // BENCH_ONLY=idgen (or clock, uuid, snow, rs-) measures only the works whose name starts so.
     let only = std::env::var("BENCH_ONLY").ok();
@@ -200,7 +227,7 @@ fn main() -> anyhow::Result<()> {
             let mut rate = vec![Vec::new(); works.len()];
             for _ in 0..rounds {
                 for (i, work) in works.iter().enumerate() {
-                    let (c, r) = measure(&idgen, *work, threads, run, paced);
+                    let (c, r) = measure(&idgens, *work, threads, run, paced);
                     cpu[i].push(c);
                     rate[i].push(r);
                 }
@@ -219,7 +246,9 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    let idgen = Arc::into_inner(idgen).expect("no measurement holds the generator");
-    runtime.block_on(idgen.shutdown())?;
+    for idgen in idgens {
+        let idgen = Arc::into_inner(idgen).expect("no measurement holds the generator");
+        runtime.block_on(idgen.shutdown())?;
+    }
     Ok(())
 }

@@ -45,6 +45,11 @@ pub trait Clock: Send + Sync + 'static {
     fn discipline(&self) -> Option<Discipline> {
         None
     }
+    /// Whether `unix_ms` is the CPU's counter scaled, so that the fast path may check the counter
+    /// against a deadline instead of reading the clock ([`crate::cpu_counter`]).
+    fn follows_cpu_counter(&self) -> bool {
+        false
+    }
 }
 
 /// The kernel's view of the clock's quality (`adjtimex`): the offset the discipline is still
@@ -61,12 +66,20 @@ pub struct SystemClock {
     require_sync: bool,
     max_error_us: i64,
     ticker: OnceLock<Option<&'static Ticker>>,
+    cpu_counter: bool,
 }
 
 impl SystemClock {
     /// `require_sync = false` is for development: the health report says the check is off.
     pub fn new(require_sync: bool, max_error_ms: i64) -> Self {
-        SystemClock { require_sync, max_error_us: max_error_ms * 1000, ticker: OnceLock::new() }
+        SystemClock { require_sync, max_error_us: max_error_ms * 1000, ticker: OnceLock::new(), cpu_counter: true }
+    }
+
+    /// `false`: the fast path reads the clock for every ID even where the clock is kept on the
+    /// CPU's counter (`clock.cpu_counter = false`).
+    pub fn with_cpu_counter(mut self, allowed: bool) -> Self {
+        self.cpu_counter = allowed;
+        self
     }
 
     pub fn requires_sync(&self) -> bool {
@@ -101,6 +114,10 @@ impl Clock for SystemClock {
 
     fn discipline(&self) -> Option<Discipline> {
         kernel_discipline()
+    }
+
+    fn follows_cpu_counter(&self) -> bool {
+        self.cpu_counter && crate::cpu_counter::usable()
     }
 
     fn sync_status(&self) -> SyncStatus {

@@ -192,6 +192,10 @@ pub struct ClockSection {
     pub max_error_ms: i64,
     /// A clock this far behind the last issued timestamp is waited out; further, refused.
     pub max_wait_behind_ms: i64,
+    /// Where the kernel keeps the clock on the CPU's counter (clocksource `tsc`), the request
+    /// path checks the counter against each millisecond's deadline instead of reading the clock
+    /// for every ID. `false` reads the clock every time.
+    pub cpu_counter: bool,
 }
 
 impl Default for GeneratorConfig {
@@ -237,7 +241,7 @@ impl Default for LeaseSection {
 
 impl Default for ClockSection {
     fn default() -> Self {
-        ClockSection { require_sync: true, max_error_ms: 5, max_wait_behind_ms: 5 }
+        ClockSection { require_sync: true, max_error_ms: 5, max_wait_behind_ms: 5, cpu_counter: true }
     }
 }
 

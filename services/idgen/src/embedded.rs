@@ -72,7 +72,9 @@ impl EmbeddedGenerator {
             );
         }
         let clock = clock.unwrap_or_else(|| {
-            Arc::new(SystemClock::new(config.clock.require_sync, config.clock.max_error_ms)) as Arc<dyn Clock>
+            let clock = SystemClock::new(config.clock.require_sync, config.clock.max_error_ms)
+                .with_cpu_counter(config.clock.cpu_counter);
+            Arc::new(clock) as Arc<dyn Clock>
         });
         if !config.clock.require_sync {
             tracing::warn!("clock synchronization check is OFF: for development only, never in production");
@@ -116,6 +118,11 @@ impl EmbeddedGenerator {
             Info::new(vec![("version", env!("CARGO_PKG_VERSION")), ("role", role)]),
         );
         let generator = Arc::new(IdGenerator::new(core, clock, generator_metrics));
+        if generator.checks_cpu_counter() {
+            tracing::info!(
+                "the clock is kept on the CPU's counter (clocksource tsc): the request path checks the counter"
+            );
+        }
         let holder =
             crate::holder(config.holder.as_deref(), process_start_unix_ms.unwrap_or_else(crate::system_unix_ms));
         let region_names = Arc::new(RwLock::new(names));

@@ -16,6 +16,7 @@ use idgen_core::{Generator, MAX_WAIT_BEHIND_LIMIT_MS};
 use rand::Rng;
 
 use crate::clock::{Clock, SyncStatus};
+use crate::cpu_counter::{self, Calibration};
 use crate::fast_path::{Runs, Taken};
 use crate::metrics::{GeneratorMetrics, LayoutLabel, ReasonLabel};
 
@@ -24,6 +25,8 @@ pub struct IdGenerator {
     /// The rest of the current millisecond's run, for requests that need no lock.
     runs: Runs,
     clock: Arc<dyn Clock>,
+    /// The clock is kept on the CPU's counter: the fast path checks that instead of reading it.
+    cpu_counter: bool,
     metrics: Arc<GeneratorMetrics>,
 }
 
@@ -33,6 +36,8 @@ struct Locked {
     uuid: UuidV7State,
     /// The wall-clock millisecond in which the clock's sync state was last read.
     sync_read_unix_ms: Option<i64>,
+    /// The CPU counter's rate, for each published run's deadline.
+    calibration: Calibration,
 }
 
 impl Locked {
@@ -56,8 +61,14 @@ pub enum Health {
 
 impl IdGenerator {
     pub fn new(core: Generator, clock: Arc<dyn Clock>, metrics: Arc<GeneratorMetrics>) -> Self {
-        let locked = Locked { generator: core, uuid: UuidV7State::default(), sync_read_unix_ms: None };
-        IdGenerator { core: Mutex::new(locked), runs: Runs::default(), clock, metrics }
+        let locked = Locked {
+            generator: core,
+            uuid: UuidV7State::default(),
+            sync_read_unix_ms: None,
+            calibration: Calibration::default(),
+        };
+        let cpu_counter = clock.follows_cpu_counter();
+        IdGenerator { core: Mutex::new(locked), runs: Runs::default(), clock, cpu_counter, metrics }
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -109,12 +120,22 @@ impl IdGenerator {
     }
 
     /// One ID from the current millisecond's run if there is one, else `None` (then
-    /// [`Self::next_id`] takes the lock): a clock read, a few loads and one atomic add, no lock
-    /// and no await. Exactly the first step of [`Self::issue`], for the single ID every caller
-    /// asks for most.
+    /// [`Self::next_id`] takes the lock): the CPU counter (or a clock read), a few loads and one
+    /// atomic add, no lock and no await. The first step of [`Self::issue`], for the single ID
+    /// every caller asks for most.
     #[inline]
     pub fn try_next_id(&self) -> Option<u64> {
+        if self.cpu_counter
+            && let Some(taken) = self.runs.take_before(cpu_counter::now(), 1)
+        {
+            return Some(taken.first);
+        }
         self.runs.take(self.clock.unix_ms(), 1).map(|taken| taken.first)
+    }
+
+    /// Whether the fast path checks the CPU counter rather than reading the clock.
+    pub fn checks_cpu_counter(&self) -> bool {
+        self.cpu_counter
     }
 
     /// `count` (≥ 1) strictly increasing IDs. A batch is issued in as few runs as the sequence
@@ -151,8 +172,14 @@ impl IdGenerator {
                     None => match locked.generator.issue(now, u32::MAX) {
                         Ok(run) => {
                             let mine = run.count.min(count - issued);
-                            let replaced =
-                                self.runs.publish(run.unix_ms, run.first, u64::from(run.count), u64::from(mine));
+                            let deadline = if self.cpu_counter { locked.calibration.deadline(run.unix_ms) } else { 0 };
+                            let replaced = self.runs.publish(
+                                run.unix_ms,
+                                run.first,
+                                u64::from(run.count),
+                                u64::from(mine),
+                                deadline,
+                            );
                             self.metrics.ids_issued.inc_by(replaced);
                             Ok(Taken { first: run.first, count: mine })
                         }

@@ -16,6 +16,7 @@ pub mod clock;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod cpu_counter;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod embedded;

@@ -208,3 +208,64 @@ fn the_clock_gauges_follow_the_discipline_either_way_and_say_nan_when_there_is_n
         assert!(text.contains(&format!("idgen_clock_estimated_error_seconds {error}")), "{text}");
     }
 }
+
+/// Where the clock is kept on the CPU's counter, the fast path hands out a run by the counter
+/// until a deadline inside the run's millisecond instead of reading the clock: it must never hand
+/// one out after the clock has left that millisecond. Two threads take single IDs on the real
+/// clock, pausing at random so that calls land just before and just after deadlines; every ID's
+/// millisecond must lie between the clock read before the call and the clock read after it.
+#[test]
+fn ids_taken_by_the_cpu_counter_carry_the_millisecond_they_are_handed_out_in() {
+    use rand::Rng;
+    let clock = Arc::new(idgen::SystemClock::new(false, 5));
+    let now = idgen::Clock::unix_ms(&*clock);
+    let core = Generator::new(
+        GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
+        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
+        0,
+        true,
+    )
+    .unwrap();
+    let g = Arc::new(IdGenerator::new(core, clock, Arc::new(GeneratorMetrics::default())));
+    let lease = Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 60_000, floor_unix_ms: now };
+    g.with_core(|c| c.install_lease(lease)).unwrap();
+    let tsc = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .is_ok_and(|source| source.trim() == "tsc");
+    assert!(!tsc || g.checks_cpu_counter(), "this machine's clock is kept on the TSC: the counter is checked");
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let mut rng = rand::rng();
+                let (mut ids, mut late) = (Vec::new(), Vec::new());
+                let until = std::time::Instant::now() + Duration::from_millis(1_200);
+                while std::time::Instant::now() < until {
+                    for _ in 0..rng.random_range(1..200) {
+                        let before = idgen::system_unix_ms();
+                        let id = runtime.block_on(g.next_id()).unwrap();
+                        let after = idgen::system_unix_ms();
+                        let ts = (id >> 22) as i64 + idgen::core::EPOCH_UNIX_MS;
+                        if ts < before || ts > after {
+                            late.push((before, ts, after));
+                        }
+                        ids.push(id);
+                    }
+                    std::thread::sleep(Duration::from_micros(rng.random_range(0..1_500)));
+                }
+                (ids, late)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for thread in threads {
+        let (ids, late) = thread.join().unwrap();
+        assert!(late.is_empty(), "IDs outside the clock around their call (before, ID, after): {late:?}");
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "one thread's IDs strictly increase");
+        all.extend(ids);
+    }
+    let total = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "an ID was issued twice");
+}
