@@ -46,7 +46,7 @@ pub trait Clock: Send + Sync + 'static {
         None
     }
     /// Whether `unix_ms` is the CPU's counter scaled, so that the fast path may check the counter
-    /// against a deadline instead of reading the clock ([`crate::cpu_counter`]).
+    /// against a window instead of reading the clock ([`crate::cpu_counter`]).
     fn follows_cpu_counter(&self) -> bool {
         false
     }

@@ -193,7 +193,7 @@ pub struct ClockSection {
     /// A clock this far behind the last issued timestamp is waited out; further, refused.
     pub max_wait_behind_ms: i64,
     /// Where the kernel keeps the clock on the CPU's counter (clocksource `tsc`), the request
-    /// path checks the counter against each millisecond's deadline instead of reading the clock
+    /// path checks the counter against each millisecond's window instead of reading the clock
     /// for every ID. `false` reads the clock every time.
     pub cpu_counter: bool,
 }

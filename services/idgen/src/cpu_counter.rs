@@ -1,38 +1,44 @@
 //! The CPU's time-stamp counter as the fast path's check that the wall clock is still inside the
-//! current run's millisecond, in place of reading the clock for every ID.
+//! current run's millisecond, in place of reading the clock for every single ID.
 //!
 //! Where the kernel keeps its realtime clock *on* the TSC (clocksource `tsc`, on a CPU with
 //! `constant_tsc` and `nonstop_tsc`: one rate, never stopped), `clock_gettime(CLOCK_REALTIME)` is
-//! the counter read in order, scaled and offset. So the counter value before which the clock is
+//! the counter read in order, scaled and offset. So the counter window in which the clock is
 //! certainly still in millisecond M can be worked out once, when M's run is published under the
-//! core's lock, and each ID of the run then costs one `rdtsc` and a comparison instead of a clock
-//! read (measured here: ≈ 10 ns against ≈ 26 ns).
+//! core's lock, and each single ID of the run then costs one `rdtsc` and two comparisons instead
+//! of a clock read (measured here: ≈ 10 ns against ≈ 26 ns). Batches still read the clock.
 //!
 //! Why the answer is the clock's own, never a later one:
-//! - the deadline is computed from a counter reading taken *before* the clock reading it is paired
-//!   with, minus [`MARGIN_NS`], at a rate shaded down by [`RATE_SLACK`]: it falls before the
-//!   millisecond's end by a margin far above what NTP's slew (≤ 500 ppm: 0.5 µs in a millisecond)
-//!   or the counter's skew between cores can move it;
+//! - the window opens at a counter reading taken *before* the clock reading it is paired with,
+//!   and closes [`MARGIN_NS`] before the millisecond ends, at a rate shaded down by
+//!   [`RATE_SLACK`]: below the window (a counter that went back: suspend, a restored VM) or past
+//!   it, the fast path reads the clock;
 //! - the rate is the counter's against the realtime clock, measured over ≥ [`CALIBRATION_NS`] and
-//!   used only when two measurements in a row agree within [`RATE_AGREEMENT`]: a clock step in
-//!   between makes them disagree, and the fast path reads the clock again until they agree anew;
+//!   used only while two measurements in a row agree within [`RATE_AGREEMENT`] *and* the kernel's
+//!   discipline (`adjtimex`: tick, frequency, PLL offset and state) is what it was when they were
+//!   taken: chrony slews by changing the tick and frequency (by up to ~10 %), and any change
+//!   drops the rate until two new measurements agree. What moves the clock's rate without showing
+//!   there (`adjtime`'s single-shot slew, 500 ppm) is covered by the slack;
+//! - the clocksource is read again every [`SOURCE_CHECK_NS`]: if the kernel has left the TSC (its
+//!   watchdog found it unstable), the counter is not used again in this process;
 //! - the counter runs while the process is stopped: a process frozen past its lease resumes past
-//!   every deadline, and its next ID goes through the clock and the core, which refuse it;
-//! - a run with no deadline (no rate yet, or the clock already past M when it was published) is
+//!   the window, and its next ID goes through the clock and the core, which refuse it;
+//! - a run with no window (no rate yet, or the clock already past M when it was published) is
 //!   still handed out, through the clock read ([`crate::fast_path::Runs::take`]).
 //!
-//! What this cannot see is a step of the wall clock inside the run's millisecond: such a run is
-//! handed out until its deadline (< 1 ms) as if the step had come just after. Uniqueness does not
+//! What this cannot see is a step of the wall clock (`date -s`, `chronyc makestep`) *inside* the
+//! run's millisecond: the rest of that run (< 1 ms) is handed out as if the step had come just
+//! after it, as a request that read the clock just before the step would. Uniqueness does not
 //! rest on this check at all: the core issued every ID of a run under every rule, once.
-//! Elsewhere (another clocksource, aarch64, a clock injected by tests) there is no counter and the
-//! fast path reads the clock as before.
+//! Elsewhere (another clocksource, aarch64 and so Graviton, a clock injected by tests) there is
+//! no counter and the fast path reads the clock as before.
 
 use std::sync::OnceLock;
 
-/// How far before the end of its millisecond a run's deadline falls, at the least.
+/// How far before the end of its millisecond a run's window closes, at the least.
 const MARGIN_NS: i64 = 20_000;
-/// How much slower than measured the counter is taken to run when a deadline is worked out.
-const RATE_SLACK: f64 = 1e-3;
+/// How much slower than measured the counter is taken to run when a window is worked out.
+const RATE_SLACK: f64 = 2e-3;
 /// The shortest interval a rate is measured over.
 const CALIBRATION_NS: i64 = 50_000_000;
 /// How closely two measurements in a row must agree for the rate to be used.
@@ -40,18 +46,39 @@ const RATE_AGREEMENT: f64 = 1e-4;
 /// A counter reading and a clock reading further apart than this (in counter ticks: the thread
 /// was interrupted between them) are not paired.
 const MAX_PAIR_TICKS: u64 = 100_000;
+/// How often the clocksource is read again.
+const SOURCE_CHECK_NS: i64 = 1_000_000_000;
+
+/// The counter values in which the clock is still in a run's millisecond: `start ≤ c < end`.
+/// The default is empty.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Window {
+    #[inline]
+    pub(crate) fn contains(&self, counter: u64) -> bool {
+        self.start <= counter && counter < self.end
+    }
+}
 
 /// Whether this machine's realtime clock is kept on the TSC, read once per process.
 pub(crate) fn usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
     *USABLE.get_or_init(|| {
-        let clocksource = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource");
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo");
-        match (clocksource, cpuinfo) {
-            (Ok(source), Ok(cpuinfo)) => cfg!(target_arch = "x86_64") && follows_tsc(&source, &cpuinfo),
+        match (clocksource(), cpuinfo) {
+            (Some(source), Ok(cpuinfo)) => cfg!(target_arch = "x86_64") && follows_tsc(&source, &cpuinfo),
             _ => false,
         }
     })
+}
+
+/// The kernel's current clocksource.
+fn clocksource() -> Option<String> {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource").ok()
 }
 
 /// The kernel's clocksource is the TSC and every CPU's TSC has one rate and never stops.
@@ -92,61 +119,93 @@ fn pair() -> Option<(u64, i64)> {
     (after >= before && after - before <= MAX_PAIR_TICKS).then_some((before, unix_ns))
 }
 
+/// What the kernel's clock discipline says about the clock's rate (`adjtimex`, read only):
+/// tick, frequency, PLL offset still to slew, and state.
+fn discipline() -> (i64, i64, i64, i32) {
+    // SAFETY: a zeroed timex with modes = 0 asks adjtimex to read, not change, the state.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    let state = unsafe { libc::adjtimex(&mut tx) };
+    if state == -1 { (-1, -1, -1, -1) } else { (tx.tick, tx.freq, tx.offset, tx.status) }
+}
+
+/// One reading of everything a window is worked out from.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    counter: u64,
+    unix_ns: i64,
+    discipline: (i64, i64, i64, i32),
+}
+
 /// The counter's rate against the realtime clock, as the core's lock holder learns it from the
-/// pairs it reads when it publishes runs.
+/// readings it takes when it publishes runs.
 #[derive(Debug, Default)]
 pub(crate) struct Calibration {
-    /// The pair the next measurement is taken from.
-    anchor: Option<(u64, i64)>,
+    /// The reading the next measurement is taken from.
+    anchor: Option<Reading>,
     /// The last measurement, ticks per nanosecond.
     measured: Option<f64>,
     /// The rate in use: the lower of two agreeing measurements in a row, or none.
     rate: Option<f64>,
+    /// When the clocksource was last read.
+    source_checked_ns: i64,
+    /// The kernel left the TSC: no window again.
+    left_tsc: bool,
 }
 
 impl Calibration {
-    /// The counter value before which the realtime clock is certainly still in `unix_ms`, read
-    /// now; 0 (no deadline: the run is taken through the clock) when that cannot be said.
+    /// The counter window in which the realtime clock is certainly still in `unix_ms`, read now;
+    /// empty (the run is taken through the clock) when that cannot be said.
     #[inline(never)] // once per millisecond, under the lock: kept out of the request path's code
-    pub(crate) fn deadline(&mut self, unix_ms: i64) -> u64 {
-        pair().map_or(0, |(counter, unix_ns)| self.deadline_at(unix_ms, counter, unix_ns))
+    pub(crate) fn window(&mut self, unix_ms: i64) -> Window {
+        let Some((counter, unix_ns)) = pair() else { return Window::default() };
+        if unix_ns - self.source_checked_ns >= SOURCE_CHECK_NS {
+            self.source_checked_ns = unix_ns;
+            self.left_tsc |= clocksource().is_none_or(|source| source.trim() != "tsc");
+        }
+        if self.left_tsc {
+            return Window::default();
+        }
+        self.window_at(unix_ms, Reading { counter, unix_ns, discipline: discipline() })
     }
 
-    /// [`Self::deadline`] for a pair read at `counter`, `unix_ns`.
-    fn deadline_at(&mut self, unix_ms: i64, counter: u64, unix_ns: i64) -> u64 {
-        self.learn(counter, unix_ns);
-        let Some(rate) = self.rate else { return 0 };
-        if unix_ns.div_euclid(1_000_000) != unix_ms {
-            return 0;
+    /// [`Self::window`] from `reading`.
+    fn window_at(&mut self, unix_ms: i64, reading: Reading) -> Window {
+        self.learn(reading);
+        let Some(rate) = self.rate else { return Window::default() };
+        if reading.unix_ns.div_euclid(1_000_000) != unix_ms {
+            return Window::default();
         }
-        let left_ns = (unix_ms + 1) * 1_000_000 - MARGIN_NS - unix_ns;
+        let left_ns = (unix_ms + 1) * 1_000_000 - MARGIN_NS - reading.unix_ns;
         if left_ns <= 0 {
-            return 0;
+            return Window::default();
         }
-        counter.saturating_add((left_ns as f64 * rate * (1.0 - RATE_SLACK)) as u64)
+        let ticks = (left_ns as f64 * rate * (1.0 - RATE_SLACK)) as u64;
+        reading.counter.checked_add(ticks).map_or(Window::default(), |end| Window { start: reading.counter, end })
     }
 
-    fn learn(&mut self, counter: u64, unix_ns: i64) {
-        let Some((anchor_counter, anchor_ns)) = self.anchor else {
-            self.anchor = Some((counter, unix_ns));
+    fn learn(&mut self, reading: Reading) {
+        let Some(anchor) = self.anchor else {
+            self.anchor = Some(reading);
             return;
         };
-        let elapsed_ns = unix_ns - anchor_ns;
-        if counter < anchor_counter || elapsed_ns < 0 {
-            // The clock stepped back (or the counter did): start over.
-            *self = Calibration { anchor: Some((counter, unix_ns)), ..Calibration::default() };
+        let elapsed_ns = reading.unix_ns - anchor.unix_ns;
+        if reading.counter < anchor.counter || elapsed_ns < 0 || reading.discipline != anchor.discipline {
+            // The clock stepped back, the counter did, or the kernel changed the clock's rate:
+            // start over from here.
+            self.anchor = Some(reading);
+            (self.measured, self.rate) = (None, None);
             return;
         }
         if elapsed_ns < CALIBRATION_NS {
             return;
         }
-        let measured = (counter - anchor_counter) as f64 / elapsed_ns as f64;
+        let measured = (reading.counter - anchor.counter) as f64 / elapsed_ns as f64;
         self.rate = self
             .measured
             .filter(|previous| (measured / previous - 1.0).abs() <= RATE_AGREEMENT)
             .map(|previous| previous.min(measured));
         self.measured = Some(measured);
-        self.anchor = Some((counter, unix_ns));
+        self.anchor = Some(reading);
     }
 }
 
@@ -156,98 +215,142 @@ mod tests {
 
     /// Ticks per ns of the counter in these tests.
     const GHZ3: u64 = 3;
+    const START: i64 = 1_800_000_000_000_000_000;
+    const STILL: (i64, i64, i64, i32) = (10_000, 0, 0, 0);
 
-    /// Pairs of a 3 GHz counter against a clock that reads `offset_ns` more than true time.
-    fn pair_at(true_ns: i64, offset_ns: i64) -> (u64, i64) {
-        (true_ns as u64 * GHZ3, true_ns + offset_ns)
+    /// A reading of a 3 GHz counter against a clock `offset_ns` ahead of true time.
+    fn reading(true_ns: i64, offset_ns: i64) -> Reading {
+        Reading { counter: true_ns as u64 * GHZ3, unix_ns: true_ns + offset_ns, discipline: STILL }
     }
 
+    fn window(calibration: &mut Calibration, reading: Reading) -> Window {
+        calibration.window_at(reading.unix_ns.div_euclid(1_000_000), reading)
+    }
+
+    /// Calibrated at START, START + 50 ms, START + 100 ms; returns the last.
     fn calibrated() -> (Calibration, i64) {
         let mut calibration = Calibration::default();
-        let start = 1_800_000_000_000_000_000i64;
         for step in 0..3 {
-            let (counter, ns) = pair_at(start + step * CALIBRATION_NS, 0);
-            calibration.learn(counter, ns);
+            calibration.learn(reading(START + step * CALIBRATION_NS, 0));
         }
-        (calibration, start + 2 * CALIBRATION_NS)
+        (calibration, START + 2 * CALIBRATION_NS)
     }
 
     #[test]
-    fn no_deadline_until_two_measurements_agree() {
+    fn no_window_until_two_measurements_agree() {
         let mut calibration = Calibration::default();
-        let start = 1_800_000_000_000_000_000i64;
-        let (counter, ns) = pair_at(start, 0);
-        assert_eq!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "no rate yet");
-        let (counter, ns) = pair_at(start + CALIBRATION_NS, 0);
-        assert_eq!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "one measurement");
-        let (counter, ns) = pair_at(start + 2 * CALIBRATION_NS + 100_000, 0);
-        assert_ne!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "two that agree");
+        assert_eq!(window(&mut calibration, reading(START, 0)), Window::default(), "no rate yet");
+        let one = reading(START + CALIBRATION_NS, 0);
+        assert_eq!(window(&mut calibration, one), Window::default(), "one measurement");
+        let two = reading(START + 2 * CALIBRATION_NS + 100_000, 0);
+        assert_ne!(window(&mut calibration, two), Window::default(), "two that agree");
     }
 
     #[test]
-    fn a_deadline_falls_before_the_end_of_its_millisecond_by_the_margin() {
+    fn a_window_opens_at_its_reading_and_closes_20_us_before_its_millisecond_ends() {
         let (mut calibration, at) = calibrated();
         for into_ms in [0, 1, 333_333, 900_000, 979_999, 980_000, 999_999] {
-            let true_ns = (at / 1_000_000 + 7) * 1_000_000 + into_ms;
-            let (counter, ns) = pair_at(true_ns, 0);
-            let ms = ns.div_euclid(1_000_000);
-            let deadline = calibration.deadline_at(ms, counter, ns);
-            let end_counter = ((ms + 1) * 1_000_000) as u64 * GHZ3;
-            if into_ms >= 1_000_000 - MARGIN_NS {
-                assert_eq!(deadline, 0, "inside the margin: no deadline");
+            let r = reading((at / 1_000_000 + 7) * 1_000_000 + into_ms, 0);
+            let ms = r.unix_ns.div_euclid(1_000_000);
+            let w = window(&mut calibration, r);
+            let end_of_ms = ((ms + 1) * 1_000_000) as u64 * GHZ3;
+            if into_ms >= 980_000 {
+                assert_eq!(w, Window::default(), "{into_ms}: within 20 µs of the end: no window");
             } else {
-                assert!(deadline <= end_counter - MARGIN_NS as u64 * GHZ3, "{into_ms}: {deadline}");
-                assert!(deadline > counter, "{into_ms}: some of the millisecond is left");
+                assert_eq!(w.start, r.counter, "{into_ms}");
+                assert!(w.end <= end_of_ms - 20_000 * GHZ3, "{into_ms}: {w:?}");
+                assert!(w.end > w.start, "{into_ms}: some of the millisecond is left");
             }
         }
     }
 
     #[test]
-    fn a_pair_from_another_millisecond_gives_no_deadline() {
+    fn a_clock_running_1000_ppm_faster_than_measured_still_leaves_20_us() {
+        // A slew the kernel's discipline does not show (adjtime's single shot: 500 ppm; twice
+        // that here) changes the clock's rate after calibration: the window still closes at
+        // least 20 µs of true time before the clock reaches the end of its millisecond.
         let (mut calibration, at) = calibrated();
-        let (counter, ns) = pair_at(at + 10 * 1_000_000 + 5, 0);
-        assert_eq!(
-            calibration.deadline_at(ns.div_euclid(1_000_000) - 1, counter, ns),
-            0,
-            "the run's millisecond is gone"
-        );
+        let fast = |true_ns: i64| Reading {
+            counter: true_ns as u64 * GHZ3,
+            unix_ns: at + (true_ns - at) + (true_ns - at) / 1_000,
+            discipline: STILL,
+        };
+        for into_ms in [0, 250_000, 500_000, 750_000] {
+            let true_ns = at + 3_000_000 + into_ms;
+            let r = fast(true_ns);
+            let ms = r.unix_ns.div_euclid(1_000_000);
+            let w = window(&mut calibration, r);
+            assert_ne!(w, Window::default(), "{into_ms}");
+            // True time at which the fast clock reads the end of `ms`.
+            let end_true_ns = at + ((ms + 1) * 1_000_000 - at) * 1_000 / 1_001;
+            assert!(w.end <= (end_true_ns - 20_000) as u64 * GHZ3, "{into_ms}: {w:?} vs {end_true_ns}");
+        }
     }
 
     #[test]
-    fn a_clock_step_stops_deadlines_until_the_rate_agrees_again() {
+    fn a_reading_from_another_millisecond_gives_no_window() {
+        let (mut calibration, at) = calibrated();
+        let r = reading(at + 10 * 1_000_000 + 5, 0);
+        assert_eq!(calibration.window_at(r.unix_ns.div_euclid(1_000_000) - 1, r), Window::default());
+    }
+
+    #[test]
+    fn a_counter_below_the_window_is_outside_it() {
+        // A counter that went back (suspend, a restored VM) must not find a stale run usable.
+        let (mut calibration, at) = calibrated();
+        let w = window(&mut calibration, reading(at + 1_000_000, 0));
+        assert!(w.contains(w.start) && w.contains(w.end - 1));
+        assert!(!w.contains(w.start - 1) && !w.contains(0) && !w.contains(w.end));
+        assert!(!Window::default().contains(0), "the default window is empty");
+    }
+
+    #[test]
+    fn a_clock_step_stops_windows_until_the_rate_agrees_again() {
         let (mut calibration, at) = calibrated();
         // The clock steps forward by 40 ms between two measurements: the rate disagrees.
-        let (counter, ns) = pair_at(at + CALIBRATION_NS, 40_000_000);
-        assert_eq!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "stepped forward");
-        let (counter, ns) = pair_at(at + 2 * CALIBRATION_NS, 40_000_000);
-        assert_eq!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "one good measurement");
-        let (counter, ns) = pair_at(at + 3 * CALIBRATION_NS, 40_000_000);
-        assert_ne!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "two again");
+        let none = Window::default();
+        assert_eq!(window(&mut calibration, reading(at + CALIBRATION_NS, 40_000_000)), none, "stepped forward");
+        assert_eq!(window(&mut calibration, reading(at + 2 * CALIBRATION_NS, 40_000_000)), none, "one measurement");
+        assert_ne!(window(&mut calibration, reading(at + 3 * CALIBRATION_NS, 40_000_000)), none, "two again");
         // A step back starts over at once.
-        let (counter, ns) = pair_at(at + 4 * CALIBRATION_NS, -1_000_000_000);
-        assert_eq!(calibration.deadline_at(ns.div_euclid(1_000_000), counter, ns), 0, "stepped back");
+        assert_eq!(window(&mut calibration, reading(at + 4 * CALIBRATION_NS, -1_000_000_000)), none, "stepped back");
         assert!(calibration.rate.is_none() && calibration.measured.is_none());
     }
 
     #[test]
-    fn a_clock_slewed_by_ntp_keeps_its_deadlines_early() {
-        // The clock runs 500 ppm fast (NTP's largest slew): the rate agrees with itself, and a
-        // deadline still falls before the clock's own end of the millisecond.
-        let mut calibration = Calibration::default();
-        let start = 1_800_000_000_000_000_000i64;
-        let slewed = |true_ns: i64| (true_ns as u64 * GHZ3, start + (true_ns - start) + (true_ns - start) / 2_000);
-        for step in 0..3 {
-            let (counter, ns) = slewed(start + step * CALIBRATION_NS);
-            calibration.learn(counter, ns);
+    fn a_change_in_the_kernels_discipline_drops_the_rate_at_once() {
+        // chrony slews by changing the tick and the frequency (by up to ~10 %): the first
+        // reading after a change has no window, however soon it comes.
+        let (mut calibration, at) = calibrated();
+        assert_ne!(window(&mut calibration, reading(at + 1_000_000, 0)), Window::default());
+        for changed in [(9_000, 0, 0, 0), (10_000, 65_536, 0, 0), (10_000, 0, 1_000, 0), (10_000, 0, 0, 1)] {
+            let (mut calibration, _) = calibrated();
+            let r = Reading { discipline: changed, ..reading(at + 1_000_000, 0) };
+            assert_eq!(window(&mut calibration, r), Window::default(), "{changed:?}");
+            let r = Reading { discipline: changed, ..reading(at + 2_000_000, 0) };
+            assert_eq!(window(&mut calibration, r), Window::default(), "{changed:?}: not yet measured again");
         }
-        let true_ns = start + 3 * CALIBRATION_NS + 123_456;
-        let (counter, ns) = slewed(true_ns);
-        let ms = ns.div_euclid(1_000_000);
-        let deadline = calibration.deadline_at(ms, counter, ns);
-        assert_ne!(deadline, 0);
-        // The counter value at which the slewed clock reaches the end of `ms`.
-        let end_true_ns = start + ((ms + 1) * 1_000_000 - start) * 2_000 / 2_001;
-        assert!(deadline < (end_true_ns - MARGIN_NS * 9 / 10) as u64 * GHZ3, "{deadline}");
+    }
+
+    #[test]
+    fn a_steady_slew_agrees_with_itself() {
+        // A clock slewed 500 ppm fast throughout (the discipline unchanged) is measured at that
+        // rate, and its windows close before its own end of the millisecond.
+        let mut calibration = Calibration::default();
+        let slewed = |true_ns: i64| Reading {
+            counter: true_ns as u64 * GHZ3,
+            unix_ns: START + (true_ns - START) + (true_ns - START) / 2_000,
+            discipline: STILL,
+        };
+        for step in 0..3 {
+            calibration.learn(slewed(START + step * CALIBRATION_NS));
+        }
+        let r = slewed(START + 3 * CALIBRATION_NS + 123_456);
+        let ms = r.unix_ns.div_euclid(1_000_000);
+        let w = window(&mut calibration, r);
+        assert_ne!(w, Window::default());
+        let end_true_ns = START + ((ms + 1) * 1_000_000 - START) * 2_000 / 2_001;
+        assert!(w.end <= (end_true_ns - 20_000) as u64 * GHZ3, "{w:?}");
     }
 
     #[test]
@@ -271,25 +374,25 @@ mod tests {
         for _ in 0..2_000 {
             std::thread::sleep(std::time::Duration::from_micros(300));
             let ms = crate::clock::system_unix_ms();
-            let deadline = calibration.deadline(ms);
-            if deadline == 0 {
+            let w = calibration.window(ms);
+            if w == Window::default() {
                 continue; // no rate yet, inside the margin, or the clock moved on meanwhile
             }
-            // Until the deadline, the clock reads `ms` (each reading between two counter
-            // readings, both before the deadline).
+            // Inside the window, the clock reads `ms` (each reading between two counter
+            // readings, both inside it).
             loop {
                 let (before, clock, after) = (now(), crate::clock::system_unix_ms(), now());
-                if after >= deadline {
+                if after >= w.end {
                     break;
                 }
-                assert!(before < deadline);
-                assert_eq!(clock, ms, "the clock left the millisecond before the deadline");
+                assert!(w.contains(before));
+                assert_eq!(clock, ms, "the clock left the millisecond inside the window");
             }
             checked += 1;
             if checked == 50 {
                 return;
             }
         }
-        panic!("only {checked} deadlines in 2,000 tries: {calibration:?}");
+        panic!("only {checked} windows in 2,000 tries: {calibration:?}");
     }
 }

@@ -13,7 +13,7 @@
 //! - the ticket names its run (a generation), and a run is read consistently (a sequence lock on
 //!   its slot), so an offset is only ever added to the `first` of the run it was counted in;
 //! - a run is used only in its own millisecond (`unix_ms == now`, or, where the clock is kept on
-//!   the CPU's counter, the counter before the run's deadline inside that millisecond:
+//!   the CPU's counter, the counter inside the run's window in that millisecond:
 //!   [`crate::cpu_counter`]): the core never issues a millisecond twice, so a millisecond names at
 //!   most one run, ever;
 //! - whoever changes what the core may issue (a lost lease, a release, an unsynchronized clock, a
@@ -23,6 +23,8 @@
 //!   stored expiry, and the release writes the last issued millisecond + 1).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
+
+use crate::cpu_counter::Window;
 
 /// Bits of the ticket that count offsets within a run; the rest name the run.
 const OFFSET_BITS: u32 = 40;
@@ -40,8 +42,9 @@ struct Slot {
     unix_ms: AtomicI64,
     first: AtomicU64,
     count: AtomicU64,
-    /// The CPU counter's value before which the clock is still in `unix_ms`; 0 for none.
-    deadline: AtomicU64,
+    /// The CPU counter's values in which the clock is still in `unix_ms` (empty for none).
+    window_start: AtomicU64,
+    window_end: AtomicU64,
 }
 
 /// The current run and the slots of the last few. At first, generation 0's slot says count 0: the
@@ -67,7 +70,7 @@ struct Run {
     unix_ms: i64,
     first: u64,
     count: u64,
-    deadline: u64,
+    window: Window,
 }
 
 impl Run {
@@ -96,12 +99,12 @@ impl Runs {
         self.take_if(want, |run| run.unix_ms == now_unix_ms)
     }
 
-    /// [`Self::take`] with the CPU counter read at `counter` in place of the clock: the run is
-    /// taken only before its deadline. `None` also when the run has no deadline (then the caller
-    /// reads the clock and takes it by its millisecond).
+    /// [`Self::take`] with the CPU counter in place of the clock, read once the run is: the run
+    /// is taken only while the counter is inside its window. `None` also when the run has no
+    /// window (then the caller reads the clock and takes it by its millisecond).
     #[inline]
-    pub(crate) fn take_before(&self, counter: u64, want: u32) -> Option<Taken> {
-        self.take_if(want, |run| counter < run.deadline)
+    pub(crate) fn take_by_counter(&self, counter: impl FnOnce() -> u64, want: u32) -> Option<Taken> {
+        self.take_if(want, |run| run.window.contains(counter()))
     }
 
     #[inline]
@@ -130,18 +133,21 @@ impl Runs {
             unix_ms: slot.unix_ms.load(Ordering::Relaxed),
             first: slot.first.load(Ordering::Relaxed),
             count: slot.count.load(Ordering::Relaxed),
-            deadline: slot.deadline.load(Ordering::Relaxed),
+            window: Window {
+                start: slot.window_start.load(Ordering::Relaxed),
+                end: slot.window_end.load(Ordering::Relaxed),
+            },
         };
         fence(Ordering::Acquire);
         (slot.tag.load(Ordering::Relaxed) == generation).then_some(run)
     }
 
     /// Publishes a new run of `count` IDs from `first` in millisecond `unix_ms`, of which the
-    /// caller already took the first `taken`, usable by the CPU counter until `deadline` (0:
+    /// caller already took the first `taken`, usable by the CPU counter inside `window` (empty:
     /// only by the clock); the run it replaces is closed. Returns how many IDs
     /// the replaced run handed out (for the issued-IDs counter). Callers hold the core's lock,
     /// which serializes every publish.
-    pub(crate) fn publish(&self, unix_ms: i64, first: u64, count: u64, taken: u64, deadline: u64) -> u64 {
+    pub(crate) fn publish(&self, unix_ms: i64, first: u64, count: u64, taken: u64, window: Window) -> u64 {
         let current = self.ticket.0.load(Ordering::Relaxed) >> OFFSET_BITS;
         let generation = (current + 1) & (u64::MAX >> OFFSET_BITS);
         let slot = &self.slots[generation as usize % SLOTS];
@@ -150,7 +156,8 @@ impl Runs {
         slot.unix_ms.store(unix_ms, Ordering::Relaxed);
         slot.first.store(first, Ordering::Relaxed);
         slot.count.store(count, Ordering::Relaxed);
-        slot.deadline.store(deadline, Ordering::Relaxed);
+        slot.window_start.store(window.start, Ordering::Relaxed);
+        slot.window_end.store(window.end, Ordering::Relaxed);
         slot.tag.store(generation, Ordering::Release);
         let replaced = self.ticket.0.swap(generation << OFFSET_BITS | taken, Ordering::AcqRel);
         self.current.0.store(generation, Ordering::Release);
@@ -163,7 +170,7 @@ impl Runs {
     /// Ends the current run: every later request takes the slow path. Returns how many IDs it
     /// handed out.
     pub(crate) fn close(&self) -> u64 {
-        self.publish(i64::MIN, 0, 0, 0, 0)
+        self.publish(i64::MIN, 0, 0, 0, Window::default())
     }
 }
 
@@ -171,45 +178,49 @@ impl Runs {
 mod tests {
     use super::*;
 
+    const NONE: Window = Window { start: 0, end: 0 };
+
     #[test]
     fn a_run_is_handed_out_once_and_only_in_its_millisecond() {
         let runs = Runs::default();
         assert_eq!(runs.take(100, 1), None, "no run yet");
-        assert_eq!(runs.publish(100, 1_000, 10, 1, 0), 0);
+        assert_eq!(runs.publish(100, 1_000, 10, 1, NONE), 0);
         assert_eq!(runs.take(101, 1), None, "another millisecond");
         assert_eq!(runs.take(100, 3), Some(Taken { first: 1_001, count: 3 }));
         assert_eq!(runs.take(100, 10), Some(Taken { first: 1_004, count: 6 }), "what is left");
         assert_eq!(runs.take(100, 1), None, "used up");
         assert_eq!(runs.close(), 10, "the 10 handed out (counted once, not the overshoot)");
         assert_eq!(runs.take(100, 1), None, "closed");
-        assert_eq!(runs.publish(102, 5_000, 4, 0, 0), 0);
+        assert_eq!(runs.publish(102, 5_000, 4, 0, NONE), 0);
         assert_eq!(runs.take(102, 4), Some(Taken { first: 5_000, count: 4 }));
     }
 
     #[test]
-    fn by_the_counter_a_run_is_taken_only_before_its_deadline() {
+    fn by_the_counter_a_run_is_taken_only_inside_its_window() {
         let runs = Runs::default();
-        runs.publish(100, 1_000, 10, 0, 0);
-        assert_eq!(runs.take_before(0, 1), None, "no deadline: only by the clock");
+        runs.publish(100, 1_000, 10, 0, NONE);
+        assert_eq!(runs.take_by_counter(|| 0, 1), None, "no window: only by the clock");
         assert_eq!(runs.take(100, 1), Some(Taken { first: 1_000, count: 1 }));
-        runs.publish(101, 2_000, 10, 0, 500);
-        assert_eq!(runs.take_before(499, 2), Some(Taken { first: 2_000, count: 2 }));
-        assert_eq!(runs.take_before(500, 1), None, "at the deadline");
+        runs.publish(101, 2_000, 10, 0, Window { start: 300, end: 500 });
+        assert_eq!(runs.take_by_counter(|| 299, 1), None, "below the window: the counter went back");
+        assert_eq!(runs.take_by_counter(|| 300, 1), Some(Taken { first: 2_000, count: 1 }));
+        assert_eq!(runs.take_by_counter(|| 499, 1), Some(Taken { first: 2_001, count: 1 }));
+        assert_eq!(runs.take_by_counter(|| 500, 1), None, "at the window's end");
         assert_eq!(runs.take(101, 1), Some(Taken { first: 2_002, count: 1 }), "by the clock, still");
         runs.close();
-        assert_eq!(runs.take_before(0, 1), None, "closed");
+        assert_eq!(runs.take_by_counter(|| 400, 1), None, "closed");
     }
 
     #[test]
     fn a_stale_ticket_never_reads_another_runs_slot() {
         let runs = Runs::default();
-        runs.publish(7, 7_000, 5, 0, 0);
+        runs.publish(7, 7_000, 5, 0, NONE);
         let stale = runs.ticket.0.load(Ordering::Relaxed) >> OFFSET_BITS;
         assert!(runs.run(stale).is_some_and(|run| run.unix_ms == 7));
         // The slot is reused SLOTS publishes later, by another generation: the old one's ticket
         // finds nothing there, even for a run of the same shape.
         for ms in 8..8 + SLOTS as i64 {
-            runs.publish(ms, 7_000, 5, 0, 0);
+            runs.publish(ms, 7_000, 5, 0, NONE);
         }
         assert_eq!((stale as usize) % SLOTS, ((stale + SLOTS as u64) as usize) % SLOTS, "the same slot");
         assert!(runs.run(stale).is_none());
@@ -218,9 +229,9 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Publish { ms: i64, count: u64, taken: u64, deadline: u64 },
+        Publish { ms: i64, count: u64, taken: u64, window: Window },
         Take { ms: i64, want: u32 },
-        TakeBefore { counter: u64, want: u32 },
+        TakeByCounter { counter: u64, want: u32 },
         Close,
     }
 
@@ -233,24 +244,25 @@ mod tests {
         #[test]
         fn takes_follow_a_model_of_the_current_run(ops in proptest::collection::vec(
             proptest::prop_oneof![
-                (0i64..4, 0u64..6, 0u64..3, 0u64..4)
-                    .prop_map(|(ms, count, taken, deadline)| Op::Publish { ms, count, taken: taken.min(count), deadline }),
+                (0i64..4, 0u64..6, 0u64..3, 0u64..3, 0u64..4).prop_map(|(ms, count, taken, start, end)| {
+                    Op::Publish { ms, count, taken: taken.min(count), window: Window { start, end } }
+                }),
                 (0i64..4, 1u32..4).prop_map(|(ms, want)| Op::Take { ms, want }),
-                (0u64..4, 1u32..4).prop_map(|(counter, want)| Op::TakeBefore { counter, want }),
+                (0u64..4, 1u32..4).prop_map(|(counter, want)| Op::TakeByCounter { counter, want }),
                 proptest::strategy::Just(Op::Close),
             ],
             1..60,
         )) {
             let runs = Runs::default();
-            // (ms, first, count, next offset, deadline) of the current run, as the model sees it.
-            let mut model: Option<(i64, u64, u64, u64, u64)> = None;
+            // (ms, first, count, next offset, window) of the current run, as the model sees it.
+            let mut model: Option<(i64, u64, u64, u64, Window)> = None;
             let mut first = 0u64;
             for op in ops {
                 match op {
-                    Op::Publish { ms, count, taken, deadline } => {
-                        let handed = runs.publish(ms, first, count, taken, deadline);
+                    Op::Publish { ms, count, taken, window } => {
+                        let handed = runs.publish(ms, first, count, taken, window);
                         prop_assert_eq!(handed, model.map_or(0, |(_, _, count, next, _)| next.min(count)));
-                        model = Some((ms, first, count, taken, deadline));
+                        model = Some((ms, first, count, taken, window));
                         first += 100;
                     }
                     Op::Close => {
@@ -258,12 +270,14 @@ mod tests {
                         prop_assert_eq!(handed, model.map_or(0, |(_, _, count, next, _)| next.min(count)));
                         model = None;
                     }
-                    Op::Take { .. } | Op::TakeBefore { .. } => {
-                        // Which check the run must pass: its millisecond, or its deadline.
+                    Op::Take { .. } | Op::TakeByCounter { .. } => {
+                        // Which check the run must pass: its millisecond, or its window.
                         let (usable, want) = match (&op, &model) {
                             (&Op::Take { ms, want }, Some((run_ms, ..))) => (*run_ms == ms, want),
-                            (&Op::TakeBefore { counter, want }, Some((.., deadline))) => (counter < *deadline, want),
-                            (&Op::Take { want, .. } | &Op::TakeBefore { want, .. }, _) => (false, want),
+                            (&Op::TakeByCounter { counter, want }, Some((.., window))) => {
+                                (window.start <= counter && counter < window.end, want)
+                            }
+                            (&Op::Take { want, .. } | &Op::TakeByCounter { want, .. }, _) => (false, want),
                             _ => unreachable!("only takes here"),
                         };
                         let expected = match &mut model {
@@ -279,7 +293,7 @@ mod tests {
                         };
                         let taken = match op {
                             Op::Take { ms, want } => runs.take(ms, want),
-                            Op::TakeBefore { counter, want } => runs.take_before(counter, want),
+                            Op::TakeByCounter { counter, want } => runs.take_by_counter(|| counter, want),
                             _ => unreachable!("only takes here"),
                         };
                         prop_assert_eq!(taken, expected);
@@ -295,7 +309,7 @@ mod tests {
         let mut next_first = 0u64;
         let mut all = Vec::new();
         for ms in 0..200i64 {
-            runs.publish(ms, next_first, 64, 0, 0);
+            runs.publish(ms, next_first, 64, 0, NONE);
             let handles: Vec<_> = (0..4)
                 .map(|_| {
                     let runs = runs.clone();

@@ -16,7 +16,7 @@ use idgen_core::{Generator, MAX_WAIT_BEHIND_LIMIT_MS};
 use rand::Rng;
 
 use crate::clock::{Clock, SyncStatus};
-use crate::cpu_counter::{self, Calibration};
+use crate::cpu_counter::{self, Calibration, Window};
 use crate::fast_path::{Runs, Taken};
 use crate::metrics::{GeneratorMetrics, LayoutLabel, ReasonLabel};
 
@@ -36,7 +36,7 @@ struct Locked {
     uuid: UuidV7State,
     /// The wall-clock millisecond in which the clock's sync state was last read.
     sync_read_unix_ms: Option<i64>,
-    /// The CPU counter's rate, for each published run's deadline.
+    /// The CPU counter's rate, for each published run's window.
     calibration: Calibration,
 }
 
@@ -126,8 +126,10 @@ impl IdGenerator {
     #[inline]
     pub fn try_next_id(&self) -> Option<u64> {
         if self.cpu_counter
-            && let Some(taken) = self.runs.take_before(cpu_counter::now(), 1)
+            && let Some(taken) = self.runs.take_by_counter(cpu_counter::now, 1)
         {
+            #[cfg(test)]
+            tests::TAKEN_BY_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Some(taken.first);
         }
         self.runs.take(self.clock.unix_ms(), 1).map(|taken| taken.first)
@@ -172,13 +174,17 @@ impl IdGenerator {
                     None => match locked.generator.issue(now, u32::MAX) {
                         Ok(run) => {
                             let mine = run.count.min(count - issued);
-                            let deadline = if self.cpu_counter { locked.calibration.deadline(run.unix_ms) } else { 0 };
+                            let window = if self.cpu_counter {
+                                locked.calibration.window(run.unix_ms)
+                            } else {
+                                Window::default()
+                            };
                             let replaced = self.runs.publish(
                                 run.unix_ms,
                                 run.first,
                                 u64::from(run.count),
                                 u64::from(mine),
-                                deadline,
+                                window,
                             );
                             self.metrics.ids_issued.inc_by(replaced);
                             Ok(Taken { first: run.first, count: mine })
@@ -314,5 +320,57 @@ impl IdGenerator {
             discipline.map_or((f64::NAN, f64::NAN), |d| (d.offset_seconds, d.estimated_error_seconds));
         self.metrics.clock_offset_seconds.set(offset);
         self.metrics.clock_estimated_error_seconds.set(error);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use idgen_core::{GeneratorConfig, Lease, OPEN_HORIZON, Schedule};
+
+    use super::*;
+    use crate::SystemClock;
+
+    /// Single IDs the fast path took by the CPU counter, in this test binary.
+    pub(crate) static TAKEN_BY_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+    fn on_the_system_clock(clock: SystemClock) -> IdGenerator {
+        let mut core = Generator::new(
+            GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
+            Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
+            0,
+            true,
+        )
+        .unwrap();
+        let now = crate::system_unix_ms();
+        let lease =
+            Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 60_000, floor_unix_ms: now };
+        core.install_lease(lease).unwrap();
+        IdGenerator::new(core, Arc::new(clock), Arc::new(GeneratorMetrics::default()))
+    }
+
+    #[test]
+    fn single_ids_are_taken_by_the_counter_where_the_clock_is_kept_on_it() {
+        let off = on_the_system_clock(SystemClock::new(false, 5).with_cpu_counter(false));
+        assert!(!off.checks_cpu_counter(), "clock.cpu_counter = false");
+        let g = on_the_system_clock(SystemClock::new(false, 5));
+        assert_eq!(g.checks_cpu_counter(), cpu_counter::usable());
+        if !g.checks_cpu_counter() {
+            return; // another clocksource: nothing to take by
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let until = std::time::Instant::now() + Duration::from_millis(400);
+        let mut last = 0;
+        while std::time::Instant::now() < until {
+            for _ in 0..100 {
+                let id = runtime.block_on(g.next_id()).unwrap();
+                assert!(id > last);
+                last = id;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Calibration takes two 50 ms measurements; after that most single IDs go by the counter.
+        assert!(TAKEN_BY_COUNTER.load(Ordering::Relaxed) > 1_000, "{TAKEN_BY_COUNTER:?}");
     }
 }

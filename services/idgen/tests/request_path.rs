@@ -210,8 +210,8 @@ fn the_clock_gauges_follow_the_discipline_either_way_and_say_nan_when_there_is_n
 }
 
 /// Where the clock is kept on the CPU's counter, the fast path hands out a run by the counter
-/// until a deadline inside the run's millisecond instead of reading the clock: it must never hand
-/// one out after the clock has left that millisecond. Two threads take single IDs on the real
+/// inside a window in the run's millisecond instead of reading the clock: it must never hand one
+/// out after the clock has left that millisecond. Two threads take single IDs on the real
 /// clock, pausing at random so that calls land just before and just after deadlines; every ID's
 /// millisecond must lie between the clock read before the call and the clock read after it.
 #[test]
@@ -229,9 +229,7 @@ fn ids_taken_by_the_cpu_counter_carry_the_millisecond_they_are_handed_out_in() {
     let g = Arc::new(IdGenerator::new(core, clock, Arc::new(GeneratorMetrics::default())));
     let lease = Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 60_000, floor_unix_ms: now };
     g.with_core(|c| c.install_lease(lease)).unwrap();
-    let tsc = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-        .is_ok_and(|source| source.trim() == "tsc");
-    assert!(!tsc || g.checks_cpu_counter(), "this machine's clock is kept on the TSC: the counter is checked");
+    // (That the counter is used where it can be is the unit test in generator.rs.)
     let threads: Vec<_> = (0..2)
         .map(|_| {
             let g = g.clone();
