@@ -22,6 +22,19 @@ fn generator(clock: &Arc<ManualClock>) -> Arc<IdGenerator> {
     Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())))
 }
 
+/// A generator on the real clock (its sync check off), with no lease yet.
+fn on_the_system_clock() -> (Arc<IdGenerator>, Arc<idgen::SystemClock>) {
+    let clock = Arc::new(idgen::SystemClock::new(false, 5));
+    let core = Generator::new(
+        GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
+        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
+        0,
+        true,
+    )
+    .unwrap();
+    (Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default()))), clock)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_clock_step_back_during_a_wait_is_refused_not_slept_out() {
     // Before, a request waiting for the next millisecond slept until the wall clock got there:
@@ -103,16 +116,8 @@ async fn uuids_follow_the_clock_rules_of_ids() {
 #[test]
 fn many_threads_never_share_an_id_while_the_lease_changes_under_them() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let clock = Arc::new(idgen::SystemClock::new(false, 5));
+    let (g, clock) = on_the_system_clock();
     let now = idgen::Clock::unix_ms(&*clock);
-    let core = Generator::new(
-        GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
-        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
-        0,
-        true,
-    )
-    .unwrap();
-    let g = Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())));
     let lease = |machine: u32, floor: i64| Lease {
         layout: "v1".into(),
         machine,
@@ -217,16 +222,8 @@ fn the_clock_gauges_follow_the_discipline_either_way_and_say_nan_when_there_is_n
 #[test]
 fn ids_taken_by_the_cpu_counter_carry_the_millisecond_they_are_handed_out_in() {
     use rand::Rng;
-    let clock = Arc::new(idgen::SystemClock::new(false, 5));
+    let (g, clock) = on_the_system_clock();
     let now = idgen::Clock::unix_ms(&*clock);
-    let core = Generator::new(
-        GeneratorConfig { fence_ms: 500, max_wait_behind_ms: 5 },
-        Schedule::default_with_horizon(OPEN_HORIZON).unwrap(),
-        0,
-        true,
-    )
-    .unwrap();
-    let g = Arc::new(IdGenerator::new(core, clock, Arc::new(GeneratorMetrics::default())));
     let lease = Lease { layout: "v1".into(), machine: 1, epoch: 1, expiry_unix_ms: now + 60_000, floor_unix_ms: now };
     g.with_core(|c| c.install_lease(lease)).unwrap();
     // (That the counter is used where it can be is the unit test in generator.rs.)
