@@ -103,7 +103,8 @@ pub fn system_unix_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64 * 1000 + i64::from(d.subsec_millis()))
 }
 
-fn system_unix_ns() -> i128 {
+/// The system clock's Unix nanoseconds (0 before 1970).
+pub(crate) fn system_unix_ns() -> i128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
 }
 
@@ -139,15 +140,23 @@ impl Clock for SystemClock {
     }
 }
 
-/// The kernel's NTP state via `adjtimex(2)` (read-only: `modes = 0`).
+/// The kernel's clock discipline as `adjtimex(2)` reads it (`modes = 0`: read, never change):
+/// the clock state it returns and the `timex` it filled.
 #[cfg(target_os = "linux")]
-pub fn kernel_sync_status(max_error_us: i64) -> SyncStatus {
+pub(crate) fn read_adjtimex() -> std::io::Result<(i32, libc::timex)> {
     // SAFETY: a zeroed timex with modes = 0 asks adjtimex to read, not change, the state.
     let mut tx: libc::timex = unsafe { std::mem::zeroed() };
     let state = unsafe { libc::adjtimex(&mut tx) };
-    if state == -1 {
-        return SyncStatus::Unsynchronized(format!("adjtimex failed: {}", std::io::Error::last_os_error()));
-    }
+    if state == -1 { Err(std::io::Error::last_os_error()) } else { Ok((state, tx)) }
+}
+
+/// The kernel's NTP state via `adjtimex(2)` (read-only: `modes = 0`).
+#[cfg(target_os = "linux")]
+pub fn kernel_sync_status(max_error_us: i64) -> SyncStatus {
+    let (state, tx) = match read_adjtimex() {
+        Ok(read) => read,
+        Err(error) => return SyncStatus::Unsynchronized(format!("adjtimex failed: {error}")),
+    };
     if state == libc::TIME_ERROR || tx.status & libc::STA_UNSYNC != 0 {
         return SyncStatus::Unsynchronized("kernel reports the clock unsynchronized (STA_UNSYNC/TIME_ERROR)".into());
     }
@@ -164,11 +173,7 @@ pub fn kernel_sync_status(max_error_us: i64) -> SyncStatus {
 /// The kernel's offset and estimated error via `adjtimex(2)` (read-only); `None` if it fails.
 #[cfg(target_os = "linux")]
 pub fn kernel_discipline() -> Option<Discipline> {
-    // SAFETY: a zeroed timex with modes = 0 asks adjtimex to read, not change, the state.
-    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
-    if unsafe { libc::adjtimex(&mut tx) } == -1 {
-        return None;
-    }
+    let (_, tx) = read_adjtimex().ok()?;
     // The offset is in microseconds, or nanoseconds when the kernel says STA_NANO.
     let offset_unit = if tx.status & libc::STA_NANO != 0 { 1e-9 } else { 1e-6 };
     Some(Discipline {

@@ -111,21 +111,20 @@ pub(crate) fn now() -> u64 {
 /// if the thread was interrupted between them.
 fn pair() -> Option<(u64, i64)> {
     let before = now();
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_REALTIME always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let unix_ns = crate::clock::system_unix_ns();
     let after = now();
-    let unix_ns = ts.tv_sec.checked_mul(1_000_000_000)?.checked_add(ts.tv_nsec)?;
+    let unix_ns = i64::try_from(unix_ns).ok()?;
     (after >= before && after - before <= MAX_PAIR_TICKS).then_some((before, unix_ns))
 }
 
 /// What the kernel's clock discipline says about the clock's rate (`adjtimex`, read only):
 /// tick, frequency, PLL offset still to slew, and state.
 fn discipline() -> (i64, i64, i64, i32) {
-    // SAFETY: a zeroed timex with modes = 0 asks adjtimex to read, not change, the state.
-    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
-    let state = unsafe { libc::adjtimex(&mut tx) };
-    if state == -1 { (-1, -1, -1, -1) } else { (tx.tick, tx.freq, tx.offset, tx.status) }
+    #[cfg(target_os = "linux")]
+    if let Ok((_, tx)) = crate::clock::read_adjtimex() {
+        return (tx.tick, tx.freq, tx.offset, tx.status);
+    }
+    (-1, -1, -1, -1)
 }
 
 /// One reading of everything a window is worked out from.

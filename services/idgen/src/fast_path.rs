@@ -144,9 +144,9 @@ impl Runs {
 
     /// Publishes a new run of `count` IDs from `first` in millisecond `unix_ms`, of which the
     /// caller already took the first `taken`, usable by the CPU counter inside `window` (empty:
-    /// only by the clock); the run it replaces is closed. Returns how many IDs
-    /// the replaced run handed out (for the issued-IDs counter). Callers hold the core's lock,
-    /// which serializes every publish.
+    /// only by the clock); the run it replaces is closed. Returns how many IDs the replaced run
+    /// handed out (for the issued-IDs counter). Callers hold the core's lock, which serializes
+    /// every publish.
     pub(crate) fn publish(&self, unix_ms: i64, first: u64, count: u64, taken: u64, window: Window) -> u64 {
         let current = self.ticket.0.load(Ordering::Relaxed) >> OFFSET_BITS;
         let generation = (current + 1) & (u64::MAX >> OFFSET_BITS);
