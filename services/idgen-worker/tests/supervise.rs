@@ -113,9 +113,18 @@ async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
         {"name": "eu-west-1", "number": 1, "status": "retired"},
         {"name": "eu-west-1", "number": 2, "status": "active"},
     ]});
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let refused = state.generator.next_id().await.unwrap_err();
-    assert!(refused.to_string().contains("now has number 2"), "{refused}");
+    // Refreshes come every 100 ms; on a machine busy with I/O one took over 1.5 s (CI, once), so
+    // the test waits for the refresh rather than a fixed time. Every answer meanwhile is a refusal.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let refused = state.generator.next_id().await.unwrap_err();
+        if refused.to_string().contains("now has number 2") {
+            break;
+        }
+        assert!(refused.to_string().contains("retired"), "{refused}");
+        assert!(tokio::time::Instant::now() < deadline, "the refresh never named the new number: {refused}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _ = stop.send(());
     serving.await.unwrap().unwrap();
 }
