@@ -10,6 +10,7 @@ pub mod http_metrics;
 pub mod identity;
 pub mod pki;
 pub mod quota;
+pub mod repoll;
 pub mod serve;
 pub mod tls;
 

@@ -166,7 +166,9 @@ where
     let service =
         TowerToHyperService::new(service.map_request(|request: Request<hyper::body::Incoming>| request.map(Body::new)));
     let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-    if let Err(error) = watcher.watch(connection).await {
+    // Polled again at once when it wakes itself (see `repoll`): one trip through the scheduler
+    // less for every request with a body.
+    if let Err(error) = crate::repoll::Repoll::new(watcher.watch(connection)).await {
         tracing::debug!(%error, "connection ended with an error");
     }
 }
