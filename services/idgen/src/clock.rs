@@ -253,6 +253,7 @@ impl Ticker {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64);
         }
         let mut idle = 0;
+        let mut due = Vec::new();
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         loop {
             let now_ns = system_unix_ns();
@@ -260,7 +261,18 @@ impl Ticker {
                 if (*entry.key() as i128) * 1_000_000 > now_ns {
                     break;
                 }
-                entry.remove().notify_waiters();
+                due.push(entry.remove());
+            }
+            if !due.is_empty() {
+                // Woken outside the lock: a woken task often registers its next wait at once (a
+                // batch at the cap), and on a busy core it runs before this thread has let go;
+                // holding the lock then cost a futex wait and two more context switches per
+                // millisecond. A waiter that registers meanwhile finds its millisecond already
+                // due (and does not wait) or a new entry, woken on the next round.
+                drop(state);
+                due.drain(..).for_each(|notify| notify.notify_waiters());
+                state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                continue;
             }
             let until = match state.waiters.keys().next() {
                 Some(&target) => {
@@ -378,6 +390,31 @@ mod tests {
         assert!(clock.unix_ms() < late, "the early waiter was held back to the late one's millisecond");
         for waiter in waiters {
             assert!(waiter.await.unwrap() >= late, "woken before its millisecond");
+        }
+    }
+
+    /// Tasks that wait for one millisecond after another, as batches at the cap do, registering
+    /// their next wait the moment they are woken: none is lost, none wakes early.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_that_register_again_as_soon_as_they_are_woken_are_never_lost() {
+        let clock = std::sync::Arc::new(SystemClock::new(false, 5));
+        let tasks: Vec<_> = (0..8)
+            .map(|task| {
+                let clock = clock.clone();
+                tokio::spawn(async move {
+                    for round in 0..150 {
+                        let target = clock.unix_ms() + 1 + (task + round) % 3;
+                        clock.wait_until(target).await;
+                        assert!(clock.unix_ms() >= target, "woken before {target}");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            tokio::time::timeout(std::time::Duration::from_secs(20), task)
+                .await
+                .expect("a waiter was never woken")
+                .unwrap();
         }
     }
 
