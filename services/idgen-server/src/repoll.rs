@@ -13,7 +13,10 @@
 //! became readable, a timer fired) goes to the task's waker as before. The rule of every future
 //! is kept: a future that was woken is polled again; only the route is shorter. A connection that
 //! keeps waking itself is polled at most [`MAX_POLLS`] times, then yields to the scheduler like any
-//! other task, so it cannot starve the others.
+//! other task, so it cannot starve the others; so does one whose task has used up tokio's
+//! cooperative budget (its reads would only answer "not now"). hyper's own yield after 16
+//! pipelined requests is a self-wake too: a pipelining client gets at most `MAX_POLLS` × 16
+//! requests per task poll.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -87,6 +90,9 @@ impl<F: Future> Future for Repoll<F> {
             }
             if !this.signal.woken.load(Ordering::SeqCst) {
                 return Poll::Pending;
+            }
+            if !tokio::task::coop::has_budget_remaining() {
+                break;
             }
         }
         // Still waking itself: the scheduler polls it again after the other tasks.

@@ -406,7 +406,7 @@ mod tests {
         #[test]
         fn ids_json_is_what_serde_json_writes_for_any_runs(
             runs in proptest::collection::vec(
-                (proptest::prop_oneof![0u64..200, 990u64..1_010, 99_999_990u64..100_000_010, (u64::MAX - 30)..=u64::MAX], 1usize..40),
+                (proptest::prop_oneof![0u64..200, 990u64..1_010, 99_999_990u64..100_000_010, 9_999_999_999_999_999_990u64..10_000_000_000_000_000_010, (u64::MAX - 30)..=u64::MAX], 1usize..40),
                 0..8,
             )
         ) {

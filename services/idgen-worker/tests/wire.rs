@@ -65,6 +65,11 @@ async fn read_responses(stream: &mut TcpStream, count: usize) -> Vec<(u16, Value
         while responses.len() < count {
             if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
                 let head = std::str::from_utf8(&buffer[..end]).unwrap().to_owned();
+                let status: u16 = head[9..12].parse().unwrap();
+                if status == 100 {
+                    buffer.drain(..end + 4); // an interim answer: no body, the real one follows
+                    continue;
+                }
                 let length: usize = head
                     .lines()
                     .find_map(|line| {
@@ -74,11 +79,6 @@ async fn read_responses(stream: &mut TcpStream, count: usize) -> Vec<(u16, Value
                     .parse()
                     .unwrap();
                 if buffer.len() >= end + 4 + length {
-                    let status = head[9..12].parse().unwrap();
-                    if status == 100 {
-                        buffer.drain(..end + 4);
-                        continue;
-                    }
                     let body = serde_json::from_slice(&buffer[end + 4..end + 4 + length]).unwrap();
                     buffer.drain(..end + 4 + length);
                     responses.push((status, body));

@@ -269,6 +269,8 @@ impl Ticker {
                 // holding the lock then cost a futex wait and two more context switches per
                 // millisecond. A waiter that registers meanwhile finds its millisecond already
                 // due (and does not wait) or a new entry, woken on the next round.
+                // Awake until it sleeps again (and it looks again before): no one need wake it.
+                state.sleeping_until = i64::MIN;
                 drop(state);
                 due.drain(..).for_each(|notify| notify.notify_waiters());
                 state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
