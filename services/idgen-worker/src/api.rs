@@ -145,7 +145,7 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
 /// consecutive: each entry (`,"digits"`) is the previous one with one added to its digits in
 /// place, and only the first of a run (or a carry past its first digit) is formatted in full.
 /// Every entry is appended as one fixed-size block and the padding cut off again, so no copy has
-/// a length to look up (callgrind: 69 → 34 instructions per ID).
+/// a length to look up (callgrind: 69 → 35 instructions per ID).
 pub fn ids_json(ids: &[u64]) -> Vec<u8> {
     /// `,"` + at most 20 digits + `"`, padded: the block every entry is appended as.
     const ENTRY: usize = 24;
@@ -174,10 +174,7 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
     for &id in rest {
         // `id == previous + 1`, without overflowing at u64::MAX.
         let consecutive = id != 0 && id - 1 == previous;
-        let last = &mut entry[1 + digits];
-        if consecutive && *last != b'9' {
-            *last += 1; // nine times in ten
-        } else if !(consecutive && increment_decimal(&mut entry[2..2 + digits])) {
+        if !(consecutive && increment_decimal(&mut entry[2..2 + digits])) {
             digits = format(&mut entry, id);
         }
         push(&entry, digits);
