@@ -3,11 +3,14 @@
 //! contradicts, and DynamoDB lease tables that do not exist (against moto, started by
 //! ./scripts/test). Each start goes through `Worker::build`.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
+use common::config_in as config;
 use idgen::{LeaseStore, SqliteLeaseStore};
 use idgen_worker::Worker;
 use idgen_worker::config::{StoreKind, WorkerConfig};
@@ -19,16 +22,6 @@ const DAY: u64 = 86_400_000;
 fn now_ms() -> u64 {
     let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     (unix - idgen::core::EPOCH_UNIX_MS) as u64
-}
-
-fn config(dir: &std::path::Path) -> WorkerConfig {
-    let mut config = WorkerConfig::development();
-    (config.listen, config.shutdown_grace_ms) = ("127.0.0.1:0".parse().unwrap(), 100);
-    config.region = Some("eu-west-1".into());
-    config.schedule_cache = Some(dir.join("schedule.json"));
-    config.clock.require_sync = false;
-    config.lease.sqlite_path = Some(dir.join("leases.db"));
-    config
 }
 
 async fn held_rows(dir: &std::path::Path) -> Vec<idgen::LeaseRow> {

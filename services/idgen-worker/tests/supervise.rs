@@ -1,6 +1,8 @@
 //! The supervisor while a worker runs: a region the registry retires stops issuing at the next
 //! refresh, and a lease keeper that panicked is started again.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,13 +54,8 @@ async fn first_id(generator: &IdGenerator) -> u64 {
 }
 
 fn short_lease(dir: &std::path::Path) -> WorkerConfig {
-    let mut config = WorkerConfig::development();
-    (config.listen, config.shutdown_grace_ms) = ("127.0.0.1:0".parse().unwrap(), 100);
-    config.region = Some("eu-west-1".into());
-    config.schedule_cache = Some(dir.join("schedule.json"));
+    let mut config = common::config_in(dir);
     config.registry_refresh_ms = 100;
-    config.clock.require_sync = false;
-    config.lease.sqlite_path = Some(dir.join("leases.db"));
     (config.lease.lease_ms, config.lease.renew_interval_ms, config.lease.fence_ms) = (3_000, 1_000, 500);
     config
 }

@@ -4,24 +4,19 @@
 //! waits for its body and wakes (the accept loop polls a connection again at once when it wakes
 //! itself, `idgen_server::repoll`): each must still get its answer, and every ID is unique.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
 use idgen_worker::Worker;
-use idgen_worker::config::WorkerConfig;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A development worker on a free port; its address once it issues.
 async fn worker(dir: &std::path::Path) -> std::net::SocketAddr {
-    let mut config = WorkerConfig::development();
-    (config.listen, config.shutdown_grace_ms) = ("127.0.0.1:0".parse().unwrap(), 100);
-    config.region = Some("eu-west-1".into());
-    config.schedule_cache = Some(dir.join("schedule.json"));
-    config.clock.require_sync = false;
-    config.lease.sqlite_path = Some(dir.join("leases.db"));
-    let worker = Worker::build(&config, 1).await.unwrap();
+    let worker = Worker::build(&common::config_in(dir), 1).await.unwrap();
     let address = worker.listener.local_addr().unwrap();
     tokio::spawn(worker.serve(std::future::pending()));
     // The keeper claims in a task of its own: wait until an ID comes.
