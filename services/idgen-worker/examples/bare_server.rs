@@ -1,6 +1,7 @@
-//! The floor for the single-ID benchmark: an axum server with the worker's runtime settings that
-//! answers `POST /v1/ids` with a constant body of the same shape, and does nothing else. Built
-//! and run by `scripts/bench` beside the worker; never deployed.
+//! The floor for the request-path benchmarks: an axum server with the worker's runtime settings
+//! that answers `POST /v1/ids` and `POST /v1/ids:batch` with constant bodies of the worker's
+//! shapes (a batch: 1,000 consecutive IDs, the same bytes a worker writes), and does nothing
+//! else. Built and run by `scripts/bench` beside the worker; never deployed.
 //!
 //! ```sh
 //! cargo run --release -p idgen-worker --example bare_server -- 127.0.0.1:0
@@ -17,6 +18,13 @@ async fn constant() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], BODY)
 }
 
+/// `{"ids":["…",…]}` with 1,000 consecutive IDs, as the worker answers `{"count": 1000}`.
+fn batch_body() -> axum::body::Bytes {
+    const FIRST: u64 = 120_542_881_919_451_136;
+    let ids: Vec<String> = (FIRST..FIRST + 1000).map(|id| format!("\"{id}\"")).collect();
+    format!(r#"{{"ids":[{}]}}"#, ids.join(",")).into()
+}
+
 fn main() -> anyhow::Result<()> {
     let listen = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:0".into());
     // The same runtime `idgen worker` builds: multi-threaded, one worker per available core.
@@ -24,7 +32,15 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&listen).await?;
         println!("bare-server listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, Router::new().route("/v1/ids", post(constant))).await?;
+        let batch = batch_body();
+        let router = Router::new().route("/v1/ids", post(constant)).route(
+            "/v1/ids:batch",
+            post(move || {
+                let body = batch.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            }),
+        );
+        axum::serve(listener, router).await?;
         Ok(())
     })
 }
