@@ -144,41 +144,51 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
 /// of these a second, so this is the batch path's main work. IDs of a batch are mostly
 /// consecutive: each entry (`,"digits"`) is the previous one with one added to its digits in
 /// place, and only the first of a run (or a carry past its first digit) is formatted in full.
-/// Every entry is appended as one fixed-size block and the padding cut off again, so no copy has
-/// a length to look up (callgrind: 69 → 35 instructions per ID).
+/// Every entry is copied as one fixed-size block and the next written over its padding, so no
+/// copy has a length to look up; ten consecutive IDs from one ending in 0 differ only in their
+/// last digit, and are laid out so on the stack and appended as one slice.
 pub fn ids_json(ids: &[u64]) -> Vec<u8> {
-    /// `,"` + at most 20 digits + `"`, padded: the block every entry is appended as.
+    /// `,"` + at most 20 digits + `"`, padded: the block every entry is copied as.
     const ENTRY: usize = 24;
     const OPEN: &[u8] = b"{\"ids\":";
-    let Some((&first, rest)) = ids.split_first() else {
+    if ids.is_empty() {
         return b"{\"ids\":[]}".to_vec();
-    };
+    }
     let mut body = Vec::with_capacity(OPEN.len() + ids.len() * ENTRY + 2);
     body.extend_from_slice(OPEN);
     let mut formatter = itoa::Buffer::new();
     let mut entry = [0u8; ENTRY];
     entry[..2].copy_from_slice(b",\"");
-    let mut format = |entry: &mut [u8; ENTRY], id: u64| {
-        let text = formatter.format(id).as_bytes();
-        entry[2..2 + text.len()].copy_from_slice(text);
-        entry[2 + text.len()] = b'"';
-        text.len()
-    };
-    let mut push = |entry: &[u8; ENTRY], digits: usize| {
-        body.extend_from_slice(entry);
-        body.truncate(body.len() - ENTRY + digits + 3);
-    };
-    let mut digits = format(&mut entry, first);
-    push(&entry, digits);
-    let mut previous = first;
-    for &id in rest {
-        // `id == previous + 1`, without overflowing at u64::MAX.
-        let consecutive = id != 0 && id - 1 == previous;
-        if !(consecutive && increment_decimal(&mut entry[2..2 + digits])) {
-            digits = format(&mut entry, id);
+    let mut tens = [0u8; 10 * ENTRY];
+    let mut digits = 0;
+    // The ID one after the last written, if there is one: what the entry can be incremented to.
+    let mut next = None;
+    let mut i = 0;
+    while i < ids.len() {
+        let id = ids[i];
+        if !(next == Some(id) && increment_decimal(&mut entry[2..2 + digits])) {
+            let text = formatter.format(id).as_bytes();
+            digits = text.len();
+            entry[2..2 + digits].copy_from_slice(text);
+            entry[2 + digits] = b'"';
         }
-        push(&entry, digits);
-        previous = id;
+        let (last, width) = (1 + digits, digits + 3);
+        let ten = ids.get(i..i + 10).filter(|ten| {
+            entry[last] == b'0' && (1..10).all(|k| id.checked_add(k as u64) == Some(ten[k]))
+        });
+        if ten.is_some() {
+            for k in 0..10 {
+                entry[last] = b'0' + k as u8;
+                tens[k * width..k * width + ENTRY].copy_from_slice(&entry);
+            }
+            body.extend_from_slice(&tens[..10 * width]);
+            i += 10;
+        } else {
+            body.extend_from_slice(&entry);
+            body.truncate(body.len() - ENTRY + width);
+            i += 1;
+        }
+        next = ids[i - 1].checked_add(1);
     }
     body[OPEN.len()] = b'[';
     body.extend_from_slice(b"]}");
@@ -390,9 +400,17 @@ mod tests {
     fn ids_json_is_what_serde_json_would_write() {
         let consecutive: Vec<u64> = (97_301_141_913_751_550..97_301_141_913_752_560).collect();
         let carries = vec![8, 9, 10, 11, 99, 100, 101, 999, 1_000, 9_999_999, 10_000_000, 10_000_001];
-        for ids in
-            [vec![], vec![0], vec![97_301_141_913_751_557, u64::MAX >> 1, 10], consecutive, carries, vec![5, 4, 5, 6]]
-        {
+        // Ten from one ending in 0, except one: a gap, a repeat, a step back, a wrap past u64::MAX.
+        let broken_tens = vec![
+            vec![10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21],
+            vec![10, 11, 12, 13, 14, 15, 16, 17, 18, 18, 19],
+            vec![100, 101, 102, 103, 104, 105, 106, 107, 108, 100],
+            vec![u64::MAX - 5, u64::MAX - 4, u64::MAX - 3, u64::MAX - 2, u64::MAX - 1, u64::MAX, 0, 1, 2, 3],
+            (0..10).chain(0..10).chain(20..29).collect(),
+        ];
+        let cases =
+            [vec![], vec![0], vec![97_301_141_913_751_557, u64::MAX >> 1, 10], consecutive, carries, vec![5, 4, 5, 6]];
+        for ids in cases.into_iter().chain(broken_tens) {
             let expected = serde_json::to_vec(&json!({ "ids": ids.iter().map(u64::to_string).collect::<Vec<_>>() }));
             assert_eq!(ids_json(&ids), expected.unwrap());
         }
