@@ -178,7 +178,12 @@ impl Worker {
         };
         // The port first: a worker that cannot serve must not take a machine number with it.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        let options = StartOptions { process_start_unix_ms: Some(process_start_unix_ms), stores, clock: None };
+        let options = StartOptions {
+            process_start_unix_ms: Some(process_start_unix_ms),
+            stores,
+            clock: None,
+            waits_on_this_runtime: true,
+        };
         let embedded = EmbeddedGenerator::start_with(&config.generator, &mut registry, options).await?;
         let state = AppState::new(api::Shared {
             generator: embedded.generator().clone(),

@@ -67,12 +67,48 @@ pub struct SystemClock {
     max_error_us: i64,
     ticker: OnceLock<Option<&'static Ticker>>,
     cpu_counter: bool,
+    /// Waits kept by a timer in the tokio runtime the clock was bound to, if it was.
+    #[cfg(target_os = "linux")]
+    runtime_timer: Option<Arc<RuntimeTimer>>,
 }
 
 impl SystemClock {
     /// `require_sync = false` is for development: the health report says the check is off.
     pub fn new(require_sync: bool, max_error_ms: i64) -> Self {
-        SystemClock { require_sync, max_error_us: max_error_ms * 1000, ticker: OnceLock::new(), cpu_counter: true }
+        SystemClock {
+            require_sync,
+            max_error_us: max_error_ms * 1000,
+            ticker: OnceLock::new(),
+            cpu_counter: true,
+            #[cfg(target_os = "linux")]
+            runtime_timer: None,
+        }
+    }
+
+    /// Millisecond waits kept by a timer in the current tokio runtime (a `timerfd` its I/O driver
+    /// polls, and a task there that wakes the waiters) instead of the ticker thread: the thread
+    /// that was going to sleep in the driver anyway wakes at the millisecond, where the ticker
+    /// thread's wake and its cross-thread wake of the runtime would be two context switches more
+    /// for every millisecond a request waits (a batch at the cap waits in nearly every one).
+    /// For a process whose one runtime lives as long as the clock (the worker). Must be called
+    /// inside a runtime with I/O enabled; where there is none, or the timer cannot be made, the
+    /// ticker thread keeps the waits (and says so). Should the runtime stop, waits under way and
+    /// later ones go to the ticker thread.
+    pub fn with_waits_on_this_runtime(mut self) -> Self {
+        #[cfg(target_os = "linux")]
+        match RuntimeTimer::start() {
+            Ok(timer) => self.runtime_timer = Some(timer),
+            Err(error) => tracing::warn!(%error, "millisecond waits stay on the ticker thread"),
+        }
+        self
+    }
+
+    /// Whether waits are kept by the runtime's timer ([`SystemClock::with_waits_on_this_runtime`]).
+    pub fn waits_on_a_runtime(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.runtime_timer.as_ref().is_some_and(|timer| timer.running());
+        #[cfg(not(target_os = "linux"))]
+        false
     }
 
     /// `false`: the fast path reads the clock for every ID even where the clock is kept on the
@@ -129,6 +165,28 @@ impl Clock for SystemClock {
     }
 
     fn wait_until(&self, target_unix_ms: i64) -> WaitFuture<'_> {
+        #[cfg(target_os = "linux")]
+        if let Some(timer) = self.runtime_timer.as_ref() {
+            let notified = match timer.register(target_unix_ms) {
+                Registered::Due => return Box::pin(std::future::ready(())),
+                Registered::Waiting(notified) => notified,
+                Registered::Stopped => return self.wait_on_the_ticker(target_unix_ms),
+            };
+            return Box::pin(async move {
+                notified.await;
+                // Woken before the millisecond only when the runtime's timer stopped: the rest of
+                // the wait on the ticker thread.
+                if system_unix_ns() < target_unix_ms as i128 * 1_000_000 {
+                    self.wait_on_the_ticker(target_unix_ms).await;
+                }
+            });
+        }
+        self.wait_on_the_ticker(target_unix_ms)
+    }
+}
+
+impl SystemClock {
+    fn wait_on_the_ticker(&self, target_unix_ms: i64) -> WaitFuture<'_> {
         match self.ticker.get_or_init(Ticker::spawn).and_then(|ticker| ticker.register(target_unix_ms)) {
             Some(notified) => notified,
             None => Box::pin(async move {
@@ -298,6 +356,160 @@ impl Ticker {
     }
 }
 
+/// The waits of a clock bound to a tokio runtime: a one-shot `timerfd` (CLOCK_REALTIME, absolute)
+/// armed for the earliest waiter's millisecond, registered with the runtime's I/O driver, and a
+/// task on that runtime that wakes the waiters whose millisecond has come when it fires. A
+/// `timerfd` expiry is an hrtimer without slack, so a waiter wakes within microseconds of its
+/// millisecond, as with the ticker thread, but on the thread that polls the driver.
+#[cfg(target_os = "linux")]
+struct RuntimeTimer {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    state: Mutex<TimerState>,
+    /// False once the task has ended (its runtime stopped): waits go to the ticker thread.
+    running: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(target_os = "linux")]
+enum Registered {
+    Due,
+    Waiting(Pin<Box<OwnedNotified>>),
+    Stopped,
+}
+
+#[cfg(target_os = "linux")]
+struct TimerState {
+    waiters: BTreeMap<i64, Arc<Notify>>,
+    /// The millisecond the timer is armed for (`i64::MAX`: not armed, or its task is about to
+    /// look at the waiters and arm it again).
+    armed: i64,
+}
+
+#[cfg(target_os = "linux")]
+impl RuntimeTimer {
+    fn start() -> std::io::Result<Arc<RuntimeTimer>> {
+        use std::os::fd::FromRawFd;
+        let handle = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        // SAFETY: timerfd_create has no preconditions; a non-negative return is a new fd we own.
+        let raw = unsafe { libc::timerfd_create(libc::CLOCK_REALTIME, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new, open fd that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let _entered = handle.enter();
+        // SAFETY: the `OwnedFd` holds an open timerfd, stays open while the `AsyncFd` owns it and
+        // always answers the same descriptor.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)? };
+        let timer = Arc::new(RuntimeTimer {
+            fd,
+            state: Mutex::new(TimerState { waiters: BTreeMap::new(), armed: i64::MAX }),
+            running: std::sync::atomic::AtomicBool::new(true),
+        });
+        handle.spawn(timer.clone().run());
+        Ok(timer)
+    }
+
+    fn running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// A wait for `target_unix_ms`: already due, registered, or refused because the timer has
+    /// stopped (checked under the lock its task stops under, so no waiter is left behind).
+    fn register(&self, target_unix_ms: i64) -> Registered {
+        if target_unix_ms as i128 * 1_000_000 <= system_unix_ns() {
+            return Registered::Due;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !self.running() {
+            return Registered::Stopped;
+        }
+        let notify = state.waiters.entry(target_unix_ms).or_insert_with(|| Arc::new(Notify::new())).clone();
+        let mut notified = Box::pin(notify.notified_owned());
+        // Registered before the lock is released, so the task's notify_waiters cannot miss it.
+        notified.as_mut().enable();
+        if target_unix_ms < state.armed {
+            state.armed = target_unix_ms;
+            self.arm(&mut state, target_unix_ms);
+        }
+        Registered::Waiting(notified)
+    }
+
+    /// Marks the timer stopped and wakes every waiter, which then waits out the rest on the
+    /// ticker thread (under the state lock, so no one registers after).
+    fn stop(&self, state: &mut TimerState) {
+        self.running.store(false, Ordering::Release);
+        std::mem::take(&mut state.waiters).values().for_each(|notify| notify.notify_waiters());
+    }
+
+    /// Arms the timer for the start of `unix_ms` (under the state lock).
+    fn arm(&self, state: &mut TimerState, unix_ms: i64) {
+        use std::os::fd::AsRawFd;
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: unix_ms.div_euclid(1000),
+                tv_nsec: unix_ms.rem_euclid(1000) * 1_000_000,
+            },
+        };
+        // SAFETY: the fd is our open timerfd and `spec` outlives the call.
+        let armed =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) };
+        if armed != 0 {
+            tracing::error!(error = %std::io::Error::last_os_error(), "could not arm the millisecond timer; waits go to the ticker thread");
+            self.stop(state);
+        }
+    }
+
+    async fn run(self: Arc<Self>) {
+        /// Marks the timer stopped and wakes every waiter when the task ends, however it ends
+        /// (its runtime shutting down drops it), so that no wait is left for a timer no one polls.
+        struct Stopped<'a>(&'a RuntimeTimer);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                self.0.stop(&mut self.0.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+            }
+        }
+        let _stopped = Stopped(&self);
+        let mut due = Vec::new();
+        while self.running() {
+            let Ok(mut ready) = self.fd.readable().await else { return };
+            let mut expirations = [0u8; 8];
+            // Nothing to read: woken for nothing, look again.
+            match ready.try_io(|fd| {
+                use std::os::fd::AsRawFd;
+                // SAFETY: reads at most 8 bytes into the buffer we own from our open timerfd.
+                let read = unsafe { libc::read(fd.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
+                if read < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+            }) {
+                // Read: the expiration is consumed, so the next poll waits for the next edge
+                // (an expiry after the read is a new one, which the driver reports again).
+                Ok(Ok(())) => ready.clear_ready(),
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "the millisecond timer failed; waits go to the ticker thread");
+                    return;
+                }
+                Err(_would_block) => continue,
+            }
+            let now_ns = system_unix_ns();
+            {
+                let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                while let Some(entry) = state.waiters.first_entry() {
+                    if (*entry.key() as i128) * 1_000_000 > now_ns {
+                        break;
+                    }
+                    due.push(entry.remove());
+                }
+                state.armed = i64::MAX;
+                if let Some(&next) = state.waiters.keys().next() {
+                    state.armed = next;
+                    self.arm(&mut state, next);
+                }
+            }
+            due.drain(..).for_each(|notify| notify.notify_waiters());
+        }
+    }
+}
+
 /// A clock a test moves by hand. Waits resolve when the test advances it far enough.
 pub struct ManualClock {
     now: AtomicI64,
@@ -374,7 +586,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn waiters_for_one_millisecond_share_a_wake_and_an_earlier_one_is_not_held_back() {
-        let clock = std::sync::Arc::new(SystemClock::new(false, 5));
+        for clock in both_system_clocks() {
+            one_late_millisecond_and_an_earlier_one(clock).await;
+        }
+    }
+
+    async fn one_late_millisecond_and_an_earlier_one(clock: std::sync::Arc<SystemClock>) {
         let now = clock.unix_ms();
         let late = now + 1_500;
         let waiters: Vec<_> = (0..16)
@@ -399,7 +616,12 @@ mod tests {
     /// their next wait the moment they are woken: none is lost, none wakes early.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn waiters_that_register_again_as_soon_as_they_are_woken_are_never_lost() {
-        let clock = std::sync::Arc::new(SystemClock::new(false, 5));
+        for clock in both_system_clocks() {
+            waiters_registering_again(clock).await;
+        }
+    }
+
+    async fn waiters_registering_again(clock: std::sync::Arc<SystemClock>) {
         let tasks: Vec<_> = (0..8)
             .map(|task| {
                 let clock = clock.clone();
@@ -418,6 +640,58 @@ mod tests {
                 .expect("a waiter was never woken")
                 .unwrap();
         }
+    }
+
+    /// Each way a system clock keeps its waits: the ticker thread, and a timer in the runtime
+    /// (made here, so inside the test's runtime).
+    fn both_system_clocks() -> [std::sync::Arc<SystemClock>; 2] {
+        let on_runtime = SystemClock::new(false, 5).with_waits_on_this_runtime();
+        assert!(on_runtime.waits_on_a_runtime(), "no timer in the runtime");
+        [std::sync::Arc::new(SystemClock::new(false, 5)), std::sync::Arc::new(on_runtime)]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waits_end_in_their_millisecond_on_the_ticker_and_on_the_runtime_timer() {
+        for clock in both_system_clocks() {
+            for _ in 0..50 {
+                let target = clock.unix_ms() + 1 + clock.unix_ms() % 3;
+                clock.wait_until(target).await;
+                let woke = clock.unix_ms();
+                assert!(woke >= target, "woken at {woke}, before {target}");
+            }
+            // Already due: at once.
+            clock.wait_until(clock.unix_ms() - 1).await;
+        }
+    }
+
+    /// The runtime a clock's timer lives in stops while a task on another runtime waits: the
+    /// wait still ends in its millisecond, not before, and later waits go to the ticker thread.
+    #[test]
+    fn a_wait_outlives_the_runtime_its_timer_was_in() {
+        let first = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let clock =
+            std::sync::Arc::new(first.block_on(async { SystemClock::new(false, 5).with_waits_on_this_runtime() }));
+        assert!(clock.waits_on_a_runtime());
+        let second = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let target = clock.unix_ms() + 300;
+        let waiter = {
+            let clock = clock.clone();
+            second.spawn(async move {
+                clock.wait_until(target).await;
+                clock.unix_ms()
+            })
+        };
+        second.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
+        drop(first);
+        let woke =
+            second.block_on(async { tokio::time::timeout(Duration::from_secs(10), waiter).await }).unwrap().unwrap();
+        assert!(woke >= target, "woken at {woke}, before {target}");
+        assert!(!clock.waits_on_a_runtime());
+        second.block_on(async {
+            let target = clock.unix_ms() + 3;
+            clock.wait_until(target).await;
+            assert!(clock.unix_ms() >= target);
+        });
     }
 
     #[tokio::test]

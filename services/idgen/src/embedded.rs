@@ -34,6 +34,10 @@ pub struct StartOptions {
     pub stores: Option<StoreOpener>,
     /// Another clock than the system's (tests); its sync state is what the generator requires.
     pub clock: Option<Arc<dyn Clock>>,
+    /// Millisecond waits (a batch at the sequence cap) kept by a timer in the runtime this is
+    /// started in rather than by the ticker thread ([`SystemClock::with_waits_on_this_runtime`]):
+    /// for a process whose one runtime outlives the generator, as the worker's does.
+    pub waits_on_this_runtime: bool,
 }
 
 pub struct EmbeddedGenerator {
@@ -63,7 +67,7 @@ impl EmbeddedGenerator {
         options: StartOptions,
     ) -> anyhow::Result<Self> {
         config.validate()?;
-        let StartOptions { process_start_unix_ms, stores, clock } = options;
+        let StartOptions { process_start_unix_ms, stores, clock, waits_on_this_runtime } = options;
         if config.development {
             tracing::warn!(
                 region = config.region(),
@@ -72,8 +76,11 @@ impl EmbeddedGenerator {
             );
         }
         let clock = clock.unwrap_or_else(|| {
-            let clock = SystemClock::new(config.clock.require_sync, config.clock.max_error_ms)
+            let mut clock = SystemClock::new(config.clock.require_sync, config.clock.max_error_ms)
                 .with_cpu_counter(config.clock.cpu_counter);
+            if waits_on_this_runtime {
+                clock = clock.with_waits_on_this_runtime();
+            }
             Arc::new(clock) as Arc<dyn Clock>
         });
         if !config.clock.require_sync {

@@ -23,9 +23,25 @@ fn cpu_time() -> Duration {
 
 #[test]
 fn batches_reach_the_sequence_cap_without_burning_a_core() {
+    batches_at_the_cap(false);
+}
+
+/// The same with the waits kept by a timer in the runtime (as the worker runs), on the one
+/// thread that also serves the heartbeat.
+#[test]
+fn batches_reach_the_sequence_cap_with_the_waits_on_the_runtime() {
+    batches_at_the_cap(true);
+}
+
+fn batches_at_the_cap(waits_on_the_runtime: bool) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let clock = Arc::new(SystemClock::new(false, 5));
+        let mut clock = SystemClock::new(false, 5);
+        if waits_on_the_runtime {
+            clock = clock.with_waits_on_this_runtime();
+            assert!(clock.waits_on_a_runtime());
+        }
+        let clock = Arc::new(clock);
         let now = clock.unix_ms();
         let mut core =
             Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 0, true)
