@@ -90,10 +90,11 @@ impl SystemClock {
     /// that was going to sleep in the driver anyway wakes at the millisecond, where the ticker
     /// thread's wake and its cross-thread wake of the runtime would be two context switches more
     /// for every millisecond a request waits (a batch at the cap waits in nearly every one).
-    /// For a process whose one runtime lives as long as the clock (the worker). Must be called
-    /// inside a runtime with I/O enabled; where there is none, or the timer cannot be made, the
-    /// ticker thread keeps the waits (and says so). Should the runtime stop, waits under way and
-    /// later ones go to the ticker thread.
+    /// For a process whose one runtime lives as long as the clock and is always driven (the
+    /// worker's): waits end only when that runtime polls its driver. Called outside a runtime, or
+    /// where the timer cannot be made, the ticker thread keeps the waits (and says so); inside a
+    /// runtime built without I/O it panics, as tokio's `AsyncFd` does. Should the runtime stop,
+    /// waits under way and later ones go to the ticker thread.
     pub fn with_waits_on_this_runtime(mut self) -> Self {
         #[cfg(target_os = "linux")]
         match RuntimeTimer::start() {
@@ -182,6 +183,21 @@ impl Clock for SystemClock {
             });
         }
         self.wait_on_the_ticker(target_unix_ms)
+    }
+}
+
+/// A clock bound to a runtime ends its timer's task when it goes (an embedded generator started
+/// again in the same runtime leaves no task or descriptor behind): the timer is stopped and
+/// fired at once, so the task wakes and sees it.
+#[cfg(target_os = "linux")]
+impl Drop for SystemClock {
+    fn drop(&mut self) {
+        if let Some(timer) = &self.runtime_timer {
+            let mut state = timer.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            timer.stop(&mut state);
+            // Any millisecond already past fires at once (zero would disarm it instead).
+            timer.arm(&mut state, 1);
+        }
     }
 }
 
@@ -370,6 +386,16 @@ struct RuntimeTimer {
 }
 
 #[cfg(target_os = "linux")]
+struct Stopped(Arc<RuntimeTimer>);
+
+#[cfg(target_os = "linux")]
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.stop(&mut self.0.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    }
+}
+
+#[cfg(target_os = "linux")]
 enum Registered {
     Due,
     Waiting(Pin<Box<OwnedNotified>>),
@@ -405,7 +431,7 @@ impl RuntimeTimer {
             state: Mutex::new(TimerState { waiters: BTreeMap::new(), armed: i64::MAX }),
             running: std::sync::atomic::AtomicBool::new(true),
         });
-        handle.spawn(timer.clone().run());
+        handle.spawn(RuntimeTimer::run(Stopped(timer.clone())));
         Ok(timer)
     }
 
@@ -447,8 +473,8 @@ impl RuntimeTimer {
         let spec = libc::itimerspec {
             it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
             it_value: libc::timespec {
-                tv_sec: unix_ms.div_euclid(1000),
-                tv_nsec: unix_ms.rem_euclid(1000) * 1_000_000,
+                tv_sec: unix_ms.div_euclid(1000) as libc::time_t,
+                tv_nsec: (unix_ms.rem_euclid(1000) * 1_000_000) as libc::c_long,
             },
         };
         // SAFETY: the fd is our open timerfd and `spec` outlives the call.
@@ -460,19 +486,14 @@ impl RuntimeTimer {
         }
     }
 
-    async fn run(self: Arc<Self>) {
-        /// Marks the timer stopped and wakes every waiter when the task ends, however it ends
-        /// (its runtime shutting down drops it), so that no wait is left for a timer no one polls.
-        struct Stopped<'a>(&'a RuntimeTimer);
-        impl Drop for Stopped<'_> {
-            fn drop(&mut self) {
-                self.0.stop(&mut self.0.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-            }
-        }
-        let _stopped = Stopped(&self);
+    /// The task: `stopped` owns the timer and, dropped however the task ends (also unpolled,
+    /// when its runtime shuts down before it ran), marks it stopped and wakes every waiter, so
+    /// that no wait is left for a timer no one polls.
+    async fn run(stopped: Stopped) {
+        let this = &*stopped.0;
         let mut due = Vec::new();
-        while self.running() {
-            let Ok(mut ready) = self.fd.readable().await else { return };
+        while this.running() {
+            let Ok(mut ready) = this.fd.readable().await else { return };
             let mut expirations = [0u8; 8];
             // Nothing to read: woken for nothing, look again.
             match ready.try_io(|fd| {
@@ -484,6 +505,7 @@ impl RuntimeTimer {
                 // Read: the expiration is consumed, so the next poll waits for the next edge
                 // (an expiry after the read is a new one, which the driver reports again).
                 Ok(Ok(())) => ready.clear_ready(),
+                Ok(Err(error)) if error.kind() == std::io::ErrorKind::Interrupted => continue,
                 Ok(Err(error)) => {
                     tracing::error!(%error, "the millisecond timer failed; waits go to the ticker thread");
                     return;
@@ -492,7 +514,7 @@ impl RuntimeTimer {
             }
             let now_ns = system_unix_ns();
             {
-                let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut state = this.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 while let Some(entry) = state.waiters.first_entry() {
                     if (*entry.key() as i128) * 1_000_000 > now_ns {
                         break;
@@ -502,7 +524,7 @@ impl RuntimeTimer {
                 state.armed = i64::MAX;
                 if let Some(&next) = state.waiters.keys().next() {
                     state.armed = next;
-                    self.arm(&mut state, next);
+                    this.arm(&mut state, next);
                 }
             }
             due.drain(..).for_each(|notify| notify.notify_waiters());
@@ -669,6 +691,13 @@ mod tests {
     #[test]
     fn a_wait_outlives_the_runtime_its_timer_was_in() {
         let first = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        a_wait_outliving(first);
+        // On a runtime of one thread that is only driven in `block_on`, the timer's task never
+        // ran before the runtime went: it must stop all the same.
+        a_wait_outliving(tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap());
+    }
+
+    fn a_wait_outliving(first: tokio::runtime::Runtime) {
         let clock =
             std::sync::Arc::new(first.block_on(async { SystemClock::new(false, 5).with_waits_on_this_runtime() }));
         assert!(clock.waits_on_a_runtime());

@@ -36,7 +36,8 @@ pub struct StartOptions {
     pub clock: Option<Arc<dyn Clock>>,
     /// Millisecond waits (a batch at the sequence cap) kept by a timer in the runtime this is
     /// started in rather than by the ticker thread ([`SystemClock::with_waits_on_this_runtime`]):
-    /// for a process whose one runtime outlives the generator, as the worker's does.
+    /// for a process whose one runtime outlives the generator and is always driven, as the
+    /// worker's is (the runtime must have I/O enabled).
     pub waits_on_this_runtime: bool,
 }
 
