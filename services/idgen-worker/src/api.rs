@@ -146,8 +146,10 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
 /// place, and only the first of a run (or a carry past its first digit) is formatted in full.
 /// Every entry is copied as one fixed-size block and the next written over its padding, so no
 /// copy has a length to look up; ten consecutive IDs from one ending in 0 differ only in their
-/// last digit: one entry copied ten times, each digit then set in place (callgrind: 69 → 35 → 16
-/// instructions per ID; 7.2 → 2.0 ns per ID once no entry is patched and then copied).
+/// last digit: one entry copied ten times, each digit then set in place. Measured on one core:
+/// 2.0 ns per ID; patching the entry and then copying it, which reads back a block a byte of
+/// which was just written, was 7.2 (a store-forwarding stall each), in fewer instructions (16
+/// per ID under callgrind against 29; 35 before groups of ten, 69 before fixed-size blocks).
 pub fn ids_json(ids: &[u64]) -> Vec<u8> {
     /// `,"` + at most 20 digits + `"`, padded: the block every entry is copied as.
     const ENTRY: usize = 24;
