@@ -177,7 +177,7 @@ impl Clock for SystemClock {
                 notified.await;
                 // Woken before the millisecond only when the runtime's timer stopped: the rest of
                 // the wait on the ticker thread.
-                if system_unix_ns() < target_unix_ms as i128 * 1_000_000 {
+                if !is_due(target_unix_ms) {
                     self.wait_on_the_ticker(target_unix_ms).await;
                 }
             });
@@ -266,6 +266,43 @@ pub fn kernel_sync_status(_max_error_us: i64) -> SyncStatus {
     SyncStatus::Unsynchronized("clock synchronization can only be checked on Linux".into())
 }
 
+/// Whether the millisecond `target_unix_ms` has begun on the system clock.
+fn is_due(target_unix_ms: i64) -> bool {
+    target_unix_ms as i128 * 1_000_000 <= system_unix_ns()
+}
+
+/// Waiters by the millisecond they wait for, one `Notify` for each millisecond: what the ticker
+/// thread and a runtime's timer both keep under their lock.
+#[derive(Default)]
+struct Waiters(BTreeMap<i64, Arc<Notify>>);
+
+impl Waiters {
+    /// A wait for `target_unix_ms`, registered before the caller lets go of its lock, so a
+    /// `notify_waiters` after that cannot miss it.
+    fn add(&mut self, target_unix_ms: i64) -> Pin<Box<OwnedNotified>> {
+        let notify = self.0.entry(target_unix_ms).or_insert_with(|| Arc::new(Notify::new())).clone();
+        let mut notified = Box::pin(notify.notified_owned());
+        notified.as_mut().enable();
+        notified
+    }
+
+    /// Moves the waiters whose millisecond has begun by `now_ns` to `due`, to be woken once the
+    /// lock is let go.
+    fn take_due(&mut self, now_ns: i128, due: &mut Vec<Arc<Notify>>) {
+        while let Some(entry) = self.0.first_entry() {
+            if (*entry.key() as i128) * 1_000_000 > now_ns {
+                break;
+            }
+            due.push(entry.remove());
+        }
+    }
+
+    /// The earliest millisecond waited for.
+    fn first(&self) -> Option<i64> {
+        self.0.keys().next().copied()
+    }
+}
+
 /// One thread that wakes waiters at millisecond boundaries. It sleeps in the kernel with a 1 µs
 /// timer slack, so a waiter wakes within microseconds of its millisecond; no tokio worker is
 /// blocked and no core spins. Waiters for one millisecond share one wake-up (a batch of requests
@@ -279,7 +316,7 @@ struct Ticker {
 }
 
 struct TickerState {
-    waiters: BTreeMap<i64, Arc<Notify>>,
+    waiters: Waiters,
     /// The millisecond the thread sleeps until (`i64::MAX`: until woken).
     sleeping_until: i64,
 }
@@ -291,7 +328,7 @@ impl Ticker {
     /// The ticker thread, started once per process (leaked: it lives as long as the process).
     fn spawn() -> Option<&'static Ticker> {
         let ticker: &'static Ticker = Box::leak(Box::new(Ticker {
-            state: Mutex::new(TickerState { waiters: BTreeMap::new(), sleeping_until: i64::MAX }),
+            state: Mutex::new(TickerState { waiters: Waiters::default(), sleeping_until: i64::MAX }),
             wake: Condvar::new(),
         }));
         match std::thread::Builder::new().name("idgen-ms-ticker".into()).spawn(move || ticker.run()) {
@@ -305,14 +342,11 @@ impl Ticker {
 
     /// A future that resolves at `target_unix_ms`; `None` if that is already past.
     fn register(&self, target_unix_ms: i64) -> Option<Pin<Box<OwnedNotified>>> {
-        if target_unix_ms as i128 * 1_000_000 <= system_unix_ns() {
+        if is_due(target_unix_ms) {
             return None;
         }
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let notify = state.waiters.entry(target_unix_ms).or_insert_with(|| Arc::new(Notify::new())).clone();
-        let mut notified = Box::pin(notify.notified_owned());
-        // Registered before the lock is released, so the thread's notify_waiters cannot miss it.
-        notified.as_mut().enable();
+        let notified = state.waiters.add(target_unix_ms);
         if target_unix_ms < state.sleeping_until {
             state.sleeping_until = target_unix_ms;
             self.wake.notify_one();
@@ -331,12 +365,7 @@ impl Ticker {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         loop {
             let now_ns = system_unix_ns();
-            while let Some(entry) = state.waiters.first_entry() {
-                if (*entry.key() as i128) * 1_000_000 > now_ns {
-                    break;
-                }
-                due.push(entry.remove());
-            }
+            state.waiters.take_due(now_ns, &mut due);
             if !due.is_empty() {
                 // Woken outside the lock: a woken task often registers its next wait at once (a
                 // batch at the cap), and on a busy core it runs before this thread has let go, so
@@ -350,8 +379,8 @@ impl Ticker {
                 state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 continue;
             }
-            let until = match state.waiters.keys().next() {
-                Some(&target) => {
+            let until = match state.waiters.first() {
+                Some(target) => {
                     idle = 0;
                     target
                 }
@@ -404,7 +433,7 @@ enum Registered {
 
 #[cfg(target_os = "linux")]
 struct TimerState {
-    waiters: BTreeMap<i64, Arc<Notify>>,
+    waiters: Waiters,
     /// The millisecond the timer is armed for (`i64::MAX`: not armed, or its task is about to
     /// look at the waiters and arm it again).
     armed: i64,
@@ -428,7 +457,7 @@ impl RuntimeTimer {
         let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)? };
         let timer = Arc::new(RuntimeTimer {
             fd,
-            state: Mutex::new(TimerState { waiters: BTreeMap::new(), armed: i64::MAX }),
+            state: Mutex::new(TimerState { waiters: Waiters::default(), armed: i64::MAX }),
             running: std::sync::atomic::AtomicBool::new(true),
         });
         handle.spawn(RuntimeTimer::run(Stopped(timer.clone())));
@@ -442,17 +471,14 @@ impl RuntimeTimer {
     /// A wait for `target_unix_ms`: already due, registered, or refused because the timer has
     /// stopped (checked under the lock its task stops under, so no waiter is left behind).
     fn register(&self, target_unix_ms: i64) -> Registered {
-        if target_unix_ms as i128 * 1_000_000 <= system_unix_ns() {
+        if is_due(target_unix_ms) {
             return Registered::Due;
         }
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !self.running() {
             return Registered::Stopped;
         }
-        let notify = state.waiters.entry(target_unix_ms).or_insert_with(|| Arc::new(Notify::new())).clone();
-        let mut notified = Box::pin(notify.notified_owned());
-        // Registered before the lock is released, so the task's notify_waiters cannot miss it.
-        notified.as_mut().enable();
+        let notified = state.waiters.add(target_unix_ms);
         if target_unix_ms < state.armed {
             state.armed = target_unix_ms;
             self.arm(&mut state, target_unix_ms);
@@ -464,7 +490,7 @@ impl RuntimeTimer {
     /// ticker thread (under the state lock, so no one registers after).
     fn stop(&self, state: &mut TimerState) {
         self.running.store(false, Ordering::Release);
-        std::mem::take(&mut state.waiters).values().for_each(|notify| notify.notify_waiters());
+        std::mem::take(&mut state.waiters).0.values().for_each(|notify| notify.notify_waiters());
     }
 
     /// Arms the timer for the start of `unix_ms` (under the state lock).
@@ -515,14 +541,9 @@ impl RuntimeTimer {
             let now_ns = system_unix_ns();
             {
                 let mut state = this.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                while let Some(entry) = state.waiters.first_entry() {
-                    if (*entry.key() as i128) * 1_000_000 > now_ns {
-                        break;
-                    }
-                    due.push(entry.remove());
-                }
+                state.waiters.take_due(now_ns, &mut due);
                 state.armed = i64::MAX;
-                if let Some(&next) = state.waiters.keys().next() {
+                if let Some(next) = state.waiters.first() {
                     state.armed = next;
                     this.arm(&mut state, next);
                 }
