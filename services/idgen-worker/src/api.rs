@@ -144,15 +144,19 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
 /// of these a second, so this is the batch path's main work. IDs of a batch are mostly
 /// consecutive: each entry (`,"digits"`) is the previous one with one added to its digits in
 /// place, and only the first of a run (or a carry past its first digit) is formatted in full.
-/// Every entry is copied as one fixed-size block and the next written over its padding, so no
-/// copy has a length to look up; ten consecutive IDs from one ending in 0 differ only in their
+/// Every entry is appended as one fixed-size block and the padding cut off again, so no copy has
+/// a length to look up; ten consecutive IDs from one ending in 0 differ only in their
 /// last digit: one entry copied ten times, each digit then set in place. Measured on one core:
 /// 2.0 ns per ID; patching the entry and then copying it, which reads back a block a byte of
 /// which was just written, was 7.2 (a store-forwarding stall each), in fewer instructions (16
 /// per ID under callgrind against 29; 35 before groups of ten, 69 before fixed-size blocks).
 pub fn ids_json(ids: &[u64]) -> Vec<u8> {
-    /// `,"` + at most 20 digits + `"`, padded: the block every entry is copied as.
+    /// `,"` + at most 20 digits + `"`, padded: the block every entry is appended as.
     const ENTRY: usize = 24;
+    fn push(body: &mut Vec<u8>, entry: &[u8; ENTRY], width: usize) {
+        body.extend_from_slice(entry);
+        body.truncate(body.len() - ENTRY + width);
+    }
     const OPEN: &[u8] = b"{\"ids\":";
     if ids.is_empty() {
         return b"{\"ids\":[]}".to_vec();
@@ -181,8 +185,7 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
         if ten.is_some() {
             let start = body.len();
             for _ in 0..10 {
-                body.extend_from_slice(&entry);
-                body.truncate(body.len() - ENTRY + width);
+                push(&mut body, &entry, width);
             }
             // Each last digit set where it lies, so no block is read back after a byte of it
             // was written (a stall per entry when the entry was patched and then copied).
@@ -192,8 +195,7 @@ pub fn ids_json(ids: &[u64]) -> Vec<u8> {
             entry[last] = b'9';
             i += 10;
         } else {
-            body.extend_from_slice(&entry);
-            body.truncate(body.len() - ENTRY + width);
+            push(&mut body, &entry, width);
             i += 1;
         }
         next = ids[i - 1].checked_add(1);
