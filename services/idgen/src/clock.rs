@@ -410,8 +410,12 @@ impl Ticker {
 struct RuntimeTimer {
     fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
     state: Mutex<TimerState>,
-    /// False once the task has ended (its runtime stopped): waits go to the ticker thread.
+    /// False once the timer has stopped (its runtime stopped, or the kernel refused to arm it):
+    /// waits go to the ticker thread.
     running: std::sync::atomic::AtomicBool,
+    /// Notified when the timer stops, so that its task, parked on a timer that may never fire
+    /// again, ends.
+    stopped: Notify,
 }
 
 #[cfg(target_os = "linux")]
@@ -459,6 +463,7 @@ impl RuntimeTimer {
             fd,
             state: Mutex::new(TimerState { waiters: Waiters::default(), armed: i64::MAX }),
             running: std::sync::atomic::AtomicBool::new(true),
+            stopped: Notify::new(),
         });
         handle.spawn(RuntimeTimer::run(Stopped(timer.clone())));
         Ok(timer)
@@ -486,10 +491,12 @@ impl RuntimeTimer {
         Registered::Waiting(notified)
     }
 
-    /// Marks the timer stopped and wakes every waiter, which then waits out the rest on the
-    /// ticker thread (under the state lock, so no one registers after).
+    /// Marks the timer stopped, ends its task and wakes every waiter, which then waits out the
+    /// rest on the ticker thread (under the state lock, so no one registers after).
     fn stop(&self, state: &mut TimerState) {
         self.running.store(false, Ordering::Release);
+        // A permit: the task sees it at its next wait if it is not waiting now.
+        self.stopped.notify_one();
         std::mem::take(&mut state.waiters).0.values().for_each(|notify| notify.notify_waiters());
     }
 
@@ -519,7 +526,12 @@ impl RuntimeTimer {
         let this = &*stopped.0;
         let mut due = Vec::new();
         while this.running() {
-            let Ok(mut ready) = this.fd.readable().await else { return };
+            let ready = tokio::select! {
+                biased;
+                () = this.stopped.notified() => return,
+                ready = this.fd.readable() => ready,
+            };
+            let Ok(mut ready) = ready else { return };
             let mut expirations = [0u8; 8];
             // Nothing to read: woken for nothing, look again.
             match ready.try_io(|fd| {
@@ -742,6 +754,33 @@ mod tests {
             clock.wait_until(target).await;
             assert!(clock.unix_ms() >= target);
         });
+    }
+
+    /// The kernel refuses to arm the timer: waits go to the ticker thread, and the timer's task,
+    /// parked on a timer that will now never fire, ends rather than staying behind for good.
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_timer_that_cannot_be_armed_ends_its_task() {
+        let clock = SystemClock::new(false, 5).with_waits_on_this_runtime();
+        let timer = clock.runtime_timer.clone().expect("no timer in the runtime");
+        let target = clock.unix_ms() + 2;
+        clock.wait_until(target).await;
+        // Held by the clock, its task (parked on the timer by now) and this test.
+        assert_eq!(Arc::strong_count(&timer), 3);
+        // A time before 1970: timerfd_settime answers EINVAL.
+        timer.arm(&mut timer.state.lock().unwrap(), -5_000);
+        assert!(!clock.waits_on_a_runtime());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&timer) > 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the timer's task is still waiting on a timer that cannot fire"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let target = clock.unix_ms() + 3;
+        clock.wait_until(target).await;
+        assert!(clock.unix_ms() >= target);
     }
 
     #[tokio::test]
