@@ -14,8 +14,13 @@ use axum::routing::post;
 
 const BODY: &str = r#"{"id":"120542881919451136","id_num":120542881919451136}"#;
 
+/// `body` answered as JSON, with the one header the worker's answers carry.
+fn json(body: impl IntoResponse) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], body)
+}
+
 async fn constant() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], BODY)
+    json(BODY)
 }
 
 /// `{"ids":["…",…]}` with 1,000 consecutive IDs, as the worker answers `{"count": 1000}`.
@@ -37,7 +42,7 @@ fn main() -> anyhow::Result<()> {
             "/v1/ids:batch",
             post(move || {
                 let body = batch.clone();
-                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+                async move { json(body) }
             }),
         );
         axum::serve(listener, router).await?;
