@@ -525,10 +525,13 @@ impl RuntimeTimer {
     async fn run(stopped: Stopped) {
         let this = &*stopped.0;
         let mut due = Vec::new();
+        // One registration for the task's life, not one per expiry.
+        let stop = this.stopped.notified();
+        tokio::pin!(stop);
         while this.running() {
             let ready = tokio::select! {
                 biased;
-                () = this.stopped.notified() => return,
+                () = &mut stop => return,
                 ready = this.fd.readable() => ready,
             };
             let Ok(mut ready) = ready else { return };
