@@ -55,6 +55,8 @@ pub struct WorkerSpec {
     pub max_backoff_ms: i64,
     /// `lease.dynamodb.audit_spool` (default: beside the schedule copy).
     pub audit_spool: Option<PathBuf>,
+    /// `lease.dynamodb.region` (default: the development default, us-east-1).
+    pub dynamodb_region: Option<String>,
 }
 
 impl WorkerSpec {
@@ -76,6 +78,7 @@ impl WorkerSpec {
             machines: (0, 63),
             max_backoff_ms: 500,
             audit_spool: None,
+            dynamodb_region: None,
         }
     }
 
@@ -95,11 +98,15 @@ impl WorkerSpec {
         };
         let dynamodb = match &self.store {
             Store::Dynamodb { endpoint, .. } => format!(
-                "[lease.dynamodb]\nendpoint = {}\nattempt_timeout_ms = 500\noperation_timeout_ms = 1000\nmax_attempts = 2\n{}",
+                "[lease.dynamodb]\nendpoint = {}\nattempt_timeout_ms = 500\noperation_timeout_ms = 1000\nmax_attempts = 2\n{}{}",
                 serde_json::to_string(endpoint).unwrap(),
                 self.audit_spool.as_ref().map_or_else(String::new, |dir| format!(
                     "audit_spool = {}\n",
                     serde_json::to_string(&dir.to_string_lossy()).unwrap()
+                )),
+                self.dynamodb_region.as_ref().map_or_else(String::new, |region| format!(
+                    "region = {}\n",
+                    serde_json::to_string(region).unwrap()
                 )),
             ),
             Store::Sqlite(_) => String::new(),

@@ -518,13 +518,169 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
     // lost) must still not take the quarantined row for its own.
     let retried = store.claim_as(170, holder, &token, now, now + 300_000).await.unwrap();
     assert_eq!(retried, idgen::ClaimOutcome::Taken);
-    // Lifting a playbook quarantine (no kept expiry) holds the number for the longest lease.
-    let lifted = idgen(&["leases", "--config", config_path, "--layout", "v2", "--json", "release-quarantine", "170"])
-        .await
-        .unwrap();
+    // A quarantine that kept no expiry is lifted only once the operator says its holder is
+    // stopped, and then holds the number for the longest lease.
+    let lift = ["leases", "--config", config_path, "--layout", "v2", "--json", "release-quarantine", "170"];
+    let refused = idgen(&lift).await.unwrap_err().to_string();
+    assert!(refused.contains("kept no record") && refused.contains("--holder-stopped"), "{refused}");
+    assert_eq!(store.get(170).await.unwrap(), Some(after), "a refused lift changes nothing");
+    let lifted = idgen(&[&lift[..], &["--holder-stopped"]].concat()).await.unwrap();
     let lifted: serde_json::Value = serde_json::from_str(&lifted).unwrap();
     assert!(lifted["claimable_after_ms"].as_i64().unwrap() >= now + idgen::MAX_LEASE_MS, "{lifted}");
     println!("playbook: scan, get-item and the quarantine update-item ran verbatim against idgen-leases-v2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A playbook quarantine, lifted from a clock an hour behind, with a live holder whose clock runs
+// ahead: the successor must not issue a millisecond the holder may still issue.
+
+/// The AWS CLI quarantine of runbooks/duplicate-id.md, as an operator copies it.
+fn runbook_playbook_quarantine() -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../runbooks/duplicate-id.md")).unwrap();
+    let line =
+        page.lines().find(|line| line.starts_with("aws dynamodb update-item")).expect("the playbook's quarantine");
+    line.to_owned()
+}
+
+/// The design notes' quarantine (R3.9, command 3): keeps no expiry.
+const DESIGN_NOTES_QUARANTINE: &str = r##"aws dynamodb update-item --region eu-west-1 --table-name idgen-leases-v2 --key '{"machine_id": {"N": "170"}}' --update-expression "SET #h = :q, lease_expiry = :far ADD lease_epoch :one" --expression-attribute-names '{"#h": "holder"}' --expression-attribute-values '{":q": {"S": "QUARANTINED"}, ":far": {"N": "4102444800000"}, ":one": {"N": "1"}}'"##;
+
+/// One holder of machine 170 with its clock 1.5 s ahead (libfaketime), frozen while it holds the
+/// lease; the number quarantined with `quarantine` (AWS CLI lines, in order); lifted by
+/// `idgen leases release-quarantine` with its clock an hour behind; a successor on time then
+/// claims 170 while the holder, resumed, still issues inside its own lease.
+struct HandOver {
+    /// The holder's IDs under the lease it held when frozen (its epoch the same before and
+    /// after each batch).
+    cut_off: Vec<u64>,
+    /// The holder's IDs once that lease was gone (it may claim 170 again, after the lift).
+    holder_later: Vec<u64>,
+    successor: Vec<u64>,
+    lift: String,
+    lifted: bool,
+}
+
+async fn lease_epoch(client: &reqwest::Client, worker: &WorkerProcess) -> Option<u64> {
+    worker.health(client).await.ok().and_then(|(_, health)| health["leases"][0]["lease_epoch"].as_u64())
+}
+
+async fn quarantine_lift_and_hand_over(quarantine: &[&str], lift_args: &[&str]) -> HandOver {
+    let client = client();
+    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
+    let lib = std::env::var("IDGEN_FAKETIME_LIB")
+        .expect("IDGEN_FAKETIME_LIB is not set (./scripts/test installs libfaketime)")
+        .replace("libfaketime.so.1", "libfaketimeMT.so.1");
+    // A server of its own, in the playbook's region. The worker issues v1 (before 2028), so the
+    // command goes to v1's table, as an operator copying it would change it to.
+    let moto = MotoServer::start().await.unwrap();
+    let store = Store::Dynamodb { endpoint: moto.endpoint.clone(), table: "idgen-leases".into() };
+    let spec = |name: &str| WorkerSpec {
+        machines: (170, 170),
+        dynamodb_region: Some("eu-west-1".into()),
+        ..WorkerSpec::short_lease_on(name, store.clone())
+    };
+    let faked = |offset: &str| {
+        vec![
+            ("LD_PRELOAD".to_owned(), lib.clone()),
+            ("FAKETIME".to_owned(), offset.to_owned()),
+            ("DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+        ]
+    };
+    let holder = WorkerProcess::start(&WorkerSpec { env: faked("+1.5"), ..spec("ahead") }).await.unwrap();
+    assert_eq!(holder.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 170);
+    let epoch = lease_epoch(&client, &holder).await.expect("a lease");
+    let mut cut_off = issue_ok(&client, &holder, 100).await;
+    assert_eq!(lease_epoch(&client, &holder).await, Some(epoch));
+    // Frozen inside its lease (a 3 s lease renewed every second: 2 s or more of it left).
+    holder.freeze().await.unwrap();
+
+    for command in quarantine {
+        // The line as written, pointed at the local endpoint.
+        let command = command.replace("--table-name idgen-leases-v2 ", "--table-name idgen-leases ");
+        let line = format!("{aws} --endpoint-url {} {}", moto.endpoint, command.trim_start_matches("aws "));
+        let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
+        assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec("operator").toml()).unwrap();
+    let mut args = vec!["leases", "--config", config.path().to_str().unwrap(), "--json", "release-quarantine", "170"];
+    args.extend(lift_args);
+    let lift =
+        tokio::process::Command::new(idgen_e2e::idgen_bin()).args(&args).envs(faked("-3600")).output().await.unwrap();
+    let lifted = lift.status.success();
+    let lift_output = format!("{}{}", String::from_utf8_lossy(&lift.stdout), String::from_utf8_lossy(&lift.stderr));
+
+    // The successor, on time, asks for 170 at once; the holder wakes up still inside its lease.
+    let successor = WorkerProcess::start(&spec("successor")).await.unwrap();
+    holder.signal(libc::SIGCONT);
+    let (mut holder_later, mut after) = (Vec::new(), Vec::new());
+    let mut still_cut_off = true;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        let before = lease_epoch(&client, &holder).await;
+        if let Ok(Issued::Ids(batch)) = post_ids(&client, &holder.url, 50).await {
+            // Under the first lease if it held it before and nothing newer after (no lease at
+            // all once it lost it: the batch came from before).
+            let after = lease_epoch(&client, &holder).await;
+            let first = still_cut_off && before == Some(epoch) && after.is_none_or(|e| e == epoch);
+            if first {
+                cut_off.extend(batch)
+            } else {
+                holder_later.extend(batch)
+            }
+            still_cut_off &= after == Some(epoch);
+        }
+        if let Ok(Issued::Ids(batch)) = post_ids(&client, &successor.url, 50).await {
+            after.extend(batch);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    holder.stop().await.unwrap();
+    successor.stop().await.unwrap();
+    HandOver { cut_off, holder_later, successor: after, lift: lift_output, lifted }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_playbook_quarantine_and_a_lift_from_a_clock_an_hour_behind_issue_no_id_twice() {
+    // The runbook's command keeps the holder's own expiry: the lift holds the number until then,
+    // whatever the operator's clock says.
+    let run = quarantine_lift_and_hand_over(&[&runbook_playbook_quarantine()], &[]).await;
+    assert!(run.lifted, "{}", run.lift);
+    let claimable_after =
+        serde_json::from_str::<serde_json::Value>(&run.lift).unwrap()["claimable_after_ms"].as_i64().unwrap();
+    let last_cut_off = run.cut_off.iter().map(|id| v1_fields(*id).0).max().unwrap();
+    assert!(
+        claimable_after > last_cut_off,
+        "lifted to {claimable_after}, the cut-off holder issued up to {last_cut_off}"
+    );
+    // Whoever holds 170 after the lift (the successor, or the holder again) starts above it.
+    let first_after =
+        run.successor.iter().chain(&run.holder_later).map(|id| v1_fields(*id).0).min().expect("170 changed hands");
+    assert!(
+        first_after > last_cut_off,
+        "170 was issued under from {first_after}, at or below the cut-off holder's last millisecond {last_cut_off}"
+    );
+    let mut all = [run.cut_off.clone(), run.holder_later.clone(), run.successor.clone()].concat();
+    let checked = assert_no_duplicates(&mut all);
+    println!(
+        "playbook lift: {checked} IDs; the cut-off holder (1.5 s ahead) issued up to {last_cut_off}, the lift (an hour \
+         behind) held 170 until {claimable_after}, and it was issued under again from {first_after}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_playbook_quarantine_that_kept_no_expiry_is_not_lifted_without_holder_stopped() {
+    // The design notes' command keeps nothing (and the runbook's, run after it, can keep only the
+    // quarantine's own expiry): the lift is refused and the number stays quarantined, so the
+    // holder ahead finishes its lease alone.
+    let commands = [DESIGN_NOTES_QUARANTINE, &runbook_playbook_quarantine()];
+    let run = quarantine_lift_and_hand_over(&commands, &[]).await;
+    assert!(!run.lifted && run.lift.contains("--holder-stopped"), "{}", run.lift);
+    assert!(run.successor.is_empty() && run.holder_later.is_empty(), "170 was issued under while still quarantined");
+    let mut all = run.cut_off.clone();
+    let checked = assert_no_duplicates(&mut all);
+    println!("playbook without a kept expiry: lift refused; {checked} IDs by the cut-off holder alone");
 }
 
 // ---------------------------------------------------------------------------------------------

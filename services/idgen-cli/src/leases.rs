@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use idgen::core::{Schedule, Timestamp, format_unix_ms};
-use idgen::{AuditEvent, LeaseRow, LeaseStore, MAX_LEASE_MS, QUARANTINED};
+use idgen::{AuditEvent, LeaseRow, LeaseStore, Lift, LiftOutcome, MAX_LEASE_MS, QUARANTINED};
 use idgen_worker::config::{StoreKind, WorkerConfig};
 
 use crate::table::Table;
@@ -66,11 +66,16 @@ enum LeasesCommand {
     },
     /// Lift a quarantine. The number becomes claimable only when no holder the quarantine cut off
     /// can still be issuing: after its old expiry, and at least the longest lease any generator
-    /// may hold (one hour) from now.
+    /// may hold (one hour) from now. A quarantine that kept no expiry (the design notes' AWS CLI
+    /// command) is lifted only with --holder-stopped.
     ReleaseQuarantine {
         machine: u32,
         #[arg(long, env = "USER", default_value = "operator")]
         operator: String,
+        /// You have seen that the number's last holder is stopped (its process gone, its host's
+        /// clock synchronized): lift a quarantine that kept no expiry too.
+        #[arg(long)]
+        holder_stopped: bool,
     },
 }
 
@@ -189,20 +194,29 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
             let machine = machine.ok_or_else(|| crate::Usage("give a machine number or --id".into()))?;
             quarantine_and_print(&*store, &layout, machine, &operator, args.json).await?;
         }
-        LeasesCommand::ReleaseQuarantine { machine, operator } => {
-            match store.release_quarantine(machine, &operator, now + MAX_LEASE_MS, now).await? {
-                Some(row) if args.json => println!(
+        LeasesCommand::ReleaseQuarantine { machine, operator, holder_stopped } => {
+            let lift = Lift { min_expiry_unix_ms: now + MAX_LEASE_MS, holder_stopped };
+            match store.release_quarantine(machine, &operator, lift, now).await? {
+                LiftOutcome::Lifted(row) if args.json => println!(
                     "{}",
                     json!({
                         "machine_id": machine, "layout": layout, "released": true,
                         "claimable_after": format_unix_ms(row.lease_expiry), "claimable_after_ms": row.lease_expiry,
                     })
                 ),
-                Some(row) => println!(
+                LiftOutcome::Lifted(row) => println!(
                     "machine {machine} of layout {layout} released from quarantine; claimable after {}",
                     format_unix_ms(row.lease_expiry)
                 ),
-                None => bail!("machine {machine} of layout {layout} is not quarantined"),
+                LiftOutcome::NotQuarantined => bail!("machine {machine} of layout {layout} is not quarantined"),
+                LiftOutcome::NoKeptExpiry => bail!(
+                    "machine {machine} of layout {layout} was quarantined by a tool that kept no record of the \
+                     expiry it replaced (the design notes' AWS CLI update-item; runbooks/duplicate-id.md has one that \
+                     keeps it). Nothing bounds what its last holder may still believe it holds, and your clock \
+                     cannot stand in for it: lifting now could hand the number to a successor while that holder \
+                     still issues. Leave it quarantined, or make sure its last holder is stopped (`idgen leases \
+                     history {machine}` names it: its last claim) and run this again with --holder-stopped."
+                ),
             }
         }
     }

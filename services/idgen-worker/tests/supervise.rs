@@ -14,7 +14,7 @@ use idgen::core::{Generator, GeneratorConfig};
 use idgen::supervisor::{StoreOpener, Supervisor};
 use idgen::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseRow, LeaseStore,
-    SqliteLeaseStore, StoreError, SystemClock,
+    Lift, LiftOutcome, SqliteLeaseStore, StoreError, SystemClock,
 };
 use idgen_worker::config::WorkerConfig;
 use idgen_worker::{Worker, api};
@@ -155,8 +155,8 @@ impl LeaseStore for PanicsOnRenew {
     async fn quarantine(&self, m: u32, o: &str, now: i64) -> Result<LeaseRow, StoreError> {
         self.inner.quarantine(m, o, now).await
     }
-    async fn release_quarantine(&self, m: u32, o: &str, e: i64, now: i64) -> Result<Option<LeaseRow>, StoreError> {
-        self.inner.release_quarantine(m, o, e, now).await
+    async fn release_quarantine(&self, m: u32, o: &str, lift: Lift, now: i64) -> Result<LiftOutcome, StoreError> {
+        self.inner.release_quarantine(m, o, lift, now).await
     }
     async fn get(&self, m: u32) -> Result<Option<LeaseRow>, StoreError> {
         self.inner.get(m).await

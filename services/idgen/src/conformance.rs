@@ -8,7 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::lease_store::{
-    AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED,
+    AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseStore, Lift, LiftOutcome, QUARANTINE_EXPIRY_UNIX_MS,
+    QUARANTINED,
 };
 
 /// Opens handles to one fresh table. Each `open` is an independent client (its own connections),
@@ -16,6 +17,22 @@ use crate::lease_store::{
 #[async_trait]
 pub trait StoreFactory: Send + Sync {
     async fn open(&self) -> Arc<dyn LeaseStore>;
+
+    /// Quarantines `machine` behind the stores' back, as the design notes' AWS CLI command does
+    /// (holder `QUARANTINED`, expiry 2100-01-01, epoch + 1) and keeping nothing of the row.
+    async fn quarantine_by_hand(&self, machine: u32);
+}
+
+/// A lift by an operator who has not said the last holder is stopped.
+fn lift(min_expiry_unix_ms: i64) -> Lift {
+    Lift { min_expiry_unix_ms, holder_stopped: false }
+}
+
+fn lifted(outcome: LiftOutcome) -> crate::LeaseRow {
+    match outcome {
+        LiftOutcome::Lifted(row) => row,
+        other => panic!("expected the lift to succeed: {other:?}"),
+    }
 }
 
 const T0: i64 = 1_790_424_000_000;
@@ -150,18 +167,23 @@ pub async fn quarantine_defeats_claims_and_renewals(factory: &dyn StoreFactory) 
         store.claim(170, "b", QUARANTINE_EXPIRY_UNIX_MS - 1, QUARANTINE_EXPIRY_UNIX_MS).await.unwrap(),
         ClaimOutcome::Taken
     );
-    // Quarantining a number nobody ever held creates its row.
+    // Quarantining a number nobody ever held creates its row, which keeps 0: nobody held it.
     let fresh = store.quarantine(171, "oncall", T0).await.unwrap();
-    assert_eq!((fresh.holder.as_str(), fresh.lease_epoch), (QUARANTINED, 1));
+    assert_eq!((fresh.holder.as_str(), fresh.lease_epoch, fresh.expiry_before_quarantine), (QUARANTINED, 1, Some(0)));
     // Lifting it only works on a quarantined row, and leaves the number free after the given expiry.
-    assert_eq!(store.release_quarantine(9, "oncall", T0 + LEASE, T0).await.unwrap(), None);
-    let lifted = store.release_quarantine(170, "oncall", T0 + 2 * LEASE, T0 + 20).await.unwrap().unwrap();
-    assert_eq!((lifted.lease_expiry, lifted.lease_epoch), (T0 + 2 * LEASE, q.lease_epoch + 1));
-    assert_eq!((lifted.holder.as_str(), lifted.expiry_before_quarantine), ("released-by:oncall", None));
-    assert_eq!(store.get(170).await.unwrap(), Some(lifted));
-    assert_eq!(store.release_quarantine(170, "oncall", T0 + 2 * LEASE, T0 + 20).await.unwrap(), None, "lifted once");
+    assert_eq!(store.release_quarantine(9, "oncall", lift(T0 + LEASE), T0).await.unwrap(), LiftOutcome::NotQuarantined);
+    let lifted_row = lifted(store.release_quarantine(170, "oncall", lift(T0 + 2 * LEASE), T0 + 20).await.unwrap());
+    assert_eq!((lifted_row.lease_expiry, lifted_row.lease_epoch), (T0 + 2 * LEASE, q.lease_epoch + 1));
+    assert_eq!((lifted_row.holder.as_str(), lifted_row.expiry_before_quarantine), ("released-by:oncall", None));
+    assert_eq!(store.get(170).await.unwrap(), Some(lifted_row));
+    assert_eq!(
+        store.release_quarantine(170, "oncall", lift(T0 + 2 * LEASE), T0 + 20).await.unwrap(),
+        LiftOutcome::NotQuarantined,
+        "lifted once"
+    );
     assert_eq!(store.claim(170, "b", T0 + 2 * LEASE, T0 + 3 * LEASE).await.unwrap(), ClaimOutcome::Taken);
     claimed(store.claim(170, "b", T0 + 2 * LEASE + 1, T0 + 3 * LEASE).await.unwrap());
+    lifted(store.release_quarantine(171, "oncall", lift(T0 + LEASE), T0 + 30).await.unwrap());
 }
 
 /// A holder cut off from the table by the quarantine may go on issuing until its own expiry −
@@ -177,15 +199,44 @@ pub async fn lifting_a_quarantine_never_moves_a_holders_expiry_back(factory: &dy
     let again = store.quarantine(44, "oncall", T0 + 6).await.unwrap();
     assert_eq!(again.expiry_before_quarantine, Some(long + 7), "a second quarantine keeps what the first kept");
     // The operator's tool asks for "a lease from now", shorter than the holder's.
-    let lifted = store.release_quarantine(44, "oncall", T0 + LEASE, T0 + 10).await.unwrap().unwrap();
-    assert_eq!(lifted.lease_expiry, long + 7);
+    let lifted_row = lifted(store.release_quarantine(44, "oncall", lift(T0 + LEASE), T0 + 10).await.unwrap());
+    assert_eq!(lifted_row.lease_expiry, long + 7);
     assert_eq!(store.claim(44, "b", T0 + LEASE + 1, T0 + 2 * LEASE).await.unwrap(), ClaimOutcome::Taken);
     assert_eq!(store.claim(44, "b", long + 7, long + LEASE).await.unwrap(), ClaimOutcome::Taken);
     claimed(store.claim(44, "b", long + 8, long + LEASE).await.unwrap());
     // A later minimum wins over an earlier kept expiry.
     store.quarantine(44, "oncall", long + 9).await.unwrap();
-    let lifted = store.release_quarantine(44, "oncall", long + 5 * LEASE, long + 10).await.unwrap().unwrap();
-    assert_eq!(lifted.lease_expiry, long + 5 * LEASE);
+    let lifted_row = lifted(store.release_quarantine(44, "oncall", lift(long + 5 * LEASE), long + 10).await.unwrap());
+    assert_eq!(lifted_row.lease_expiry, long + 5 * LEASE);
+}
+
+/// A row quarantined by hand keeps nothing of the expiry its holder may still believe it holds:
+/// lifting it is refused, and changes nothing, until the operator says that holder is stopped. A
+/// quarantine by the store on top of it keeps what the row had: still nothing.
+pub async fn a_quarantine_that_kept_no_expiry_is_lifted_only_once_its_holder_is_stopped(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let a = claimed(store.claim(61, "a", T0, T0 + LEASE).await.unwrap());
+    factory.quarantine_by_hand(61).await;
+    let by_hand = store.get(61).await.unwrap().unwrap();
+    assert_eq!((by_hand.holder.as_str(), by_hand.lease_epoch), (QUARANTINED, a.lease_epoch + 1));
+    assert_eq!(by_hand.expiry_before_quarantine, None);
+    assert_eq!(
+        store.release_quarantine(61, "oncall", lift(T0 + LEASE), T0 + 10).await.unwrap(),
+        LiftOutcome::NoKeptExpiry
+    );
+    assert_eq!(store.get(61).await.unwrap(), Some(by_hand.clone()), "a refused lift changes nothing");
+    let again = store.quarantine(61, "oncall", T0 + 11).await.unwrap();
+    assert_eq!(again.expiry_before_quarantine, None, "a second quarantine cannot know the first one's either");
+    assert_eq!(
+        store.release_quarantine(61, "oncall", lift(T0 + LEASE), T0 + 12).await.unwrap(),
+        LiftOutcome::NoKeptExpiry
+    );
+    let stopped = Lift { min_expiry_unix_ms: T0 + 2 * LEASE, holder_stopped: true };
+    let lifted_row = lifted(store.release_quarantine(61, "oncall", stopped, T0 + 13).await.unwrap());
+    assert_eq!((lifted_row.holder.as_str(), lifted_row.lease_expiry), ("released-by:oncall", T0 + 2 * LEASE));
+    assert_eq!(lifted_row.lease_epoch, again.lease_epoch + 1);
+    let events = store.history(Some(61), T0, T0 + 100).await.unwrap();
+    assert_eq!(events.last().map(|e| e.kind), Some(AuditKind::ReleaseQuarantine), "{events:?}");
 }
 
 pub async fn list_and_history(factory: &dyn StoreFactory) {
@@ -254,6 +305,7 @@ macro_rules! lease_store_conformance {
             release_lets_a_successor_start_at_once,
             quarantine_defeats_claims_and_renewals,
             lifting_a_quarantine_never_moves_a_holders_expiry_back,
+            a_quarantine_that_kept_no_expiry_is_lifted_only_once_its_holder_is_stopped,
             list_and_history,
             racing_claimants_exactly_one_wins
         );
@@ -348,11 +400,11 @@ impl LeaseStore for FaultyStore {
         &self,
         m: u32,
         o: &str,
-        exp: i64,
+        lift: Lift,
         now: i64,
-    ) -> Result<Option<crate::LeaseRow>, crate::StoreError> {
+    ) -> Result<LiftOutcome, crate::StoreError> {
         self.check()?;
-        self.inner.release_quarantine(m, o, exp, now).await
+        self.inner.release_quarantine(m, o, lift, now).await
     }
     async fn get(&self, m: u32) -> Result<Option<crate::LeaseRow>, crate::StoreError> {
         self.check()?;

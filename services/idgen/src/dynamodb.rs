@@ -33,8 +33,8 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use crate::audit_spool::{AuditSink, AuditSpool, SpooledRecord};
 pub use crate::aws::DynamoDbSettings;
 use crate::lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS,
-    QUARANTINED, StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
+    QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 use crate::metrics::TableLabel;
 
@@ -510,7 +510,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             let kept = match &before {
                 Some(row) if row.holder == QUARANTINED => row.expiry_before_quarantine,
                 Some(row) => Some(row.lease_expiry),
-                None => None,
+                None => Some(0), // nobody held it
             };
             let mut update = self
                 .update(machine)
@@ -578,18 +578,25 @@ impl LeaseStore for DynamoDbLeaseStore {
         &self,
         machine: u32,
         operator: &str,
-        min_expiry_unix_ms: i64,
+        lift: Lift,
         now_unix_ms: i64,
-    ) -> Result<Option<LeaseRow>, StoreError> {
+    ) -> Result<LiftOutcome, StoreError> {
         let released = format!("released-by:{operator}");
+        let min_expiry_unix_ms = lift.min_expiry_unix_ms;
         for _ in 0..READ_WRITE_ATTEMPTS {
             let Some(before) = self.get(machine).await? else {
-                return Ok(None);
+                return Ok(LiftOutcome::NotQuarantined);
             };
             if before.holder != QUARANTINED {
-                return Ok(None);
+                return Ok(LiftOutcome::NotQuarantined);
             }
-            let expiry = before.expiry_before_quarantine.unwrap_or(min_expiry_unix_ms).max(min_expiry_unix_ms);
+            // A kept expiry of the quarantine's own (a quarantine that kept nothing, quarantined
+            // again by a command that copies the expiry it replaces) is no kept expiry either.
+            let kept = before.expiry_before_quarantine.filter(|&kept| kept < QUARANTINE_EXPIRY_UNIX_MS);
+            if kept.is_none() && !lift.holder_stopped {
+                return Ok(LiftOutcome::NoKeptExpiry);
+            }
+            let expiry = kept.unwrap_or(min_expiry_unix_ms).max(min_expiry_unix_ms);
             let result = self
                 .update(machine)
                 .update_expression(
@@ -632,7 +639,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                 now_unix_ms,
             ))
             .await;
-            return Ok(Some(row));
+            return Ok(LiftOutcome::Lifted(row));
         }
         Err(StoreError::Unavailable(format!(
             "machine {machine}'s row changed under {READ_WRITE_ATTEMPTS} lift attempts in a row; try again"

@@ -71,6 +71,32 @@ pub enum ClaimOutcome {
     Taken,
 }
 
+/// How a quarantine is lifted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lift {
+    /// The earliest expiry the lifted row may have: now + [`MAX_LEASE_MS`] by the operator's
+    /// clock. With a kept expiry the lift takes the later of the two, so the operator's clock
+    /// never moves a holder's expiry back.
+    pub min_expiry_unix_ms: i64,
+    /// The operator has seen that the number's last holder is stopped: a row without a kept
+    /// expiry is lifted too. A stopped holder issues nothing more, and what it issued carries its
+    /// own clock's milliseconds, which a successor claiming after it starts above as long as the
+    /// two generators' clocks (each held to the synchronization check) agree.
+    pub holder_stopped: bool,
+}
+
+/// What a lift found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiftOutcome {
+    /// Lifted: the row now, whose expiry is when the number becomes claimable.
+    Lifted(LeaseRow),
+    /// The row is not quarantined (or does not exist).
+    NotQuarantined,
+    /// Quarantined without a kept expiry, and the holder was not said to be stopped: refused,
+    /// nothing changed.
+    NoKeptExpiry,
+}
+
 /// The outcome of a conditional write other than a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Conditional {
@@ -206,15 +232,18 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Lifts a quarantine: holder `released-by:<operator>`, epoch + 1, and an expiry of the later
     /// of `expiry_before_quarantine` and `min_expiry_unix_ms`, so no holder cut off by the
-    /// quarantine can still be issuing when a new claim succeeds. `None` if the row is not
-    /// quarantined; a retry that meets its own applied lift returns the lifted row.
+    /// quarantine can still be issuing when a new claim succeeds. A row quarantined without a kept
+    /// expiry (by the design notes' AWS CLI command, or by hand) is lifted only when `lift` says
+    /// its last holder is stopped ([`LiftOutcome::NoKeptExpiry`] otherwise): nothing else on the
+    /// row bounds what that holder may still believe it holds. A retry that meets its own applied
+    /// lift returns the lifted row.
     async fn release_quarantine(
         &self,
         machine: u32,
         operator: &str,
-        min_expiry_unix_ms: i64,
+        lift: Lift,
         now_unix_ms: i64,
-    ) -> Result<Option<LeaseRow>, StoreError>;
+    ) -> Result<LiftOutcome, StoreError>;
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError>;
 

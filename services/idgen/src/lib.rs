@@ -41,8 +41,8 @@ pub use embedded::{EmbeddedGenerator, StartOptions};
 pub use generator::{Health, IdGenerator};
 pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRanges, Outcome};
 pub use lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS,
-    QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
+    MAX_LEASE_MS, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 pub use metrics::GeneratorMetrics;
 pub use registry::RegistrySnapshot;

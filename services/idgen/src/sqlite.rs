@@ -16,8 +16,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 
 use crate::lease_store::{
-    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, QUARANTINE_EXPIRY_UNIX_MS,
-    QUARANTINED, StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
+    QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 
 #[derive(Clone)]
@@ -356,9 +356,10 @@ impl LeaseStore for SqliteLeaseStore {
     async fn quarantine(&self, machine: u32, operator: &str, now_unix_ms: i64) -> Result<LeaseRow, StoreError> {
         let t = &self.table;
         // SET expressions read the row as it was, so the kept expiry is the one before this write;
-        // a second quarantine keeps the first one's.
+        // a second quarantine keeps the first one's, and a number nobody held keeps 0.
         let sql = format!(
-            r#"INSERT INTO "{t}" (machine_id, holder, lease_expiry, lease_epoch) VALUES (?1, ?2, ?3, 1)
+            r#"INSERT INTO "{t}" (machine_id, holder, lease_expiry, lease_epoch, expiry_before_quarantine)
+                    VALUES (?1, ?2, ?3, 1, 0)
                ON CONFLICT (machine_id) DO UPDATE
                   SET holder = excluded.holder,
                       lease_expiry = excluded.lease_expiry,
@@ -393,29 +394,38 @@ impl LeaseStore for SqliteLeaseStore {
         &self,
         machine: u32,
         operator: &str,
-        min_expiry_unix_ms: i64,
+        lift: Lift,
         now_unix_ms: i64,
-    ) -> Result<Option<LeaseRow>, StoreError> {
+    ) -> Result<LiftOutcome, StoreError> {
+        // A kept expiry of the quarantine's own (a quarantine that kept nothing, quarantined
+        // again by a tool that copies the expiry it replaces) is no kept expiry either.
         let sql = format!(
             r#"UPDATE "{}" SET holder = ?1,
-                      lease_expiry = MAX(COALESCE(expiry_before_quarantine, ?2), ?2),
+                      lease_expiry = MAX(COALESCE(CASE WHEN expiry_before_quarantine < ?6
+                          THEN expiry_before_quarantine END, ?2), ?2),
                       lease_epoch = lease_epoch + 1,
                       expiry_before_quarantine = NULL
-                WHERE machine_id = ?3 AND holder = ?4
+                WHERE machine_id = ?3 AND holder = ?4 AND (expiry_before_quarantine < ?6 OR ?5)
                RETURNING {ROW}"#,
             self.table
         );
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
         let row = sqlx::query(&sql)
             .bind(format!("released-by:{operator}"))
-            .bind(min_expiry_unix_ms)
+            .bind(lift.min_expiry_unix_ms)
             .bind(machine)
             .bind(QUARANTINED)
+            .bind(lift.holder_stopped)
+            .bind(QUARANTINE_EXPIRY_UNIX_MS)
             .fetch_optional(&mut *tx)
             .await
             .map_err(unavailable)?;
         let Some(row) = row else {
-            return Ok(None);
+            drop(tx);
+            return Ok(match self.get(machine).await? {
+                Some(row) if row.holder == QUARANTINED => LiftOutcome::NoKeptExpiry,
+                _ => LiftOutcome::NotQuarantined,
+            });
         };
         let lease = row_to_lease(&row)?;
         let event = AuditEvent::new(
@@ -427,7 +437,7 @@ impl LeaseStore for SqliteLeaseStore {
             now_unix_ms,
         );
         self.commit_audited(tx, &event).await?;
-        Ok(Some(lease))
+        Ok(LiftOutcome::Lifted(lease))
     }
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError> {

@@ -21,6 +21,24 @@ impl StoreFactory for DynamoFactory {
         let client = idgen::dynamodb::client(&self.settings).await;
         Arc::new(DynamoDbLeaseStore::new(client, &self.table))
     }
+
+    async fn quarantine_by_hand(&self, machine: u32) {
+        // The design notes' command 3, through the SDK.
+        use aws_sdk_dynamodb::types::AttributeValue;
+        idgen::dynamodb::client(&self.settings)
+            .await
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", AttributeValue::N(machine.to_string()))
+            .update_expression("SET #h = :q, lease_expiry = :far ADD lease_epoch :one")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_values(":q", AttributeValue::S("QUARANTINED".into()))
+            .expression_attribute_values(":far", AttributeValue::N("4102444800000".into()))
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .send()
+            .await
+            .unwrap();
+    }
 }
 
 pub fn endpoint() -> String {
@@ -126,9 +144,10 @@ async fn a_lift_whose_answer_was_lost_reports_lifted() {
     let (lossy, direct, dropped) = through_proxy("released-by:").await;
     direct.claim(12, "a", T0, T0 + 300_000).await.unwrap();
     let quarantined = direct.quarantine(12, "oncall", T0 + 1).await.unwrap();
-    let lifted = lossy.release_quarantine(12, "oncall", T0 + 600_000, T0 + 2).await.unwrap();
+    let lift = idgen::Lift { min_expiry_unix_ms: T0 + 600_000, holder_stopped: false };
+    let lifted = lossy.release_quarantine(12, "oncall", lift, T0 + 2).await.unwrap();
     assert_eq!(dropped.load(Ordering::SeqCst), 2, "the first answer was lost and the SDK retried");
-    let lifted = lifted.expect("lifted, not 'not quarantined'");
+    let idgen::LiftOutcome::Lifted(lifted) = lifted else { panic!("lifted, not {lifted:?}") };
     assert_eq!((lifted.lease_epoch, lifted.lease_expiry), (quarantined.lease_epoch + 1, T0 + 600_000));
     assert_eq!(direct.get(12).await.unwrap(), Some(lifted));
 }
@@ -176,7 +195,8 @@ async fn an_audit_table_deleted_mid_run_loses_no_record() {
     }
     store.quarantine(9, "oncall", idgen::system_unix_ms()).await.unwrap();
     let now = idgen::system_unix_ms();
-    assert!(store.release_quarantine(9, "oncall", now + 1_000, now).await.unwrap().is_some());
+    let lift = idgen::Lift { min_expiry_unix_ms: now + 1_000, holder_stopped: false };
+    assert!(matches!(store.release_quarantine(9, "oncall", lift, now).await.unwrap(), idgen::LiftOutcome::Lifted(_)));
     // 3 claims, 3 releases, a quarantine and its lift: each applied, each record on disk.
     assert_eq!(spool.waiting(), 8);
     let on_disk: usize = std::fs::read_dir(dir.path())

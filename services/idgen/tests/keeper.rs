@@ -292,7 +292,8 @@ async fn a_lost_claim_whose_row_is_no_longer_ours_is_not_adopted() {
     store.faults.set_losing_claim_answers(false);
     // Meanwhile the row was quarantined and lifted: it no longer carries our token.
     f.store.quarantine(5, "oncall", T0).await.unwrap();
-    f.store.release_quarantine(5, "oncall", T0 + 10, T0).await.unwrap().unwrap();
+    let lift = idgen::Lift { min_expiry_unix_ms: T0 + 10, holder_stopped: false };
+    assert!(matches!(f.store.release_quarantine(5, "oncall", lift, T0).await.unwrap(), idgen::LiftOutcome::Lifted(_)));
     now += retry_in;
     f.clock.advance(3_001);
     let outcome = k.tick(now).await;

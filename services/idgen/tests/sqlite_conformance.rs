@@ -17,6 +17,18 @@ impl StoreFactory for SqliteFactory {
     async fn open(&self) -> Arc<dyn LeaseStore> {
         Arc::new(SqliteLeaseStore::open(&self.path, "idgen-leases").await.expect("open sqlite lease store"))
     }
+
+    async fn quarantine_by_hand(&self, machine: u32) {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", self.path.display())).await.unwrap();
+        sqlx::query(
+            r#"UPDATE "idgen-leases" SET holder = 'QUARANTINED', lease_expiry = 4102444800000,
+                      lease_epoch = lease_epoch + 1 WHERE machine_id = ?"#,
+        )
+        .bind(machine)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
 }
 
 async fn factory() -> SqliteFactory {
