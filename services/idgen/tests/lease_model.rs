@@ -5,43 +5,54 @@
 //! The only shared state is the lease table: one row per (layout, machine number), changed only
 //! by the conditional writes of [`idgen::LeaseStore`] (`claim_as`, `renew`, `release`,
 //! `quarantine`, `release_quarantine`), each applied atomically as the SQLite and DynamoDB stores
-//! do (both pass `idgen::conformance` against these same conditions). Each generator is a
-//! process: the lease keeper of `keeper.rs` (one per layout) beside the core's `Generator`
-//! (`install_lease`, `extend_lease`, `drop_lease`, `begin_release`, `issue` with its fence, floor
-//! and clock rules), reading its own wall clock: true time plus a skew that steps forward and back
+//! do (both pass `idgen::conformance` against these same conditions), and by an operator's AWS CLI
+//! `update-item`. Each generator is a process: the lease keeper of `keeper.rs` (one per layout)
+//! beside the core's `Generator` (`install_lease`, `extend_lease`, `drop_lease`, `begin_release`,
+//! `issue` with its fence, floor, sequence and clock rules) and the fast path's runs
+//! (`fast_path.rs`), reading its own wall clock: true time plus a skew that steps forward and back
 //! within a bound.
 //!
-//! What can happen, in any order: true time ticks; a clock steps; a process issues an ID, sends a
-//! claim, a retry of a claim whose answer was lost, a renewal; the table applies a write in flight
-//! (now, or after the keeper gave up waiting for it); an answer arrives, or the keeper times out
-//! (`StoreError::Unavailable`: the write may still apply) or the write is lost; a process shuts
-//! down (releasing), crashes, restarts as a new holder; an operator quarantines a number or lifts
-//! a quarantine. A process that takes no step while time ticks is frozen, for as long as the
-//! bound allows: past its fence and past its lease.
+//! What can happen, in any order: true time ticks; a clock steps; the core issues an ID, which is
+//! handed out at once or, as a run of the fast path is, any time later (after the lease was
+//! dropped, released or claimed by a successor: a request that took its offset before the run
+//! was closed); a keeper sends a claim, a retry of a claim whose answer was lost, a renewal; the
+//! table applies a write in flight (now, or after the keeper gave up waiting for it; up to two in
+//! flight at once, of one keeper or two); an answer arrives, or the keeper times out
+//! (`StoreError::Unavailable`: the write may still apply) or the write is lost; a keeper panics
+//! and is started again, resuming the core's lease; the supervisor releases one layout's lease
+//! while the process goes on, and claims under it again later (after a clock step back, say); a
+//! process shuts down (releasing), crashes, restarts as a new holder; an operator quarantines a
+//! number (with our CLI or the runbook's AWS CLI command, which keep the replaced expiry, or with
+//! the design notes' command, which keeps nothing) or lifts a quarantine, by a clock of its own
+//! that may be off by a whole lease. A process that takes no step while time ticks is frozen, for
+//! as long as the bound allows: past its fence and past its lease.
 //!
-//! Properties: no two issued IDs are equal, and each process's IDs strictly increase.
+//! Properties: no ID handed out twice, and each process's IDs strictly increase (in the order
+//! the core issues them).
 //!
 //! Abstractions, each named where it is made:
-//! - time is in ticks of one millisecond, and a millisecond holds one sequence number, so an ID is
-//!   (layout, machine number, timestamp) and a second ID in one millisecond waits for the next
-//!   (the core's `WaitCause::SequenceExhausted` with a sequence of one);
-//! - a write is answered, lost after applying, or never applied as it is sent; one write at a time
-//!   in the whole system may instead stay in the network, to apply and answer later (the state
-//!   space of several is beyond a test's minutes). A retry is sent once the earlier attempt has
-//!   applied or is lost for good: an earlier claim still in flight behind its retry carries the
-//!   same token and `:now`, so it can only find its own row or a newer one, and fail;
+//! - time is in ticks of one millisecond, and a millisecond holds one or two sequence numbers, so
+//!   an ID is (layout, machine number, timestamp, sequence), ordered as the bits order it;
+//! - a run of the fast path is one ID (a process has at most one in the hands of a request);
+//! - a write is answered, lost after applying, or never applied as it is sent, or stays in the
+//!   network (one or two at a time in the whole system, by the bound) to apply and answer later.
+//!   A retry is sent once the earlier attempt has applied or is lost for good: an earlier claim
+//!   still in flight behind its retry carries the same token and `:now`, so it can only find its
+//!   own row or a newer one, and fail;
 //! - the keeper's read of the row after a failed condition (`claimed_by`, `renewed_by`, the
 //!   renewal's "still ours" check) happens with the write, as the stores do it in one call;
-//! - the operator's clock is true time, and the longest lease (`MAX_LEASE_MS`) is the one lease;
+//! - the longest lease (`MAX_LEASE_MS`) is the one lease; the operator's clock is true time plus
+//!   `operator_skew`;
+//! - an operator lifts a quarantine that kept no expiry only once its last holder has been down
+//!   for longer than two clocks can disagree (`2 × max_skew`): `--holder-stopped`, with the
+//!   runbook's check that the holder is gone;
 //! - a clock stepping back past the last issued timestamp is waited out or refused (no ID either
 //!   way), so the model does not tell the two apart;
-//! - inside a millisecond nothing is modelled (the sequence, the fast path's published runs):
-//!   the request-path stress test and the core's simulation cover those;
 //! - two writes of the keeper are left out: giving back a claim the generator could not install,
 //!   and a shutdown's release of a claim adopted after a lost answer (both write the claim's own
 //!   `:now`, below which nothing was issued);
 //! - the bounds are small (a lease of 2 ms, a fence of 1, 1 ms of skew, 3–4 ms of true time) and
-//!   the faults are spread over four runs; the `#[ignore]`d run puts them all together.
+//!   the faults are spread over several runs; the `#[ignore]`d run puts them all together.
 //! - with two layouts, every process knows the cutover (the horizon rule is the core's, tested
 //!   there), and a keeper per layout may claim at any time (pre-claim).
 //!
@@ -58,6 +69,7 @@ use stateright::{Checker, HasDiscoveries, Model, Path, Property};
 const GENERATORS: usize = 3;
 const MACHINES: usize = 2;
 const LAYOUTS: usize = 2;
+const NETWORK: usize = 2;
 
 /// The expiry a quarantine writes (`QUARANTINE_EXPIRY_UNIX_MS`, 2100-01-01): beyond every clock.
 const FAR_FUTURE: i8 = i8::MAX;
@@ -83,8 +95,21 @@ struct Bounds {
     claims: u8,
     /// Quarantines and lifts, in all.
     operator_actions: u8,
-    /// Whether a write may stay in the network (`Outcome::Delayed`).
-    delays: bool,
+    /// How many writes may stay in the network at once (`Outcome::Delayed`): 0, 1 or 2.
+    in_flight: u8,
+    /// Sequence numbers per millisecond: 1, or 2 (then a new lease can come inside the
+    /// millisecond of the last ID).
+    sequences: u8,
+    /// Whether an issued ID may be handed out later than the core issued it (the fast path).
+    late_hand_outs: bool,
+    /// Keeper panics (each resumes the core's lease), of any keepers.
+    keeper_restarts: u8,
+    /// Releases of one layout's lease while the process goes on, of any keepers.
+    layout_releases: u8,
+    /// Whether quarantines may come from the design notes' command, which keeps no expiry.
+    playbook: bool,
+    /// The operator's clock, against true time.
+    operator_skew: i8,
 }
 
 /// The rules of SPEC §2, each of which a test removes.
@@ -94,26 +119,46 @@ struct Rules {
     fence: bool,
     /// Renewal's condition includes `lease_epoch = :my_epoch`.
     renew_epoch: bool,
+    /// Renewal's condition includes `lease_expiry < :new_expiry` (else a late renewal moves the
+    /// expiry back).
+    renew_forward: bool,
     /// Claim's condition is `lease_expiry < :now` (else `≤`).
     strict_claim: bool,
     /// A release writes the last issued timestamp + 1 (else the last issued timestamp).
     release_plus_one: bool,
+    /// "Last issued" is the core's: every ID of a run it issued, handed out yet or not (else
+    /// only the IDs handed out so far).
+    release_counts_issued_runs: bool,
+    /// `begin_release` takes the lease out of the core before the release is written (else the
+    /// core goes on issuing under a lease it released, while the process runs).
+    release_stops_issuing_first: bool,
+    /// `install_lease` uses up the current millisecond, so an ID under the new number waits for
+    /// the next one (else it continues the millisecond's sequence under another machine number).
+    install_finishes_the_millisecond: bool,
     /// Every process is its own holder (else generators 0 and 1 share one holder string, as two
     /// containers with one host name and pid would without the per-process part, and a restart
     /// keeps it).
     unique_holders: bool,
     /// "This claim was ours" is decided by the attempt's token (else by holder and expiry).
     claim_token: bool,
+    /// A quarantine that kept no expiry is lifted only once its last holder is stopped (else it
+    /// is lifted to the operator's now + the longest lease).
+    lift_needs_kept_expiry_or_stopped_holder: bool,
 }
 
 impl Rules {
     const ALL: Rules = Rules {
         fence: true,
         renew_epoch: true,
+        renew_forward: true,
         strict_claim: true,
         release_plus_one: true,
+        release_counts_issued_runs: true,
+        release_stops_issuing_first: true,
+        install_finishes_the_millisecond: true,
         unique_holders: true,
         claim_token: true,
+        lift_needs_kept_expiry_or_stopped_holder: true,
     };
 }
 
@@ -123,7 +168,7 @@ struct LeaseModel {
     rules: Rules,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Holder {
     /// `<host>/pid-<pid>/<start ms>`: one process incarnation.
     Process {
@@ -136,7 +181,7 @@ enum Holder {
 }
 
 /// The random token of one claim attempt, kept for its retries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Token {
     slot: u8,
     incarnation: u8,
@@ -151,6 +196,9 @@ struct Row {
     lease_epoch: u8,
     claim_token: Option<Token>,
     expiry_before_quarantine: Option<i8>,
+    /// Who last claimed the number (the audit's last `claim`): whom an operator checks is
+    /// stopped before lifting a quarantine that kept no expiry. Not a column of the table.
+    last_claimant: Option<Holder>,
 }
 
 /// The generator's lease for one layout (`HeldLease` in the core).
@@ -160,11 +208,13 @@ struct HeldLease {
     epoch: u8,
     expiry: i8,
     floor: i8,
-    /// The last timestamp issued under it (`HeldLease::last_issued_unix_ms`).
+    /// The last timestamp the core issued under it (`HeldLease::last_issued_unix_ms`).
     last_issued: Option<i8>,
+    /// The last timestamp handed out under it (what a release would see without the core's).
+    last_handed_out: Option<i8>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct PendingClaim {
     machine: u8,
     token: Token,
@@ -186,7 +236,7 @@ enum KeeperState {
 }
 
 /// What the table answered, decided when the write applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Answer {
     Claimed {
         epoch: u8,
@@ -198,7 +248,7 @@ enum Answer {
     ConditionFailed,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Request {
     Claim(PendingClaim),
     Renew { machine: u8, epoch: u8, new_expiry: i8 },
@@ -219,9 +269,10 @@ enum Outcome {
     Delayed,
 }
 
-/// The one write in the network (one at a time: the abstraction that keeps the state space
-/// finite enough to explore; every other write is answered, lost or refused as it is sent).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A write in the network (at most [`NETWORK`] at a time, by the bound: the abstraction that
+/// keeps the state space finite enough to explore; every other write is answered, lost or
+/// refused as it is sent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct InFlight {
     slot: u8,
     layout: u8,
@@ -236,7 +287,22 @@ struct InFlight {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Keeper {
     state: KeeperState,
+    /// The core's lease for the keeper's layout.
     lease: Option<HeldLease>,
+    /// This keeper was started again and resumed the core's lease (for [`reached`]).
+    resumed: bool,
+    /// The supervisor released this layout's lease while the process went on (for [`reached`]).
+    released: bool,
+}
+
+/// One ID: what its bits say, and the epoch of the lease it was issued under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Id {
+    layout: u8,
+    machine: u8,
+    timestamp: i8,
+    sequence: u8,
+    epoch: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -245,15 +311,53 @@ struct Process {
     incarnation: u8,
     skew: i8,
     claims: u8,
-    /// `Generator::last_unix_ms`.
-    last_issued: Option<i8>,
+    /// `Generator::last_unix_ms`, with the machine number and sequence of that last ID.
+    last_issued: Option<(i8, u8, u8)>,
+    /// `Generator::next_sequence` in the millisecond of `last_issued` (`u8::MAX`: used up).
+    next_sequence: u8,
+    /// An ID the core issued that a request has not handed out yet (a run's offset).
+    pending: Option<Id>,
+    /// When this incarnation went down, and when the one before it did.
+    down_at: Option<i8>,
+    previous_down_at: Option<i8>,
     keepers: [Keeper; LAYOUTS],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Broken {
-    IssuedTwice { layout: u8, machine: u8, timestamp: i8 },
-    NotIncreasing { slot: u8, timestamp: i8, last: i8 },
+    IssuedTwice { layout: u8, machine: u8, timestamp: i8, sequence: u8 },
+    NotIncreasing { slot: u8, id: (i8, u8, u8), last: (i8, u8, u8) },
+}
+
+/// Situations a run must reach, or it proves nothing about them (a bit each in `State::reached`).
+mod reached {
+    /// An ID under a number's second claim or later: the case the rules exist for.
+    pub const HANDED_OVER: u16 = 1;
+    /// An ID handed out after its lease left the core (dropped, released, replaced).
+    pub const LATE_HAND_OUT: u16 = 1 << 1;
+    /// A lease installed in the millisecond of the process's last ID.
+    pub const NEW_NUMBER_IN_THE_MILLISECOND: u16 = 1 << 2;
+    /// Two writes in the network at once.
+    pub const TWO_IN_FLIGHT: u16 = 1 << 3;
+    /// A restarted keeper renewed the lease it resumed.
+    pub const RESUMED_AND_RENEWED: u16 = 1 << 4;
+    /// A process claimed again under a layout it had released.
+    pub const CLAIMED_AFTER_RELEASE: u16 = 1 << 5;
+    /// A quarantine that kept no expiry was lifted.
+    pub const LIFTED_WITHOUT_KEPT_EXPIRY: u16 = 1 << 6;
+    /// A kept expiry later than the operator's now + the longest lease decided a lift.
+    pub const KEPT_EXPIRY_DECIDED_A_LIFT: u16 = 1 << 7;
+
+    pub const NAMES: [(u16, &str); 8] = [
+        (HANDED_OVER, "an ID is issued under a number that changed hands"),
+        (LATE_HAND_OUT, "an ID is handed out after its lease left the core"),
+        (NEW_NUMBER_IN_THE_MILLISECOND, "a new number is installed inside the millisecond of the last ID"),
+        (TWO_IN_FLIGHT, "two writes are in flight at once"),
+        (RESUMED_AND_RENEWED, "a restarted keeper renews the lease it resumed"),
+        (CLAIMED_AFTER_RELEASE, "a process claims again under a layout it released"),
+        (LIFTED_WITHOUT_KEPT_EXPIRY, "a quarantine that kept no expiry is lifted"),
+        (KEPT_EXPIRY_DECIDED_A_LIFT, "a kept expiry past the operator's clock decides a lift"),
+    ];
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -262,15 +366,18 @@ struct State {
     /// `[layout][machine]`.
     table: [[Option<Row>; MACHINES]; LAYOUTS],
     processes: [Process; GENERATORS],
-    /// `[layout][machine]`: a bit per timestamp issued (from `-max_skew`).
+    /// `[layout][machine]`: a bit per (timestamp from `-max_skew`, sequence) handed out.
     issued: [[u32; MACHINES]; LAYOUTS],
     /// Restarts and clock steps so far, of any process.
     restarts: u8,
     clock_steps: u8,
-    network: Option<InFlight>,
+    /// The writes in flight, sorted (`None` last), so the order they were sent in is not state.
+    network: [Option<InFlight>; NETWORK],
     operator_actions: u8,
-    /// An ID under a number's second claim or later: the case the rules exist for.
-    handed_over: bool,
+    keeper_restarts: u8,
+    layout_releases: u8,
+    /// [`reached`] bits.
+    reached: u16,
     broken: Option<Broken>,
 }
 
@@ -281,7 +388,12 @@ enum Action {
         slot: u8,
         by: i8,
     },
+    /// The core issues an ID (and, without late hand-outs, the request hands it out at once).
     Issue {
+        slot: u8,
+    },
+    /// A request hands out the ID the core issued it earlier.
+    HandOut {
         slot: u8,
     },
     Claim {
@@ -300,14 +412,33 @@ enum Action {
         layout: u8,
         outcome: Outcome,
     },
-    /// The table applies the write in the network.
-    Apply,
+    /// The table applies a write in the network.
+    Apply {
+        index: u8,
+    },
     /// Its answer reaches the keeper.
-    Answer,
+    Answer {
+        index: u8,
+    },
     /// The keeper stops waiting for it (`StoreError::Unavailable`); it may still apply.
-    TimeOut,
+    TimeOut {
+        index: u8,
+    },
     /// A write nobody waits for is lost before it applied.
-    Lose,
+    Lose {
+        index: u8,
+    },
+    /// A keeper panics; the supervisor starts a new one, which resumes the core's lease.
+    RestartKeeper {
+        slot: u8,
+        layout: u8,
+    },
+    /// The supervisor stops one layout's keeper and releases its lease; the process goes on.
+    ReleaseLayout {
+        slot: u8,
+        layout: u8,
+        outcome: Outcome,
+    },
     /// Graceful: `begin_release` and `release` for every layout, then exit.
     Shutdown {
         slot: u8,
@@ -319,9 +450,12 @@ enum Action {
     Restart {
         slot: u8,
     },
+    /// `keeps`: our CLI or the runbook's AWS CLI command (the replaced expiry kept), or the
+    /// design notes' command (nothing kept).
     Quarantine {
         layout: u8,
         machine: u8,
+        keeps: bool,
     },
     LiftQuarantine {
         layout: u8,
@@ -348,14 +482,21 @@ impl LeaseModel {
         u8::from(self.bounds.layouts > 1 && timestamp >= self.bounds.cutover)
     }
 
-    /// The core's `Generator::plan` + `issue` for one ID at `now`, or `None` (wait or refuse).
-    fn issuable(&self, process: &Process, now: i8) -> Option<(u8, HeldLease)> {
-        if let Some(last) = process.last_issued
-            && now <= last
-        {
-            // Behind: wait it out or refuse. Equal: the millisecond's sequence is used up.
-            return None;
-        }
+    /// The core's `Generator::plan` for one ID at `now`: its layout, lease and sequence, or
+    /// `None` (wait or refuse).
+    fn issuable(&self, process: &Process, now: i8) -> Option<(u8, HeldLease, u8)> {
+        let sequence = match process.last_issued {
+            // Behind: wait it out or refuse.
+            Some((last, _, _)) if now < last => return None,
+            // The millisecond of the last ID: its next sequence, unless it is used up.
+            Some((last, _, _)) if now == last => {
+                if process.next_sequence >= self.bounds.sequences {
+                    return None;
+                }
+                process.next_sequence
+            }
+            _ => 0,
+        };
         let layout = self.layout_at(now);
         let held = process.keepers[layout as usize].lease?;
         if now < held.floor {
@@ -364,7 +505,7 @@ impl LeaseModel {
         if self.rules.fence && now >= held.expiry - self.bounds.fence {
             return None;
         }
-        Some((layout, held))
+        Some((layout, held, sequence))
     }
 
     /// The conditional write, as the stores apply it: the new row (if any) and the answer.
@@ -382,6 +523,7 @@ impl LeaseModel {
                         lease_epoch: epoch,
                         claim_token: Some(token),
                         expiry_before_quarantine: None,
+                        last_claimant: Some(holder),
                     };
                     return (Some(row), Answer::Claimed { epoch });
                 }
@@ -394,7 +536,8 @@ impl LeaseModel {
             Request::Renew { epoch, new_expiry, .. } => {
                 let Some(row) = row else { return (None, Answer::ConditionFailed) };
                 let our_epoch = !self.rules.renew_epoch || row.lease_epoch == epoch;
-                if row.holder == holder && our_epoch && row.lease_expiry < new_expiry {
+                let forward = !self.rules.renew_forward || row.lease_expiry < new_expiry;
+                if row.holder == holder && our_epoch && forward {
                     return (Some(Row { lease_expiry: new_expiry, ..row }), Answer::Applied);
                 }
                 // `LeaseRow::renewed_by`, then the keeper's "still ours, not forward" check.
@@ -414,7 +557,9 @@ impl LeaseModel {
     }
 
     /// The keeper reads the answer to its write.
-    fn answer(&self, keeper: &mut Keeper, request: Request, answer: Answer) {
+    fn answer(&self, process: &mut Process, layout: u8, request: Request, answer: Answer, now: i8) -> u16 {
+        let mut reached = 0;
+        let keeper = &mut process.keepers[layout as usize];
         match (request, answer) {
             (Request::Claim(claim), Answer::Claimed { epoch }) => {
                 // `install`: the floor is the `:now` the claim was made with.
@@ -424,8 +569,22 @@ impl LeaseModel {
                     expiry: claim.expiry,
                     floor: claim.now,
                     last_issued: None,
+                    last_handed_out: None,
                 });
                 keeper.state = KeeperState::Held { machine: claim.machine, epoch };
+                keeper.resumed = false;
+                if std::mem::take(&mut keeper.released) {
+                    reached |= reached::CLAIMED_AFTER_RELEASE;
+                }
+                // `install_lease` uses up the millisecond of the last ID.
+                if let Some((last, _, _)) = process.last_issued
+                    && last == now
+                {
+                    reached |= reached::NEW_NUMBER_IN_THE_MILLISECOND;
+                }
+                if self.rules.install_finishes_the_millisecond {
+                    process.next_sequence = u8::MAX;
+                }
             }
             (Request::Claim(_), _) => keeper.state = KeeperState::Unclaimed { pending: None },
             (Request::Renew { machine, epoch, new_expiry }, Answer::Applied) => {
@@ -436,6 +595,9 @@ impl LeaseModel {
                     && new_expiry > held.expiry
                 {
                     held.expiry = new_expiry;
+                    if keeper.resumed {
+                        reached |= reached::RESUMED_AND_RENEWED;
+                    }
                 }
             }
             (Request::Renew { .. }, Answer::NotForward) => {}
@@ -443,9 +605,11 @@ impl LeaseModel {
                 // Lost: `drop_lease` (stop issuing at once), then claim another number.
                 keeper.lease = None;
                 keeper.state = KeeperState::Unclaimed { pending: None };
+                keeper.resumed = false;
             }
             (Request::Release { .. }, _) => {}
         }
+        reached
     }
 
     /// The keeper gets no answer (`StoreError::Unavailable`).
@@ -475,7 +639,9 @@ impl LeaseModel {
         match outcome {
             Outcome::Answered => {
                 let answer = self.apply_to_table(state, layout, holder, request);
-                self.answer(&mut state.processes[slot as usize].keepers[layout as usize], request, answer);
+                let now = self.clock(state, slot);
+                let reached = self.answer(&mut state.processes[slot as usize], layout, request, answer, now);
+                state.reached |= reached;
             }
             Outcome::AnswerLost | Outcome::NotApplied => {
                 if outcome == Outcome::AnswerLost {
@@ -484,49 +650,151 @@ impl LeaseModel {
                 Self::time_out(&mut state.processes[slot as usize].keepers[layout as usize], request);
             }
             Outcome::Delayed => {
-                state.network = Some(InFlight { slot, layout, holder, request, answer: None, awaited: true });
+                let free = state.network.iter_mut().find(|w| w.is_none()).expect("a free place in the network");
+                *free = Some(InFlight { slot, layout, holder, request, answer: None, awaited: true });
+                Self::settle_network(state);
             }
+        }
+    }
+
+    /// Keeps the network sorted and counts two writes in flight.
+    fn settle_network(state: &mut State) {
+        state.network.sort_by_key(|w| (w.is_none(), *w));
+        if state.network.iter().all(Option::is_some) {
+            state.reached |= reached::TWO_IN_FLIGHT;
         }
     }
 
     /// The process stops: its keepers no longer wait for anything.
-    fn stop_waiting(state: &mut State, slot: u8) {
-        if let Some(in_flight) = state.network.as_mut()
-            && in_flight.slot == slot
-        {
-            in_flight.awaited = false;
-            if in_flight.answer.is_some() {
-                state.network = None;
+    fn stop_waiting(state: &mut State, slot: u8, layout: Option<u8>) {
+        for place in state.network.iter_mut() {
+            if let Some(in_flight) = place
+                && in_flight.slot == slot
+                && layout.is_none_or(|layout| in_flight.layout == layout)
+            {
+                in_flight.awaited = false;
+                if in_flight.answer.is_some() {
+                    *place = None;
+                }
             }
+        }
+        Self::settle_network(state);
+    }
+
+    /// The core issues an ID at `now`: a run of the fast path, which a request hands out now or,
+    /// with late hand-outs, later.
+    fn issue(&self, state: &mut State, slot: u8, now: i8) {
+        let Some((layout, held, sequence)) = self.issuable(&state.processes[slot as usize], now) else { return };
+        let id = (now, held.machine, sequence);
+        if let Some(last) = state.processes[slot as usize].last_issued
+            && id <= last
+        {
+            state.broken.get_or_insert(Broken::NotIncreasing { slot, id, last });
+        }
+        let process = &mut state.processes[slot as usize];
+        process.last_issued = Some(id);
+        process.next_sequence = sequence + 1;
+        if let Some(held) = process.keepers[layout as usize].lease.as_mut() {
+            held.last_issued = Some(now);
+        }
+        let id = Id { layout, machine: held.machine, timestamp: now, sequence, epoch: held.epoch };
+        if self.bounds.late_hand_outs {
+            process.pending = Some(id);
+        } else {
+            self.hand_out(state, slot, id);
         }
     }
 
-    fn record_issue(&self, state: &mut State, slot: u8, now: i8) {
-        let process = &state.processes[slot as usize];
-        let Some((layout, held)) = self.issuable(process, now) else { return };
-        if let Some(last) = process.last_issued
-            && now <= last
-        {
-            state.broken.get_or_insert(Broken::NotIncreasing { slot, timestamp: now, last });
-        }
-        let (l, m) = (layout as usize, held.machine as usize);
-        let bit = 1u32 << (now + self.bounds.max_skew) as u32;
+    /// A request hands `id` out: from here on a caller has it.
+    fn hand_out(&self, state: &mut State, slot: u8, id: Id) {
+        let (l, m) = (id.layout as usize, id.machine as usize);
+        let bit = 1u32
+            << ((id.timestamp + self.bounds.max_skew) as u32 * u32::from(self.bounds.sequences)
+                + u32::from(id.sequence));
         if state.issued[l][m] & bit != 0 {
-            state.broken.get_or_insert(Broken::IssuedTwice { layout, machine: held.machine, timestamp: now });
+            state.broken.get_or_insert(Broken::IssuedTwice {
+                layout: id.layout,
+                machine: id.machine,
+                timestamp: id.timestamp,
+                sequence: id.sequence,
+            });
         }
         state.issued[l][m] |= bit;
         // Epoch 1 is a number's first claim; a later epoch issuing means it changed hands.
-        state.handed_over |= held.epoch > 1;
-        let process = &mut state.processes[slot as usize];
-        process.last_issued = Some(now);
-        if let Some(held) = process.keepers[l].lease.as_mut() {
-            held.last_issued = Some(now);
+        if id.epoch > 1 {
+            state.reached |= reached::HANDED_OVER;
+        }
+        let keeper = &mut state.processes[slot as usize].keepers[l];
+        match keeper.lease.as_mut() {
+            Some(held) if held.machine == id.machine && held.epoch == id.epoch => {
+                held.last_handed_out = held.last_handed_out.max(Some(id.timestamp));
+            }
+            _ => state.reached |= reached::LATE_HAND_OUT,
         }
     }
 
-    fn fresh_process(&self, incarnation: u8, skew: i8) -> Process {
-        let keeper = Keeper { state: KeeperState::Unclaimed { pending: None }, lease: None };
-        Process { up: true, incarnation, skew, claims: 0, last_issued: None, keepers: [keeper; LAYOUTS] }
+    /// `begin_release` for one layout: what to write back (`None`: nothing held). The core stops
+    /// issuing under the lease first, unless that rule is removed.
+    fn begin_release(&self, keeper: &mut Keeper) -> Option<Request> {
+        let held = if self.rules.release_stops_issuing_first { keeper.lease.take()? } else { keeper.lease? };
+        let last = if self.rules.release_counts_issued_runs { held.last_issued } else { held.last_handed_out };
+        let expiry = last.map_or(held.floor, |last| last + i8::from(self.rules.release_plus_one));
+        Some(Request::Release { machine: held.machine, epoch: held.epoch, expiry })
+    }
+
+    /// Whether every incarnation with `holder`'s name has been down for longer than two clocks
+    /// can disagree: what an operator checks before `release-quarantine --holder-stopped`.
+    fn stopped_long_enough(&self, state: &State, holder: Option<Holder>) -> bool {
+        let Some(holder) = holder else { return true };
+        let long_enough = |down_at: Option<i8>| down_at.is_some_and(|at| state.now - at > 2 * self.bounds.max_skew);
+        state.processes.iter().take(self.bounds.generators as usize).enumerate().all(|(slot, process)| {
+            let slot = slot as u8;
+            let current = self.holder(slot, process.incarnation) != holder || long_enough(process.down_at);
+            let previous = process.incarnation == 0
+                || self.holder(slot, process.incarnation - 1) != holder
+                || long_enough(process.previous_down_at);
+            current && previous
+        })
+    }
+
+    fn fresh_process(&self, incarnation: u8, skew: i8, previous_down_at: Option<i8>) -> Process {
+        let keeper =
+            Keeper { state: KeeperState::Unclaimed { pending: None }, lease: None, resumed: false, released: false };
+        Process {
+            up: true,
+            incarnation,
+            skew,
+            claims: 0,
+            last_issued: None,
+            next_sequence: 0,
+            pending: None,
+            down_at: None,
+            previous_down_at,
+            keepers: [keeper; LAYOUTS],
+        }
+    }
+
+    /// The release of every held layout on shutdown, or of one by the supervisor.
+    fn release(&self, state: &mut State, slot: u8, layout: u8, outcome: Outcome) {
+        let keeper = &mut state.processes[slot as usize].keepers[layout as usize];
+        keeper.state = KeeperState::Unclaimed { pending: None };
+        keeper.released = true;
+        if let Some(request) = self.begin_release(keeper) {
+            let free = state.network.iter().filter(|w| w.is_none()).count() as u8;
+            let used = NETWORK as u8 - free;
+            let outcome = if outcome == Outcome::Delayed && used >= self.bounds.in_flight {
+                Outcome::NotApplied
+            } else {
+                outcome
+            };
+            self.send(state, slot, layout, request, outcome);
+            // Nobody reads a release's answer.
+            for in_flight in state.network.iter_mut().flatten() {
+                if in_flight.slot == slot && in_flight.layout == layout {
+                    in_flight.awaited = false;
+                }
+            }
+        }
     }
 }
 
@@ -542,13 +810,15 @@ impl Model for LeaseModel {
         vec![State {
             now: 0,
             table: Default::default(),
-            processes: std::array::from_fn(|slot| self.fresh_process(0, skew(slot))),
+            processes: std::array::from_fn(|slot| self.fresh_process(0, skew(slot), None)),
             issued: Default::default(),
             restarts: 0,
             clock_steps: 0,
-            network: None,
+            network: [None; NETWORK],
             operator_actions: 0,
-            handed_over: false,
+            keeper_restarts: 0,
+            layout_releases: 0,
+            reached: 0,
             broken: None,
         }]
     }
@@ -561,30 +831,38 @@ impl Model for LeaseModel {
         if state.now < b.end_of_time {
             actions.push(Action::Tick);
         }
-        // The write in the network, and whether a keeper is blocked waiting for it.
-        let mut waiting = None;
-        if let Some(in_flight) = state.network {
+        // The writes in the network, and which keepers are blocked waiting for one.
+        let mut waiting = Vec::new();
+        for (index, in_flight) in state.network.iter().enumerate() {
+            let Some(in_flight) = in_flight else { continue };
+            let index = index as u8;
             if in_flight.answer.is_none() {
-                actions.push(Action::Apply);
+                actions.push(Action::Apply { index });
             }
             if in_flight.awaited {
-                waiting = Some((in_flight.slot, in_flight.layout));
+                waiting.push((in_flight.slot, in_flight.layout));
                 if in_flight.answer.is_some() {
-                    actions.push(Action::Answer);
+                    actions.push(Action::Answer { index });
                 }
-                actions.push(Action::TimeOut);
+                actions.push(Action::TimeOut { index });
             } else {
-                actions.push(Action::Lose);
+                actions.push(Action::Lose { index });
             }
         }
-        // A write is sent only while the network slot is free, or answered at once.
-        let outcomes = if b.delays && state.network.is_none() { &OUTCOMES[..] } else { &OUTCOMES[..3] };
+        // A write stays in the network only while the bound has room for it.
+        let used = state.network.iter().filter(|w| w.is_some()).count() as u8;
+        let outcomes = if used < b.in_flight { &OUTCOMES[..] } else { &OUTCOMES[..3] };
         for slot in 0..b.generators {
             let process = &state.processes[slot as usize];
             for by in [-1, 1] {
                 if state.clock_steps < b.clock_steps && (process.skew + by).abs() <= b.max_skew {
                     actions.push(Action::StepClock { slot, by });
                 }
+            }
+            // A request that took its offset hands its ID out even once the process has
+            // released its leases on the way out; a crash loses it.
+            if process.pending.is_some() {
+                actions.push(Action::HandOut { slot });
             }
             if !process.up {
                 if state.restarts < b.restarts {
@@ -593,10 +871,14 @@ impl Model for LeaseModel {
                 continue;
             }
             for layout in 0..b.layouts {
-                if waiting == Some((slot, layout)) {
+                let keeper = &process.keepers[layout as usize];
+                // A keeper may panic while it waits for an answer too.
+                if state.keeper_restarts < b.keeper_restarts && keeper.state != KeeperState::Stopped {
+                    actions.push(Action::RestartKeeper { slot, layout });
+                }
+                if waiting.contains(&(slot, layout)) {
                     continue;
                 }
-                let keeper = &process.keepers[layout as usize];
                 for &outcome in outcomes {
                     match keeper.state {
                         KeeperState::Unclaimed { pending: Some(_) } => {
@@ -611,8 +893,15 @@ impl Model for LeaseModel {
                         _ => {}
                     }
                 }
+                if state.layout_releases < b.layout_releases && matches!(keeper.state, KeeperState::Held { .. }) {
+                    for &outcome in outcomes.iter().filter(|&&o| o != Outcome::AnswerLost) {
+                        actions.push(Action::ReleaseLayout { slot, layout, outcome });
+                    }
+                }
             }
-            if self.issuable(process, self.clock(state, slot)).is_some() {
+            if (!b.late_hand_outs || process.pending.is_none())
+                && self.issuable(process, self.clock(state, slot)).is_some()
+            {
                 actions.push(Action::Issue { slot });
             }
             // Nobody reads a release's answer: applied, not applied, or delayed.
@@ -624,9 +913,17 @@ impl Model for LeaseModel {
         if state.operator_actions < b.operator_actions {
             for layout in 0..b.layouts {
                 for machine in 0..b.machines {
-                    actions.push(Action::Quarantine { layout, machine });
-                    if state.table[layout as usize][machine as usize]
-                        .is_some_and(|row| row.holder == Holder::Quarantined)
+                    let row = state.table[layout as usize][machine as usize];
+                    actions.push(Action::Quarantine { layout, machine, keeps: true });
+                    // The design notes' command fails on a row that does not exist.
+                    if b.playbook && row.is_some() {
+                        actions.push(Action::Quarantine { layout, machine, keeps: false });
+                    }
+                    if let Some(row) = row
+                        && row.holder == Holder::Quarantined
+                        && (row.expiry_before_quarantine.is_some()
+                            || !self.rules.lift_needs_kept_expiry_or_stopped_holder
+                            || self.stopped_long_enough(state, row.last_claimant))
                     {
                         actions.push(Action::LiftQuarantine { layout, machine });
                     }
@@ -641,9 +938,14 @@ impl Model for LeaseModel {
         match action {
             Action::Tick => {
                 state.now += 1;
-                // No clock reads below `now - max_skew` any more, so no ID from here on can equal
-                // one issued there: forget those, so histories that differ only there are one state.
-                let live = !((1u32 << state.now) - 1);
+                // No clock reads below `now - max_skew` any more, so no ID issued from here on
+                // can equal one handed out there, and no ID still in a request's hands is older
+                // than its own timestamp: forget those, so histories that differ only there are
+                // one state.
+                let oldest_pending = state.processes.iter().filter_map(|p| p.pending.map(|id| id.timestamp)).min();
+                let keep_from = oldest_pending.map_or(state.now - b.max_skew, |t| t.min(state.now - b.max_skew));
+                let first_bit = (keep_from + b.max_skew) as u32 * u32::from(b.sequences);
+                let live = !((1u32 << first_bit) - 1);
                 state.issued.iter_mut().flatten().for_each(|bits| *bits &= live);
             }
             Action::StepClock { slot, by } => {
@@ -653,7 +955,11 @@ impl Model for LeaseModel {
             }
             Action::Issue { slot } => {
                 let now = self.clock(&state, slot);
-                self.record_issue(&mut state, slot, now);
+                self.issue(&mut state, slot, now);
+            }
+            Action::HandOut { slot } => {
+                let id = state.processes[slot as usize].pending.take().expect("a pending ID");
+                self.hand_out(&mut state, slot, id);
             }
             Action::Claim { slot, layout, machine, outcome } => {
                 let now = self.clock(&state, slot);
@@ -681,51 +987,68 @@ impl Model for LeaseModel {
                     outcome,
                 );
             }
-            Action::Apply => {
-                let in_flight = state.network.expect("in flight");
+            Action::Apply { index } => {
+                let in_flight = state.network[index as usize].expect("in flight");
                 let answer = self.apply_to_table(&mut state, in_flight.layout, in_flight.holder, in_flight.request);
                 // Nobody reads the answer of a write not waited for: it has done all it can.
-                state.network = in_flight.awaited.then_some(InFlight { answer: Some(answer), ..in_flight });
+                state.network[index as usize] =
+                    in_flight.awaited.then_some(InFlight { answer: Some(answer), ..in_flight });
+                Self::settle_network(&mut state);
             }
-            Action::Answer => {
-                let in_flight = state.network.take().expect("in flight");
-                let keeper = &mut state.processes[in_flight.slot as usize].keepers[in_flight.layout as usize];
-                self.answer(keeper, in_flight.request, in_flight.answer.expect("applied"));
+            Action::Answer { index } => {
+                let in_flight = state.network[index as usize].take().expect("in flight");
+                Self::settle_network(&mut state);
+                let now = self.clock(&state, in_flight.slot);
+                let answer = in_flight.answer.expect("applied");
+                let process = &mut state.processes[in_flight.slot as usize];
+                let reached = self.answer(process, in_flight.layout, in_flight.request, answer, now);
+                state.reached |= reached;
             }
-            Action::TimeOut => {
-                let in_flight = state.network.expect("in flight");
+            Action::TimeOut { index } => {
+                let in_flight = state.network[index as usize].expect("in flight");
                 let keeper = &mut state.processes[in_flight.slot as usize].keepers[in_flight.layout as usize];
                 Self::time_out(keeper, in_flight.request);
-                state.network = in_flight.answer.is_none().then_some(InFlight { awaited: false, ..in_flight });
+                state.network[index as usize] =
+                    in_flight.answer.is_none().then_some(InFlight { awaited: false, ..in_flight });
+                Self::settle_network(&mut state);
             }
-            Action::Lose => state.network = None,
+            Action::Lose { index } => {
+                state.network[index as usize] = None;
+                Self::settle_network(&mut state);
+            }
+            Action::RestartKeeper { slot, layout } => {
+                state.keeper_restarts += 1;
+                Self::stop_waiting(&mut state, slot, Some(layout));
+                let keeper = &mut state.processes[slot as usize].keepers[layout as usize];
+                // `LeaseKeeper::new`: a lease the core still holds is one whose keeper died.
+                keeper.state = match keeper.lease {
+                    Some(held) => KeeperState::Held { machine: held.machine, epoch: held.epoch },
+                    None => KeeperState::Unclaimed { pending: None },
+                };
+                keeper.resumed = keeper.lease.is_some();
+            }
+            Action::ReleaseLayout { slot, layout, outcome } => {
+                state.layout_releases += 1;
+                self.release(&mut state, slot, layout, outcome);
+            }
             Action::Shutdown { slot, outcome } => {
-                let plus_one = i8::from(self.rules.release_plus_one);
-                Self::stop_waiting(&mut state, slot);
-                state.processes[slot as usize].up = false;
+                Self::stop_waiting(&mut state, slot, None);
+                let process = &mut state.processes[slot as usize];
+                process.up = false;
+                process.down_at = Some(state.now);
                 for layout in 0..b.layouts {
+                    self.release(&mut state, slot, layout, outcome);
                     let keeper = &mut state.processes[slot as usize].keepers[layout as usize];
                     keeper.state = KeeperState::Stopped;
-                    // `begin_release`: stop issuing, then write back the last issued + 1.
-                    if let Some(held) = keeper.lease.take() {
-                        let expiry = held.last_issued.map_or(held.floor, |last| last + plus_one);
-                        let request = Request::Release { machine: held.machine, epoch: held.epoch, expiry };
-                        let outcome = if outcome == Outcome::Delayed && state.network.is_some() {
-                            Outcome::NotApplied
-                        } else {
-                            outcome
-                        };
-                        self.send(&mut state, slot, layout, request, outcome);
-                        if let Some(in_flight) = state.network.as_mut() {
-                            in_flight.awaited = false;
-                        }
-                    }
+                    keeper.lease = None;
                 }
             }
             Action::Crash { slot } => {
-                Self::stop_waiting(&mut state, slot);
+                Self::stop_waiting(&mut state, slot, None);
                 let process = &mut state.processes[slot as usize];
                 process.up = false;
+                process.down_at = Some(state.now);
+                process.pending = None;
                 for keeper in &mut process.keepers {
                     keeper.state = KeeperState::Stopped;
                     keeper.lease = None;
@@ -734,9 +1057,10 @@ impl Model for LeaseModel {
             Action::Restart { slot } => {
                 state.restarts += 1;
                 let process = &state.processes[slot as usize];
-                state.processes[slot as usize] = self.fresh_process(process.incarnation + 1, process.skew);
+                state.processes[slot as usize] =
+                    self.fresh_process(process.incarnation + 1, process.skew, process.down_at);
             }
-            Action::Quarantine { layout, machine } => {
+            Action::Quarantine { layout, machine, keeps } => {
                 state.operator_actions += 1;
                 let cell = &mut state.table[layout as usize][machine as usize];
                 *cell = Some(match *cell {
@@ -745,19 +1069,22 @@ impl Model for LeaseModel {
                         lease_expiry: FAR_FUTURE,
                         lease_epoch: 1,
                         claim_token: None,
-                        expiry_before_quarantine: None,
+                        // Nobody held it: ours keeps 0.
+                        expiry_before_quarantine: Some(i8::MIN),
+                        last_claimant: None,
                     },
                     Some(row) => Row {
                         holder: Holder::Quarantined,
                         lease_expiry: FAR_FUTURE,
                         lease_epoch: row.lease_epoch + 1,
-                        claim_token: None,
-                        // A second quarantine keeps the first one's.
-                        expiry_before_quarantine: if row.holder == Holder::Quarantined {
-                            row.expiry_before_quarantine
-                        } else {
-                            Some(row.lease_expiry)
+                        claim_token: if keeps { None } else { row.claim_token },
+                        // A second quarantine keeps the first one's (the runbook's command on a
+                        // row the design notes' command quarantined keeps 2100: nothing either).
+                        expiry_before_quarantine: match (row.holder, keeps) {
+                            (Holder::Quarantined, _) | (_, false) => row.expiry_before_quarantine,
+                            (_, true) => Some(row.lease_expiry),
                         },
+                        last_claimant: row.last_claimant,
                     },
                 });
             }
@@ -766,14 +1093,26 @@ impl Model for LeaseModel {
                 let cell = &mut state.table[layout as usize][machine as usize];
                 let row = cell.expect("quarantined row");
                 // Never below what a holder cut off may still believe: the later of the kept
-                // expiry and now + the longest lease.
-                let floor = state.now + b.lease;
+                // expiry and the operator's now + the longest lease.
+                let floor = state.now + b.operator_skew + b.lease;
+                let expiry = match row.expiry_before_quarantine {
+                    Some(kept) if kept > floor => {
+                        state.reached |= reached::KEPT_EXPIRY_DECIDED_A_LIFT;
+                        kept
+                    }
+                    Some(_) => floor,
+                    None => {
+                        state.reached |= reached::LIFTED_WITHOUT_KEPT_EXPIRY;
+                        floor
+                    }
+                };
                 *cell = Some(Row {
                     holder: Holder::Lifted,
-                    lease_expiry: row.expiry_before_quarantine.map_or(floor, |kept| kept.max(floor)),
+                    lease_expiry: expiry,
                     lease_epoch: row.lease_epoch + 1,
                     claim_token: None,
                     expiry_before_quarantine: None,
+                    last_claimant: row.last_claimant,
                 });
             }
         }
@@ -781,18 +1120,40 @@ impl Model for LeaseModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always("no ID is issued twice", |_, state: &State| {
                 !matches!(state.broken, Some(Broken::IssuedTwice { .. }))
             }),
             Property::always("each process's IDs increase", |_, state: &State| {
                 !matches!(state.broken, Some(Broken::NotIncreasing { .. }))
             }),
-            // The checker must reach the case the rules exist for, or it proves nothing.
-            Property::sometimes("an ID is issued under a number that changed hands", |_, state: &State| {
-                state.handed_over
-            }),
-        ]
+        ];
+        // The checker must reach the cases the rules exist for, or it proves nothing.
+        for (bit, name) in reached::NAMES {
+            properties.push(match bit {
+                reached::HANDED_OVER => Property::sometimes(name, |_, s: &State| s.reached & reached::HANDED_OVER != 0),
+                reached::LATE_HAND_OUT => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::LATE_HAND_OUT != 0)
+                }
+                reached::NEW_NUMBER_IN_THE_MILLISECOND => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::NEW_NUMBER_IN_THE_MILLISECOND != 0)
+                }
+                reached::TWO_IN_FLIGHT => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::TWO_IN_FLIGHT != 0)
+                }
+                reached::RESUMED_AND_RENEWED => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::RESUMED_AND_RENEWED != 0)
+                }
+                reached::CLAIMED_AFTER_RELEASE => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::CLAIMED_AFTER_RELEASE != 0)
+                }
+                reached::LIFTED_WITHOUT_KEPT_EXPIRY => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::LIFTED_WITHOUT_KEPT_EXPIRY != 0)
+                }
+                _ => Property::sometimes(name, |_, s: &State| s.reached & reached::KEPT_EXPIRY_DECIDED_A_LIFT != 0),
+            });
+        }
+        properties
     }
 }
 
@@ -815,22 +1176,47 @@ const SMALL: Bounds = Bounds {
     restarts: 0,
     claims: 1,
     operator_actions: 0,
-    delays: false,
+    in_flight: 0,
+    sequences: 1,
+    late_hand_outs: false,
+    keeper_restarts: 0,
+    layout_releases: 0,
+    playbook: false,
+    operator_skew: 0,
 };
 
 /// Three generators on two numbers, with quarantine and lift; writes answered, lost after
 /// applying, or never applied.
 const THREE_GENERATORS: Bounds = Bounds { generators: 3, end_of_time: 3, operator_actions: 1, ..SMALL };
 /// Two generators, with a write that stays in the network, applies late and answers late.
-const DELAYED_WRITES: Bounds = Bounds { end_of_time: 3, claims: 2, delays: true, ..SMALL };
+const DELAYED_WRITES: Bounds = Bounds { end_of_time: 3, claims: 2, in_flight: 1, ..SMALL };
 /// Two generators, with a crash and restart and a clock step.
 const RESTARTS_AND_STEPS: Bounds = Bounds { end_of_time: 3, restarts: 1, clock_steps: 1, ..SMALL };
+/// IDs of the fast path handed out any time after the core issued them (after the lease was
+/// dropped, released or taken over), and a layout released while the process goes on.
+const LATE_HAND_OUTS: Bounds = Bounds { late_hand_outs: true, layout_releases: 1, claims: 2, ..SMALL };
+/// Two sequence numbers per millisecond, a lease lost to a quarantine and another number
+/// claimed inside the millisecond of the last ID.
+const NEW_NUMBER_IN_A_MILLISECOND: Bounds =
+    Bounds { sequences: 2, claims: 2, operator_actions: 1, end_of_time: 3, ..SMALL };
+/// Two writes in flight at once (one keeper's, or two keepers'), applying and answering in
+/// either order.
+const TWO_WRITES_IN_FLIGHT: Bounds = Bounds { in_flight: 2, claims: 2, end_of_time: 3, ..SMALL };
+/// A keeper that panics and resumes the core's lease, a layout released while the process
+/// goes on and claimed again after a clock step back.
+const KEEPER_RESTARTS_AND_RELEASES: Bounds =
+    Bounds { keeper_restarts: 1, layout_releases: 1, clock_steps: 1, claims: 2, end_of_time: 3, ..SMALL };
+/// Quarantines by the design notes' command (nothing kept) beside ours (the replaced expiry
+/// kept), lifted by an operator whose clock is a whole lease behind.
+const PLAYBOOK_QUARANTINES: Bounds =
+    Bounds { playbook: true, operator_actions: 2, operator_skew: -2, end_of_time: 5, ..SMALL };
 
 struct Report {
     unique_states: usize,
     duplicate: Option<Path<State, Action>>,
     not_increasing: Option<Path<State, Action>>,
-    handed_over: bool,
+    /// The [`reached`] bits the checker found an example of.
+    reached: u16,
 }
 
 fn check(bounds: Bounds, rules: Rules, stop_at_a_failure: bool) -> Report {
@@ -838,19 +1224,25 @@ fn check(bounds: Bounds, rules: Rules, stop_at_a_failure: bool) -> Report {
     let builder = LeaseModel { bounds, rules }.checker().threads(2);
     let builder = if stop_at_a_failure { builder.finish_when(HasDiscoveries::AnyFailures) } else { builder };
     let checker = builder.spawn_bfs().join();
+    let reached = reached::NAMES
+        .iter()
+        .filter(|(_, name)| checker.discovery(name).is_some())
+        .fold(0, |bits, (bit, _)| bits | bit);
     let report = Report {
         unique_states: checker.unique_state_count(),
         duplicate: checker.discovery("no ID is issued twice"),
         not_increasing: checker.discovery("each process's IDs increase"),
-        handed_over: checker.discovery("an ID is issued under a number that changed hands").is_some(),
+        reached,
     };
     println!(
-        "{bounds:?}\n{rules:?}\n{} states explored ({} unique, max depth {}) in {:.1?}; duplicate found: {}",
+        "{bounds:?}\n{rules:?}\n{} states explored ({} unique, max depth {}) in {:.1?}; duplicate found: {}; \
+         not increasing found: {}",
         checker.state_count(),
         report.unique_states,
         checker.max_depth(),
         started.elapsed(),
-        report.duplicate.is_some()
+        report.duplicate.is_some(),
+        report.not_increasing.is_some(),
     );
     report
 }
@@ -865,11 +1257,17 @@ fn holder_name(holder: Holder) -> String {
 
 impl fmt::Display for Row {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} epoch {} expiry {}", holder_name(self.holder), self.lease_epoch, self.lease_expiry)
+        write!(f, "{} epoch {} expiry {}", holder_name(self.holder), self.lease_epoch, self.lease_expiry)?;
+        match self.expiry_before_quarantine {
+            Some(kept) if self.holder == Holder::Quarantined => write!(f, " (kept {kept})"),
+            None if self.holder == Holder::Quarantined => write!(f, " (nothing kept)"),
+            _ => Ok(()),
+        }
     }
 }
 
-/// One line per step: what happened, then the lease rows and the generators' leases after it.
+/// One line per step: what happened, then the lease rows, the writes in flight and the
+/// generators' leases after it.
 fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
     let mut out = String::new();
     let steps = path.clone().into_vec();
@@ -878,12 +1276,17 @@ fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
         let Some(after) = steps.get(i + 1).map(|(s, _)| s) else { break };
         let action = action.expect("every step but the last has an action");
         let _ = write!(out, "t={} {:?}", state.now, action);
-        let slot = match action {
-            Action::Issue { slot } => Some(slot),
-            _ => None,
-        };
-        if let Some(slot) = slot {
-            let _ = write!(out, " at timestamp {}", state.now + state.processes[slot as usize].skew);
+        match action {
+            Action::Issue { slot } => {
+                let _ = write!(out, " at timestamp {}", state.now + state.processes[slot as usize].skew);
+            }
+            Action::HandOut { slot } => {
+                let _ = write!(out, " {:?}", state.processes[slot as usize].pending);
+            }
+            Action::LiftQuarantine { .. } => {
+                let _ = write!(out, " by a clock at {}", state.now + bounds.operator_skew);
+            }
+            _ => {}
         }
         out.push_str("\n      table:");
         for (l, rows) in after.table.iter().take(bounds.layouts as usize).enumerate() {
@@ -892,6 +1295,16 @@ fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
                     let _ = write!(out, " [v{} m{}: {}]", l + 1, m, row);
                 }
             }
+        }
+        for in_flight in after.network.iter().flatten() {
+            let _ = write!(
+                out,
+                "\n      in flight: g{} {:?}{}{}",
+                in_flight.slot,
+                in_flight.request,
+                in_flight.answer.map_or_else(String::new, |answer| format!(", applied: {answer:?}")),
+                if in_flight.awaited { ", awaited" } else { "" }
+            );
         }
         out.push_str("\n      leases:");
         for (slot, process) in after.processes.iter().take(bounds.generators as usize).enumerate() {
@@ -909,6 +1322,9 @@ fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
                     );
                 }
             }
+            if let Some(id) = process.pending {
+                let _ = write!(out, " holding ID t{} m{} s{}", id.timestamp, id.machine, id.sequence);
+            }
             if !process.up {
                 out.push_str(" down");
             }
@@ -922,7 +1338,9 @@ fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
     out
 }
 
-fn assert_safe(bounds: Bounds, rules: Rules) {
+/// The checker finds no duplicate and no step back within `bounds`, and reaches every case in
+/// `must_reach` (and a number changing hands), so it proved something about them.
+fn assert_safe(bounds: Bounds, rules: Rules, must_reach: u16) {
     let report = check(bounds, rules, false);
     if let Some(path) = &report.duplicate {
         panic!("the checker found a duplicate ID:\n{}", trace(&bounds, path));
@@ -930,7 +1348,11 @@ fn assert_safe(bounds: Bounds, rules: Rules) {
     if let Some(path) = &report.not_increasing {
         panic!("the checker found IDs that do not increase:\n{}", trace(&bounds, path));
     }
-    assert!(report.handed_over, "the model never reached a number changing hands: the bounds are too small");
+    for (bit, name) in reached::NAMES {
+        if (must_reach | reached::HANDED_OVER) & bit != 0 {
+            assert!(report.reached & bit != 0, "the model never reached the case \"{name}\": the bounds are too small");
+        }
+    }
     assert!(report.unique_states > 100_000, "suspiciously few states: {}", report.unique_states);
 }
 
@@ -943,24 +1365,66 @@ fn assert_duplicate_found(bounds: Bounds, rules: Rules) -> String {
     trace
 }
 
+fn assert_step_back_found(bounds: Bounds, rules: Rules) -> String {
+    let report = check(bounds, rules, true);
+    let path = report.not_increasing.expect("the checker must find IDs that do not increase with this rule removed");
+    let trace = trace(&bounds, &path);
+    println!("counterexample:\n{trace}");
+    assert!(trace.contains("NotIncreasing"), "{trace}");
+    trace
+}
+
 #[test]
 fn three_generators_on_two_numbers_never_issue_an_id_twice() {
-    assert_safe(THREE_GENERATORS, Rules::ALL);
+    assert_safe(THREE_GENERATORS, Rules::ALL, 0);
 }
 
 #[test]
 fn delayed_writes_never_lead_to_an_id_issued_twice() {
-    assert_safe(DELAYED_WRITES, Rules::ALL);
+    assert_safe(DELAYED_WRITES, Rules::ALL, 0);
 }
 
 #[test]
 fn crashes_restarts_and_clock_steps_never_lead_to_an_id_issued_twice() {
-    assert_safe(RESTARTS_AND_STEPS, Rules::ALL);
+    assert_safe(RESTARTS_AND_STEPS, Rules::ALL, 0);
 }
 
 #[test]
 fn across_a_cutover_with_pre_claim_no_id_is_issued_twice() {
-    assert_safe(Bounds { layouts: 2, cutover: 2, ..SMALL }, Rules::ALL);
+    assert_safe(Bounds { layouts: 2, cutover: 2, ..SMALL }, Rules::ALL, 0);
+}
+
+#[test]
+fn ids_handed_out_long_after_the_core_issued_them_are_never_issued_twice() {
+    assert_safe(LATE_HAND_OUTS, Rules::ALL, reached::LATE_HAND_OUT | reached::CLAIMED_AFTER_RELEASE);
+}
+
+#[test]
+fn a_new_number_inside_the_millisecond_of_the_last_id_keeps_ids_increasing() {
+    assert_safe(NEW_NUMBER_IN_A_MILLISECOND, Rules::ALL, reached::NEW_NUMBER_IN_THE_MILLISECOND);
+}
+
+#[test]
+fn two_writes_in_flight_never_lead_to_an_id_issued_twice() {
+    assert_safe(TWO_WRITES_IN_FLIGHT, Rules::ALL, reached::TWO_IN_FLIGHT);
+}
+
+#[test]
+fn keeper_restarts_and_layout_releases_never_lead_to_an_id_issued_twice() {
+    assert_safe(
+        KEEPER_RESTARTS_AND_RELEASES,
+        Rules::ALL,
+        reached::RESUMED_AND_RENEWED | reached::CLAIMED_AFTER_RELEASE,
+    );
+}
+
+#[test]
+fn playbook_quarantines_lifted_by_a_clock_a_lease_behind_never_lead_to_an_id_issued_twice() {
+    assert_safe(
+        PLAYBOOK_QUARANTINES,
+        Rules::ALL,
+        reached::LIFTED_WITHOUT_KEPT_EXPIRY | reached::KEPT_EXPIRY_DECIDED_A_LIFT,
+    );
 }
 
 #[test]
@@ -974,10 +1438,16 @@ fn larger_bound_every_fault_at_once_no_id_is_issued_twice() {
         restarts: 1,
         claims: 2,
         operator_actions: 2,
-        delays: true,
+        in_flight: 2,
+        sequences: 2,
+        late_hand_outs: true,
+        keeper_restarts: 1,
+        layout_releases: 1,
+        playbook: true,
+        operator_skew: -3,
         ..SMALL
     };
-    assert_safe(bounds, Rules::ALL);
+    assert_safe(bounds, Rules::ALL, 0);
 }
 
 #[test]
@@ -993,8 +1463,8 @@ fn the_epoch_check_on_renew_and_unique_holders_guard_the_same_hole() {
     // lease; the other wakes up and its renewal (holder matches, epoch not checked) succeeds: two
     // processes believe they hold one number.
     assert_duplicate_found(SMALL, Rules { renew_epoch: false, unique_holders: false, ..Rules::ALL });
-    assert_safe(DELAYED_WRITES, Rules { renew_epoch: false, ..Rules::ALL });
-    assert_safe(DELAYED_WRITES, Rules { unique_holders: false, ..Rules::ALL });
+    assert_safe(DELAYED_WRITES, Rules { renew_epoch: false, ..Rules::ALL }, 0);
+    assert_safe(DELAYED_WRITES, Rules { unique_holders: false, ..Rules::ALL }, 0);
 }
 
 #[test]
@@ -1002,8 +1472,8 @@ fn the_strict_claim_and_the_release_plus_one_guard_the_same_hole() {
     // A holder issues at t and releases with expiry t; a claim at :now = t passes `<=` and its
     // holder issues at t again.
     assert_duplicate_found(SMALL, Rules { strict_claim: false, release_plus_one: false, ..Rules::ALL });
-    assert_safe(DELAYED_WRITES, Rules { strict_claim: false, ..Rules::ALL });
-    assert_safe(DELAYED_WRITES, Rules { release_plus_one: false, ..Rules::ALL });
+    assert_safe(DELAYED_WRITES, Rules { strict_claim: false, ..Rules::ALL }, 0);
+    assert_safe(DELAYED_WRITES, Rules { release_plus_one: false, ..Rules::ALL }, 0);
 }
 
 #[test]
@@ -1011,5 +1481,49 @@ fn the_claim_token_and_unique_holders_guard_the_same_hole() {
     // Two processes with one holder string claim one number at the same :now; the second one's
     // condition fails, and by holder and expiry alone the row looks like its own lost answer.
     assert_duplicate_found(SMALL, Rules { claim_token: false, unique_holders: false, ..Rules::ALL });
-    assert_safe(DELAYED_WRITES, Rules { claim_token: false, ..Rules::ALL });
+    assert_safe(DELAYED_WRITES, Rules { claim_token: false, ..Rules::ALL }, 0);
+}
+
+#[test]
+fn without_counting_issued_runs_a_release_lets_a_successor_reissue_an_id_still_being_handed_out() {
+    // The core issued millisecond t as a run, a request holds its offset; the release writes the
+    // last ID handed out + 1 (not t + 1), a successor claims above that and issues t, and the
+    // request then hands out t as well.
+    assert_duplicate_found(LATE_HAND_OUTS, Rules { release_counts_issued_runs: false, ..Rules::ALL });
+}
+
+#[test]
+fn without_finishing_the_millisecond_a_new_number_issues_below_the_last_id() {
+    // A lease lost to a quarantine, another number claimed within the same millisecond: its next
+    // sequence under a lower machine number is a smaller ID than the last one.
+    assert_step_back_found(
+        NEW_NUMBER_IN_A_MILLISECOND,
+        Rules { install_finishes_the_millisecond: false, ..Rules::ALL },
+    );
+}
+
+#[test]
+fn without_renewing_only_forward_a_late_renewal_moves_a_held_expiry_back() {
+    // Two renewals of one keeper in flight; the later applies first and the keeper believes its
+    // expiry, then the earlier one applies and moves the row's expiry back below it: a claimant
+    // takes the number while the holder still issues.
+    assert_duplicate_found(TWO_WRITES_IN_FLIGHT, Rules { renew_forward: false, ..Rules::ALL });
+}
+
+#[test]
+fn without_stopping_issuing_first_a_released_layout_is_issued_under_by_two() {
+    // The supervisor releases one layout while the process goes on: if the core kept the lease,
+    // it issues above the released expiry, where a successor now starts.
+    assert_duplicate_found(KEEPER_RESTARTS_AND_RELEASES, Rules { release_stops_issuing_first: false, ..Rules::ALL });
+}
+
+#[test]
+fn without_the_stopped_holder_rule_a_lift_from_a_clock_behind_lets_a_successor_reissue() {
+    // The design notes' command keeps nothing; an operator a whole lease behind lifts to their
+    // now + the longest lease, which is below what the cut-off holder (clock ahead) still holds:
+    // a successor claims and issues the holder's milliseconds.
+    assert_duplicate_found(
+        PLAYBOOK_QUARANTINES,
+        Rules { lift_needs_kept_expiry_or_stopped_holder: false, ..Rules::ALL },
+    );
 }
