@@ -313,7 +313,7 @@ struct Process {
     claims: u8,
     /// `Generator::last_unix_ms`, with the machine number and sequence of that last ID.
     last_issued: Option<(i8, u8, u8)>,
-    /// `Generator::next_sequence` in the millisecond of `last_issued` (`u8::MAX`: used up).
+    /// `Generator::next_sequence` in the millisecond of `last_issued` (`sequences`: used up).
     next_sequence: u8,
     /// An ID the core issued that a request has not handed out yet (a run's offset).
     pending: Option<Id>,
@@ -523,7 +523,8 @@ impl LeaseModel {
                         lease_epoch: epoch,
                         claim_token: Some(token),
                         expiry_before_quarantine: None,
-                        last_claimant: Some(holder),
+                        // Only the playbook's lift asks (kept out of other runs' states).
+                        last_claimant: self.bounds.playbook.then_some(holder),
                     };
                     return (Some(row), Answer::Claimed { epoch });
                 }
@@ -579,11 +580,12 @@ impl LeaseModel {
                 // `install_lease` uses up the millisecond of the last ID.
                 if let Some((last, _, _)) = process.last_issued
                     && last == now
+                    && self.bounds.sequences > 1
                 {
                     reached |= reached::NEW_NUMBER_IN_THE_MILLISECOND;
                 }
                 if self.rules.install_finishes_the_millisecond {
-                    process.next_sequence = u8::MAX;
+                    process.next_sequence = self.bounds.sequences;
                 }
             }
             (Request::Claim(_), _) => keeper.state = KeeperState::Unclaimed { pending: None },
@@ -692,7 +694,9 @@ impl LeaseModel {
             state.broken.get_or_insert(Broken::NotIncreasing { slot, id, last });
         }
         let process = &mut state.processes[slot as usize];
-        process.last_issued = Some(id);
+        // With one sequence per millisecond the timestamp alone orders a process's IDs (the next
+        // is in a later millisecond): the rest is kept out of the state.
+        process.last_issued = Some(if self.bounds.sequences > 1 { id } else { (now, 0, 0) });
         process.next_sequence = sequence + 1;
         if let Some(held) = process.keepers[layout as usize].lease.as_mut() {
             held.last_issued = Some(now);
@@ -725,11 +729,14 @@ impl LeaseModel {
             state.reached |= reached::HANDED_OVER;
         }
         let keeper = &mut state.processes[slot as usize].keepers[l];
+        let under = |held: &HeldLease| held.machine == id.machine && held.epoch == id.epoch;
         match keeper.lease.as_mut() {
-            Some(held) if held.machine == id.machine && held.epoch == id.epoch => {
+            Some(held) if under(held) && self.bounds.late_hand_outs => {
                 held.last_handed_out = held.last_handed_out.max(Some(id.timestamp));
             }
-            _ => state.reached |= reached::LATE_HAND_OUT,
+            Some(held) if under(held) => {}
+            _ if self.bounds.late_hand_outs => state.reached |= reached::LATE_HAND_OUT,
+            _ => {}
         }
     }
 
@@ -778,7 +785,7 @@ impl LeaseModel {
     fn release(&self, state: &mut State, slot: u8, layout: u8, outcome: Outcome) {
         let keeper = &mut state.processes[slot as usize].keepers[layout as usize];
         keeper.state = KeeperState::Unclaimed { pending: None };
-        keeper.released = true;
+        keeper.released = self.bounds.layout_releases > 0;
         if let Some(request) = self.begin_release(keeper) {
             let free = state.network.iter().filter(|w| w.is_none()).count() as u8;
             let used = NETWORK as u8 - free;
@@ -1035,7 +1042,7 @@ impl Model for LeaseModel {
                 Self::stop_waiting(&mut state, slot, None);
                 let process = &mut state.processes[slot as usize];
                 process.up = false;
-                process.down_at = Some(state.now);
+                process.down_at = b.playbook.then_some(state.now);
                 for layout in 0..b.layouts {
                     self.release(&mut state, slot, layout, outcome);
                     let keeper = &mut state.processes[slot as usize].keepers[layout as usize];
@@ -1047,7 +1054,7 @@ impl Model for LeaseModel {
                 Self::stop_waiting(&mut state, slot, None);
                 let process = &mut state.processes[slot as usize];
                 process.up = false;
-                process.down_at = Some(state.now);
+                process.down_at = b.playbook.then_some(state.now);
                 process.pending = None;
                 for keeper in &mut process.keepers {
                     keeper.state = KeeperState::Stopped;
@@ -1097,7 +1104,9 @@ impl Model for LeaseModel {
                 let floor = state.now + b.operator_skew + b.lease;
                 let expiry = match row.expiry_before_quarantine {
                     Some(kept) if kept > floor => {
-                        state.reached |= reached::KEPT_EXPIRY_DECIDED_A_LIFT;
+                        if b.playbook {
+                            state.reached |= reached::KEPT_EXPIRY_DECIDED_A_LIFT;
+                        }
                         kept
                     }
                     Some(_) => floor,
@@ -1194,22 +1203,21 @@ const DELAYED_WRITES: Bounds = Bounds { end_of_time: 3, claims: 2, in_flight: 1,
 const RESTARTS_AND_STEPS: Bounds = Bounds { end_of_time: 3, restarts: 1, clock_steps: 1, ..SMALL };
 /// IDs of the fast path handed out any time after the core issued them (after the lease was
 /// dropped, released or taken over), and a layout released while the process goes on.
-const LATE_HAND_OUTS: Bounds = Bounds { late_hand_outs: true, layout_releases: 1, claims: 2, ..SMALL };
+const LATE_HAND_OUTS: Bounds = Bounds { late_hand_outs: true, layout_releases: 1, claims: 2, end_of_time: 3, ..SMALL };
 /// Two sequence numbers per millisecond, a lease lost to a quarantine and another number
 /// claimed inside the millisecond of the last ID.
-const NEW_NUMBER_IN_A_MILLISECOND: Bounds =
-    Bounds { sequences: 2, claims: 2, operator_actions: 1, end_of_time: 3, ..SMALL };
+const NEW_NUMBER_IN_A_MILLISECOND: Bounds = Bounds { sequences: 2, claims: 2, operator_actions: 1, ..SMALL };
 /// Two writes in flight at once (one keeper's, or two keepers'), applying and answering in
 /// either order.
-const TWO_WRITES_IN_FLIGHT: Bounds = Bounds { in_flight: 2, claims: 2, end_of_time: 3, ..SMALL };
+const TWO_WRITES_IN_FLIGHT: Bounds = Bounds { in_flight: 2, end_of_time: 3, ..SMALL };
 /// A keeper that panics and resumes the core's lease, a layout released while the process
 /// goes on and claimed again after a clock step back.
 const KEEPER_RESTARTS_AND_RELEASES: Bounds =
-    Bounds { keeper_restarts: 1, layout_releases: 1, clock_steps: 1, claims: 2, end_of_time: 3, ..SMALL };
+    Bounds { keeper_restarts: 1, layout_releases: 1, claims: 2, end_of_time: 3, ..SMALL };
 /// Quarantines by the design notes' command (nothing kept) beside ours (the replaced expiry
 /// kept), lifted by an operator whose clock is a whole lease behind.
 const PLAYBOOK_QUARANTINES: Bounds =
-    Bounds { playbook: true, operator_actions: 2, operator_skew: -2, end_of_time: 5, ..SMALL };
+    Bounds { machines: 1, playbook: true, operator_actions: 2, operator_skew: -2, end_of_time: 5, ..SMALL };
 
 struct Report {
     unique_states: usize,
@@ -1507,7 +1515,11 @@ fn without_renewing_only_forward_a_late_renewal_moves_a_held_expiry_back() {
     // Two renewals of one keeper in flight; the later applies first and the keeper believes its
     // expiry, then the earlier one applies and moves the row's expiry back below it: a claimant
     // takes the number while the holder still issues.
-    assert_duplicate_found(TWO_WRITES_IN_FLIGHT, Rules { renew_forward: false, ..Rules::ALL });
+    // Renewals two milliseconds apart, so the expiry moved back by more than the fence.
+    assert_duplicate_found(
+        Bounds { end_of_time: 4, ..TWO_WRITES_IN_FLIGHT },
+        Rules { renew_forward: false, ..Rules::ALL },
+    );
 }
 
 #[test]
