@@ -23,13 +23,25 @@
 //!   watchdog found it unstable), the counter is not used again in this process;
 //! - the counter runs while the process is stopped: a process frozen past its lease resumes past
 //!   the window, and its next ID goes through the clock and the core, which refuse it;
+//! - every reading is checked against the counter's idea of the time (the anchor, moved on at
+//!   the rate in use): a clock more than 100 µs + 0.1 % of the time since the anchor away from it
+//!   drops the rate at once, so no later run has a window until two measurements agree again;
 //! - a run with no window (no rate yet, or the clock already past M when it was published) is
 //!   still handed out, through the clock read ([`crate::fast_path::Runs::take`]).
 //!
-//! What this cannot see is a step of the wall clock (`date -s`, `chronyc makestep`) *inside* the
-//! run's millisecond: the rest of that run (< 1 ms) is handed out as if the step had come just
-//! after it, as a request that read the clock just before the step would. Uniqueness does not
-//! rest on this check at all: the core issued every ID of a run under every rule, once.
+//! What an ID taken by the counter promises: it carries the millisecond its run was published in,
+//! and it was handed out while the counter was inside that run's window, less than a millisecond
+//! of *counter* time after the publish read the clock. Where the clock is the counter scaled (the
+//! clocksource is the TSC, which is when this path is used), counter time is the clock's, so the
+//! ID's millisecond lies between clock reads taken before and after the request
+//! (`tests/request_path.rs` holds it to that). What moves the clock apart from the counter is not
+//! seen until the next slow path: a step of the wall clock (`date -s`, `chronyc makestep`), or a
+//! hypervisor that stops the guest's counter during a pause, or sets it back by less than a window
+//! after a migration, and then corrects the clock. Then the rest of one run (< 1 ms of counter
+//! time) goes out with the millisecond the clock had left, as old as the pause was long; the next
+//! slow path's reading disagrees with the counter and drops the rate (above). No ID is issued
+//! twice either way: uniqueness does not rest on this check at all, since the core issued every
+//! ID of a run under every rule (the fence among them) for its millisecond, once.
 //! Elsewhere (another clocksource, aarch64 and so Graviton, a clock injected by tests) there is
 //! no counter and the fast path reads the clock as before.
 
@@ -48,6 +60,11 @@ const RATE_AGREEMENT: f64 = 1e-4;
 const MAX_PAIR_TICKS: u64 = 100_000;
 /// How often the clocksource is read again.
 const SOURCE_CHECK_NS: i64 = 1_000_000_000;
+/// How far the clock may read from where the counter, at the rate in use, says it should be,
+/// before the rate is dropped: this much, plus [`DISAGREEMENT_PER_NS`] of the time since the
+/// anchor (the rate's own error and an undisclosed slew, 500 ppm, stay well inside it).
+const DISAGREEMENT_NS: f64 = 100_000.0;
+const DISAGREEMENT_PER_NS: f64 = 1e-3;
 
 /// The counter values in which the clock is still in a run's millisecond: `start ≤ c < end`.
 /// The default is empty.
@@ -188,8 +205,18 @@ impl Calibration {
             return;
         };
         let elapsed_ns = reading.unix_ns - anchor.unix_ns;
-        if reading.counter < anchor.counter || elapsed_ns < 0 || reading.discipline != anchor.discipline {
-            // The clock stepped back, the counter did, or the kernel changed the clock's rate:
+        let disagrees = |rate: f64| {
+            let by_counter_ns = (reading.counter - anchor.counter) as f64 / rate;
+            (elapsed_ns as f64 - by_counter_ns).abs() > DISAGREEMENT_NS + by_counter_ns * DISAGREEMENT_PER_NS
+        };
+        if reading.counter < anchor.counter
+            || elapsed_ns < 0
+            || reading.discipline != anchor.discipline
+            || self.rate.is_some_and(disagrees)
+        {
+            // The clock stepped back, the counter did, the kernel changed the clock's rate, or the
+            // clock is not where the counter says it should be (a step either way, or a counter
+            // stopped or set back while the clock went on: a hypervisor's pause or migration):
             // start over from here.
             self.anchor = Some(reading);
             (self.measured, self.rate) = (None, None);
@@ -314,6 +341,52 @@ mod tests {
         // A step back starts over at once.
         assert_eq!(window(&mut calibration, reading(at + 4 * CALIBRATION_NS, -1_000_000_000)), none, "stepped back");
         assert!(calibration.rate.is_none() && calibration.measured.is_none());
+    }
+
+    #[test]
+    fn a_clock_that_leaves_the_counter_drops_the_rate_at_the_next_reading() {
+        // The counter stopped for 3 ms while the clock went on (a hypervisor's pause, then a
+        // corrected clock), or the clock stepped by 1 ms either way, all within one calibration
+        // interval: the very next reading has no window, and the rate is gone until two new
+        // measurements agree.
+        for jump_ns in [3_000_000, 1_000_000, -1_000_000] {
+            let (mut calibration, at) = calibrated();
+            assert_ne!(window(&mut calibration, reading(at + 1_000_000, 0)), Window::default());
+            let r = reading(at + 2_000_000, jump_ns);
+            assert_eq!(window(&mut calibration, r), Window::default(), "{jump_ns}");
+            assert!(calibration.rate.is_none(), "{jump_ns}");
+        }
+        // 10 ms after the anchor the tolerance is 110 µs: 100 µs off keeps the rate, 120 µs not.
+        for (off_ns, kept) in [(100_000, true), (-100_000, true), (120_000, false), (-120_000, false)] {
+            let (mut calibration, at) = calibrated();
+            calibration.learn(reading(at + 10_000_000, off_ns));
+            assert_eq!(calibration.rate.is_some(), kept, "{off_ns}");
+        }
+    }
+
+    #[test]
+    fn after_a_pause_of_the_counter_one_run_goes_out_late_and_the_next_has_no_window() {
+        // The weaker promise, end to end on the fast path: a run published with a window, then
+        // the counter stands still for a second while the clock goes on. Requests that come in
+        // then (before any slow path) still take the run by the counter: IDs of its millisecond,
+        // a second older than the clock, each once. The next publish reads the clock, finds it a
+        // second from the counter's prediction and gives its run no window: from then on the
+        // clock decides.
+        use crate::fast_path::{Runs, Taken};
+        let (mut calibration, at) = calibrated();
+        let published = reading(at + 1_000_000, 0);
+        let w = window(&mut calibration, published);
+        assert_ne!(w, Window::default());
+        let runs = <Runs>::default();
+        runs.publish(published.unix_ns.div_euclid(1_000_000), 7_000, 4, 1, w);
+        let paused_counter = published.counter + 1_000;
+        assert_eq!(runs.take_by_counter(|| paused_counter, 1), Some(Taken { first: 7_001, count: 1 }));
+        assert_eq!(runs.take_by_counter(|| paused_counter, 1), Some(Taken { first: 7_002, count: 1 }));
+        let resumed = Reading { counter: paused_counter + 3_000, ..reading(at + 1_001_000 + 1_000_000_000, 0) };
+        let next = calibration.window_at(resumed.unix_ns.div_euclid(1_000_000), resumed);
+        assert_eq!(next, Window::default(), "the clock left the counter: no window");
+        runs.publish(resumed.unix_ns.div_euclid(1_000_000), 9_000, 4, 0, next);
+        assert_eq!(runs.take_by_counter(|| resumed.counter, 1), None, "by the clock from here on");
     }
 
     #[test]

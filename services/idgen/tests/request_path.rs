@@ -215,10 +215,12 @@ fn the_clock_gauges_follow_the_discipline_either_way_and_say_nan_when_there_is_n
 }
 
 /// Where the clock is kept on the CPU's counter, the fast path hands out a run by the counter
-/// inside a window in the run's millisecond instead of reading the clock: it must never hand one
-/// out after the clock has left that millisecond. Two threads take single IDs on the real
-/// clock, pausing at random so that calls land just before and just after deadlines; every ID's
-/// millisecond must lie between the clock read before the call and the clock read after it.
+/// inside a window in the run's millisecond instead of reading the clock: while nothing moves the
+/// clock apart from the counter (no step, no hypervisor correcting it after stopping the counter:
+/// that weaker case is `cpu_counter`'s unit tests), it must never hand one out after the clock
+/// has left that millisecond. Two threads take single IDs on the real clock, pausing at random so
+/// that calls land just before and just after deadlines; every ID's millisecond must lie between
+/// the clock read before the call and the clock read after it.
 #[test]
 fn ids_taken_by_the_cpu_counter_carry_the_millisecond_they_are_handed_out_in() {
     use rand::Rng;
