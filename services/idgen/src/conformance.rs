@@ -369,6 +369,10 @@ impl LeaseStore for FaultyStore {
     fn table_key(&self) -> String {
         self.inner.table_key()
     }
+    async fn check_claimable(&self) -> Result<(), crate::StoreError> {
+        self.check()?;
+        self.inner.check_claimable().await
+    }
     async fn claim_as(
         &self,
         m: u32,

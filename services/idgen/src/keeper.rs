@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::generator::IdGenerator;
-use crate::lease_store::{ClaimOutcome, ClaimToken, Conditional, LeaseStore, MAX_LEASE_MS, StoreError};
+use crate::lease_store::{ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError};
 
 /// Which machine numbers a generator may claim, per layout. Fleet workers take 0–63, embedded
 /// generators 64 and up (SPEC §2), so the two never compete for a number.
@@ -217,6 +217,13 @@ pub enum Outcome {
     ClockUnsynchronized {
         reason: String,
     },
+    /// Nothing is claimed in this table: it is a restored copy no operator has adopted (asked
+    /// again after `retry_in`), or it went back under this keeper (see [`Outcome::Lost`]: its
+    /// row vanished, or carries an older epoch), and then this process claims in it no more.
+    TableRefused {
+        reason: String,
+        retry_in: Duration,
+    },
 }
 
 /// A claim whose answer never came: it may have applied. Retried first, with the same token.
@@ -253,6 +260,9 @@ pub struct LeaseKeeper {
     state: State,
     /// How often the clock's sync state is re-read while nothing else is due.
     sync_check_every: Duration,
+    /// Why this table is not to be claimed in again by this process: it went back under a
+    /// lease this keeper held (a restore into the same name, a row deleted or rewritten by hand).
+    went_back: Option<String>,
     _kept: KeptTable,
 }
 
@@ -288,6 +298,7 @@ impl LeaseKeeper {
             holder,
             state,
             sync_check_every: Duration::from_secs(1),
+            went_back: None,
             _kept: kept,
         })
     }
@@ -347,7 +358,8 @@ impl LeaseKeeper {
                 // The condition also fails when this clock went back, so the new expiry is not
                 // past the stored one. If the row still names us and our epoch, nobody else has
                 // the number: keep it (the generator stops at its fence as always) and retry.
-                if let Ok(Some(row)) = self.store.get(machine).await
+                let row = self.store.get(machine).await;
+                if let Ok(Some(row)) = &row
                     && row.holder == self.holder
                     && row.lease_epoch == epoch
                 {
@@ -358,6 +370,23 @@ impl LeaseKeeper {
                 }
                 // Stop issuing first, then look for another number.
                 self.generator.with_core(|core| core.drop_lease(&self.layout));
+                if let Ok(row) = &row
+                    && let Some(why) = went_back(row.as_ref(), &self.holder, epoch)
+                {
+                    // Every change of a row raises its epoch, and none deletes it: this table is
+                    // not the one the lease was claimed in. Its other rows are as old, and a claim
+                    // in it could take a number whose holder is issuing right now.
+                    let reason = format!(
+                        "{} went back under the lease on machine {machine} (epoch {epoch}): {why}. Nothing more \
+                         is claimed in it by this process: see runbooks/lease-table-restore.md",
+                        self.store.describe()
+                    );
+                    self.generator.metrics().lease_event(&self.layout, "table_went_back");
+                    tracing::error!(layout = %self.layout, machine, epoch, "{reason}");
+                    self.went_back = Some(reason.clone());
+                    let then = self.refused(now, 0, reason, None);
+                    return Outcome::Lost { machine, then: Box::new(then) };
+                }
                 self.generator.metrics().lease_event(&self.layout, "renew_lost");
                 tracing::warn!(layout = %self.layout, machine, epoch, "renewal failed its condition: lease lost, claiming another number");
                 let then = match self.generator.clock().sync_status().refusal() {
@@ -385,6 +414,14 @@ impl LeaseKeeper {
     }
 
     async fn claim(&mut self, now: Instant, failures: u32, pending: Option<PendingClaim>) -> Outcome {
+        if let Some(reason) = self.went_back.clone() {
+            return self.refused(now, failures, reason, pending);
+        }
+        match self.store.check_claimable().await {
+            Ok(()) => {}
+            Err(StoreError::Misconfigured(reason)) => return self.refused(now, failures, reason, pending),
+            Err(error) => return self.unavailable(now, failures, error, pending),
+        }
         if let Some(pending) = pending {
             // The last claim's answer was lost. If it applied, the row carries its token and the
             // number is ours; without this, the number would sit unused for a whole lease.
@@ -513,6 +550,15 @@ impl LeaseKeeper {
         Outcome::StoreUnavailable { error, retry_in }
     }
 
+    /// No claim in this table: [`Outcome::TableRefused`].
+    fn refused(&mut self, now: Instant, failures: u32, reason: String, pending: Option<PendingClaim>) -> Outcome {
+        self.generator.metrics().lease_event(&self.layout, "table_refused");
+        let retry_in = self.backoff(failures);
+        tracing::error!(layout = %self.layout, ?retry_in, "no claim in this lease table: {reason}");
+        self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in), pending };
+        Outcome::TableRefused { reason, retry_in }
+    }
+
     /// Exponential from 250 ms up to the configured maximum, with ±50 % jitter.
     fn backoff(&self, failures: u32) -> Duration {
         let base = (250i64 << failures.min(16)).min(self.config.max_backoff_ms);
@@ -584,6 +630,20 @@ impl LeaseKeeper {
             }
         }
         self.release().await
+    }
+}
+
+/// Whether the row a renewal failed on shows the table going back: a number's row is never
+/// deleted, and every change of it (a claim, a quarantine, a lift) raises its epoch, so a row
+/// that is gone, or has an epoch below ours, or another holder at ours, is an older copy.
+fn went_back(row: Option<&LeaseRow>, holder: &str, epoch: u64) -> Option<String> {
+    match row {
+        None => Some("its row is gone".to_owned()),
+        Some(row) if row.lease_epoch < epoch => Some(format!("its row has epoch {} again", row.lease_epoch)),
+        Some(row) if row.lease_epoch == epoch && row.holder != holder => {
+            Some(format!("its row names {} at the same epoch", row.holder))
+        }
+        Some(_) => None,
     }
 }
 

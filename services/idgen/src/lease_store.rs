@@ -191,6 +191,16 @@ pub trait LeaseStore: Send + Sync + 'static {
         expiry_unix_ms: i64,
     ) -> Result<ClaimOutcome, StoreError>;
 
+    /// Whether this table may be claimed in at all, asked before every sweep of claims. A table
+    /// that is a restored copy of another (DynamoDB restores to a new table: point in time, or a
+    /// backup) holds expiries from before the restore point, while the holders of the numbers
+    /// since then may still be issuing under them elsewhere: `Misconfigured` until an operator
+    /// has adopted it (`idgen leases adopt`, runbooks/lease-table-restore.md). Stores that cannot
+    /// be restored that way answer `Ok`.
+    async fn check_claimable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// A claim with a fresh token.
     async fn claim(
         &self,

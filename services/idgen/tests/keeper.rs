@@ -392,3 +392,68 @@ async fn each_claim_counts_the_numbers_left_free_in_its_range() {
     prometheus_client::encoding::text::encode(&mut text, &registry_h).unwrap();
     assert!(text.contains(r#"idgen_lease_numbers_free{layout="v1"} 0"#), "{text}");
 }
+
+/// Runs `sql` on the fixture's lease file, as an operator's hand (or a file put back from a
+/// copy) would change it.
+async fn by_hand(f: &Fixture, sql: &str) {
+    let pool =
+        sqlx::SqlitePool::connect(&format!("sqlite://{}", f._dir.path().join("leases.db").display())).await.unwrap();
+    sqlx::query(sql).execute(&pool).await.unwrap();
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_row_deleted_under_a_held_lease_stops_issuing_and_nothing_more_is_claimed_in_that_table() {
+    // Before, the keeper took the failed renewal for an ordinary loss and claimed again in the
+    // same table: one whose rows no longer say who holds what (a number whose row was deleted is
+    // claimable by anyone, while its holder issues until its next renewal).
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 7..=8, "a");
+    let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+    g.next_id().await.unwrap();
+    by_hand(&f, &format!(r#"DELETE FROM "idgen-leases" WHERE machine_id = {machine}"#)).await;
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    let outcome = k.tick(now).await;
+    let Outcome::Lost { machine: lost, then } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(lost, machine);
+    let Outcome::TableRefused { reason, .. } = *then else { panic!("claimed again in that table: {then:?}") };
+    assert!(reason.contains("its row is gone") && reason.contains("lease-table-restore"), "{reason}");
+    assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })), "stopped issuing at once");
+    // It stays so: every later claim is refused, the free numbers notwithstanding.
+    for _ in 0..5 {
+        now += Duration::from_secs(3);
+        f.clock.advance(3_000);
+        let outcome = k.tick(now).await;
+        assert!(matches!(outcome, Outcome::TableRefused { .. } | Outcome::Idle), "{outcome:?}");
+    }
+    assert!(f.store.list().await.unwrap().iter().all(|row| row.lease_expiry < T0 + 16_000 || row.holder != "a"));
+    let mut registry = prometheus_client::registry::Registry::default();
+    g.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains(r#"event="table_went_back""#), "counted: {text}");
+}
+
+#[tokio::test]
+async fn a_row_back_at_an_older_epoch_or_another_holder_at_ours_is_a_table_that_went_back() {
+    for (change, shows) in [
+        (r#"UPDATE "idgen-leases" SET lease_epoch = lease_epoch - 1 WHERE machine_id = {m}"#, "epoch"),
+        (r#"UPDATE "idgen-leases" SET holder = 'b' WHERE machine_id = {m}"#, "names b at the same epoch"),
+    ] {
+        let mut now = Instant::now();
+        let f = fixture().await;
+        let g = generator(&f.clock);
+        let mut k = keeper(&f, &g, 7..=8, "a");
+        let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+        by_hand(&f, &change.replace("{m}", &machine.to_string())).await;
+        now += Duration::from_millis(1_000);
+        f.clock.advance(1_000);
+        let outcome = k.tick(now).await;
+        let Outcome::Lost { then, .. } = outcome else { panic!("{outcome:?}") };
+        let Outcome::TableRefused { reason, .. } = *then else { panic!("{change}: claimed again: {then:?}") };
+        assert!(reason.contains(shows), "{reason}");
+    }
+}
