@@ -829,3 +829,147 @@ async fn e2e_audit_table_killed_mid_run_every_record_is_found_afterwards() {
     );
     heir.stop().await.unwrap();
 }
+
+// A restored lease table (DynamoDB restores into a new table) holds the expiries of its restore
+// point, while the holders since then issue under the live table.
+
+/// Runs one AWS CLI line against `endpoint` (us-east-1, the development region) and returns its JSON.
+async fn aws_cli(endpoint: &str, args: &str) -> serde_json::Value {
+    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
+    let line = format!("{aws} --endpoint-url {endpoint} --region us-east-1 --output json {args}");
+    let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
+    assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// `idgen worker --config <spec>` run to its exit (at most 20 s): its status and standard error.
+async fn worker_exit(spec: &WorkerSpec) -> Option<(std::process::ExitStatus, String)> {
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml()).unwrap();
+    let run = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["worker", "--config", config.path().to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(20), run).await.ok()?.unwrap();
+    Some((output.status, String::from_utf8_lossy(&output.stderr).into_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is_issued_twice() {
+    let client = client();
+    let endpoint = shared_dynamodb_endpoint();
+    let table = unique_table("restore");
+    let copy = format!("{table}-restored");
+    // A holds the range's one number, 0, in the live table.
+    let mut spec_a =
+        WorkerSpec::short_lease_on("a", Store::Dynamodb { endpoint: endpoint.clone(), table: table.clone() });
+    spec_a.machines = (0, 0);
+    let a = WorkerProcess::start(&spec_a).await.unwrap();
+    assert_eq!(a.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 0);
+    // A backup now. By the time it is restored A has renewed well past the expiry it holds.
+    let backup = aws_cli(&endpoint, &format!("dynamodb create-backup --table-name {table} --backup-name before")).await;
+    let backup_arn = backup["BackupDetails"]["BackupArn"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let restored = aws_cli(
+        &endpoint,
+        &format!("dynamodb restore-table-from-backup --target-table-name {copy} --backup-arn {backup_arn}"),
+    )
+    .await;
+    assert!(restored["TableDescription"]["RestoreSummary"].is_object(), "{restored}");
+
+    // B, on the copy, with the same one number: its row there expired seconds ago.
+    let mut spec_b =
+        WorkerSpec::short_lease_on("b", Store::Dynamodb { endpoint: endpoint.clone(), table: copy.clone() });
+    spec_b.machines = (0, 0);
+    match worker_exit(&spec_b).await {
+        Some((status, stderr)) => {
+            assert!(!status.success(), "{stderr}");
+            assert!(stderr.contains("restored copy") && stderr.contains("idgen leases adopt"), "{stderr}");
+        }
+        None => {
+            // It ran: as before, it claimed machine 0 in the copy while A issues under it.
+            let b = WorkerProcess::start(&spec_b).await.unwrap();
+            b.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+            let mut ids = Vec::new();
+            let until = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < until {
+                let (x, y) = tokio::join!(post_ids(&client, &a.url, 200), post_ids(&client, &b.url, 200));
+                for issued in [x.unwrap(), y.unwrap()] {
+                    if let Issued::Ids(more) = issued {
+                        ids.extend(more);
+                    }
+                }
+            }
+            assert_no_duplicates(&mut ids);
+            panic!(
+                "a worker started on a restored lease table nobody adopted and issued under its live holder's number"
+            );
+        }
+    }
+
+    // A keeps issuing until the adoption cuts it off; every ID it issues is collected.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer = {
+        let (client, url, stop) = (client.clone(), a.url.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(Issued::Ids(more)) = post_ids(&client, &url, 50).await {
+                    ids.extend(more);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            ids
+        })
+    };
+    let config_b = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config_b.path(), spec_b.toml()).unwrap();
+    let config_b = config_b.path().to_str().unwrap();
+    let adopted =
+        idgen(&["leases", "--config", config_b, "adopt", "--from-table", &table, "--operator", "test"]).await.unwrap();
+    assert!(adopted.contains("quarantined all 1024 numbers of layout v1") && adopted.contains("adopted"), "{adopted}");
+    wait_refusing_without_lease(&client, &a, Duration::from_secs(5)).await;
+
+    let b = WorkerProcess::start(&spec_b).await.unwrap();
+    assert_eq!(b.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 0);
+    let mut from_b = Vec::new();
+    for _ in 0..20 {
+        from_b.extend(issue_ok(&client, &b, 50).await);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let from_a = hammer.await.unwrap();
+    assert!(!from_a.is_empty());
+    let last_a = from_a.iter().map(|&id| v1_fields(id).0).max().unwrap();
+    let first_b = from_b.iter().map(|&id| v1_fields(id).0).min().unwrap();
+    assert!(last_a < first_b, "A issued under machine 0 until {last_a}, B from {first_b}");
+    let mut all: Vec<u64> = from_a.iter().chain(&from_b).copied().collect();
+    let checked = assert_no_duplicates(&mut all);
+    // The table's own record of the adoption is no machine number's row.
+    let listed = idgen(&["leases", "--config", config_b, "--json", "list"]).await.unwrap();
+    let rows: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert!(rows.as_array().unwrap().iter().all(|row| row["machine_id"].as_i64().unwrap() >= 0), "{rows}");
+
+    // A second copy of a source that is gone: adopted after waiting out a lease.
+    let gone = format!("{table}-gone");
+    aws_cli(
+        &endpoint,
+        &format!("dynamodb restore-table-from-backup --target-table-name {gone} --backup-arn {backup_arn}"),
+    )
+    .await;
+    let mut spec_c = WorkerSpec::short_lease_on("c", Store::Dynamodb { endpoint: endpoint.clone(), table: gone });
+    spec_c.machines = (0, 0);
+    let (status, stderr) = worker_exit(&spec_c).await.expect("refused");
+    assert!(!status.success() && stderr.contains("restored copy"), "{stderr}");
+    let config_c = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config_c.path(), spec_c.toml()).unwrap();
+    let adopted =
+        idgen(&["leases", "--config", config_c.path().to_str().unwrap(), "adopt", "--source-gone"]).await.unwrap();
+    assert!(adopted.contains("adopted"), "{adopted}");
+    let c = WorkerProcess::start(&spec_c).await.unwrap();
+    c.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    println!("restore: {checked} IDs, A's last at {last_a}, B's first at {first_b}");
+    for worker in [a, b, c] {
+        worker.stop().await.unwrap();
+    }
+}

@@ -77,6 +77,28 @@ enum LeasesCommand {
         #[arg(long)]
         holder_stopped: bool,
     },
+    /// Make the table this configuration names the fleet's lease table: a restored copy (a
+    /// point-in-time restore or a backup makes a new table) or the table a fleet moves to. Every
+    /// number of the layout is quarantined in the old table, so no holder there renews or claims
+    /// again, and the expiry each row had is carried into the new table, so nobody claims a
+    /// number there before its old holder has stopped; then the adoption is recorded in the new
+    /// table. Generators claim in a restored copy only once it is adopted
+    /// (runbooks/lease-table-restore.md).
+    Adopt {
+        /// The table the fleet used until now (it must still answer).
+        #[arg(long, required_unless_present = "source_gone", conflicts_with = "source_gone")]
+        from_table: Option<String>,
+        /// The old table is gone (deleted, or unreachable for good): nobody can renew there,
+        /// and nothing says until when its holders may issue, so this waits out a lease.
+        #[arg(long)]
+        source_gone: bool,
+        /// With --source-gone: the longest lease any generator on the old table held, ms
+        /// (default: this configuration's lease_ms).
+        #[arg(long, requires = "source_gone")]
+        lease_ms: Option<i64>,
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+    },
 }
 
 /// What the workers of this configuration issue under: the schedule, the numbers this region
@@ -172,10 +194,13 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
     if let LeasesCommand::Init = args.command {
         return init(&config, &layout, args.json).await;
     }
+    if let LeasesCommand::Adopt { from_table, lease_ms, operator, .. } = &args.command {
+        return adopt(&config, &layout, from_table.as_deref(), *lease_ms, operator, args.json).await;
+    }
     let store = idgen::open_lease_store_for_operator(&config, &layout).await?;
     let now = idgen::system_unix_ms();
     match args.command {
-        LeasesCommand::Init => unreachable!("handled above"),
+        LeasesCommand::Init | LeasesCommand::Adopt { .. } => unreachable!("handled above"),
         LeasesCommand::List => {
             let rows = store.list().await?;
             print_rows(&rows, now, args.json);
@@ -262,6 +287,132 @@ async fn init(config: &WorkerConfig, layout: &str, json: bool) -> anyhow::Result
         println!("{}", json!({"layout": layout, "table": table, "audit_table": audit, "ready": true}));
     } else {
         println!("lease table {table} and audit table {audit} are ready (layout {layout})");
+    }
+    Ok(())
+}
+
+/// How many quarantines of the old table are in flight at once.
+const ADOPT_PARALLEL: usize = 16;
+
+/// `idgen leases adopt`: see [`LeasesCommand::Adopt`].
+async fn adopt(
+    config: &WorkerConfig,
+    layout: &str,
+    from_table: Option<&str>,
+    lease_ms: Option<i64>,
+    operator: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    if config.store_kind() != StoreKind::Dynamodb {
+        bail!(
+            "adopt is for DynamoDB lease tables. A SQLite lease file put back from a copy is older than the leases \
+             its generators hold: stop every generator that uses the file, wait one lease (lease_ms), then start \
+             them (runbooks/lease-table-restore.md)"
+        );
+    }
+    let table = config.table_for(layout)?;
+    let Some(known) = issuing(config).await?.schedule.layout(layout).cloned() else {
+        bail!("layout {layout} is not in the schedule");
+    };
+    let client = idgen::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
+    let new = idgen::DynamoDbLeaseStore::new(client.clone(), &table);
+    new.verify_lease_table().await.with_context(|| format!("the new lease table {table}"))?;
+    let (_, restored) = new.origin().await?;
+    let wait_ms = lease_ms.unwrap_or(config.lease.lease_ms).max(0);
+    let mut quarantined = 0usize;
+    let mut held = 0usize;
+    let mut expiries_carried = 0usize;
+    let mut carried = Vec::new();
+    if let Some(old) = from_table {
+        if old == table {
+            return Err(crate::Usage(format!(
+                "--from-table {old} is the table this configuration names: give the table the fleet used before"
+            ))
+            .into());
+        }
+        let old_store = Arc::new(idgen::DynamoDbLeaseStore::new(client, old));
+        old_store.verify_lease_table().await.with_context(|| format!("the old lease table {old}"))?;
+        let now = idgen::system_unix_ms();
+        let before = old_store.list().await?;
+        held = before.iter().filter(|row| state(row, now) == "held").count();
+        // Quarantines an operator set there (a duplicate's number) hold in the new table too.
+        carried = before.iter().filter(|row| row.holder == QUARANTINED).map(|row| row.machine_id).collect();
+        // Every number the layout has, held or not: a generator still pointed at the old table
+        // must not claim one that a generator on the new table may claim too.
+        let numbers: Vec<u32> = (0..(1u32 << known.machine_bits())).collect();
+        let by = format!("adopt:{operator}");
+        let mut kept = Vec::new();
+        for chunk in numbers.chunks(ADOPT_PARALLEL) {
+            let mut writes = tokio::task::JoinSet::new();
+            for &machine in chunk {
+                let (store, by) = (old_store.clone(), by.clone());
+                writes.spawn(async move { store.quarantine(machine, &by, idgen::system_unix_ms()).await });
+            }
+            while let Some(written) = writes.join_next().await {
+                let row = written.context("a quarantine task failed")??;
+                kept.push((row.machine_id, row.expiry_before_quarantine.unwrap_or(0), row.lease_epoch));
+                quarantined += 1;
+            }
+        }
+        // A holder renewed last before its row was quarantined (the quarantine writes only over
+        // the row it read), so it stops issuing before the expiry the row had: the new table's
+        // row gets that expiry, and the lease rule does the rest, as for any takeover.
+        let now = idgen::system_unix_ms();
+        let carried_from = format!("carried-from:{old}");
+        for &(machine, expiry, epoch) in kept.iter().filter(|(_, expiry, _)| *expiry > now) {
+            if new.carry_expiry(machine, &carried_from, expiry.min(now + MAX_LEASE_MS), epoch).await? {
+                expiries_carried += 1;
+            }
+        }
+        for &machine in &carried {
+            new.quarantine(machine, operator, now).await?;
+        }
+    }
+    let source = from_table.unwrap_or("gone");
+    // A margin for the holders' clocks running slower than this one (and for their fence).
+    let wait = std::time::Duration::from_millis((wait_ms + wait_ms / 100 + 100) as u64);
+    match from_table {
+        Some(old) if !json => println!(
+            "quarantined all {quarantined} numbers of layout {layout} in {old} ({held} were held): no holder there \
+             renews or claims again\ncarried {expiries_carried} expiries into {table}: no number there is claimable \
+             before its holder in {old} has stopped issuing under it"
+        ),
+        Some(_) => {}
+        None => {
+            if !json {
+                println!(
+                    "waiting {:.1} s: the longest lease a holder of the old table may still issue under",
+                    wait.as_secs_f64()
+                );
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+    let adoption = new.record_adoption(source, operator, idgen::system_unix_ms()).await?;
+    if json {
+        println!(
+            "{}",
+            json!({
+                "table": table, "layout": layout, "adopted": true, "adopted_from": adoption.source,
+                "restored_from": restored.as_ref().map(|r| r.source.clone()),
+                "restored_to": restored.as_ref().map(|r| format_unix_ms(r.restored_to_unix_ms)),
+                "quarantined_in_old_table": quarantined, "held_in_old_table": held,
+                "quarantines_carried": carried, "expiries_carried": expiries_carried,
+                "waited_ms": if from_table.is_some() { 0 } else { wait.as_millis() as u64 },
+            })
+        );
+    } else {
+        let what = match &restored {
+            Some(r) => format!("a restored copy of {} as of {}", r.source, format_unix_ms(r.restored_to_unix_ms)),
+            None => "not a restored copy".to_owned(),
+        };
+        if !carried.is_empty() {
+            println!("quarantines carried over from {source}: machine numbers {carried:?}");
+        }
+        println!(
+            "lease table {table} adopted ({what}): generators may claim in it now. Point the fleet at it; a \
+             generator still on the old table finds every number quarantined there"
+        );
     }
     Ok(())
 }

@@ -532,7 +532,12 @@ async fn open_dynamodb(
     audit_required: bool,
 ) -> anyhow::Result<Arc<dyn LeaseStore>> {
     use crate::dynamodb::DynamoDbLeaseStore;
-    let settings = config.lease.dynamodb.settings();
+    // An operator's command is one-off and may scan a whole table: patient timeouts, where a
+    // generator's lease writes keep the configured ones.
+    let settings = match audit_required {
+        true => config.lease.dynamodb.settings(),
+        false => config.lease.dynamodb.settings().patient(),
+    };
     if config.lease.create_tables {
         let creator = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings.patient()).await, table);
         creator
@@ -573,6 +578,16 @@ async fn open_dynamodb(
         }
         Err(error) => {
             return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
+        }
+    }
+    // A generator does not start on a restored copy nobody adopted (the keeper asks again before
+    // every claim); an operator's command may, to look at it and to adopt it.
+    if audit_required {
+        match store.check_claimable().await {
+            Ok(()) | Err(crate::StoreError::Unavailable(_)) => {}
+            Err(error) => {
+                return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
+            }
         }
     }
     let audit = store.audit_table().to_owned();

@@ -170,6 +170,34 @@ fn already_ours(old: Option<&Item>, ours: impl FnOnce(&LeaseRow) -> bool) -> Opt
 /// the read and the conditional write.
 const READ_WRITE_ATTEMPTS: usize = 5;
 
+/// The key of the lease table's own record (an adoption, `idgen leases adopt`): a number no
+/// machine can have, so no claim touches it; [`LeaseStore::list`] leaves it out.
+pub const TABLE_RECORD_KEY: i64 = -1;
+
+/// What `DescribeTable` says of a table made by a restore (point in time, or from a backup).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// `RestoreSummary.SourceTableArn`, else the backup's ARN.
+    pub source: String,
+    /// The point in time the copy holds, Unix ms.
+    pub restored_to_unix_ms: i64,
+    /// When the restore created this table, Unix ms: an adoption is recorded against it, so a
+    /// copy of an adopted table (the record restored with the rows) is not adopted itself.
+    pub created_unix_ms: i64,
+}
+
+/// An operator's statement, kept in the table, that its numbers' earlier holders are all past
+/// their fences and can renew nowhere ([`DynamoDbLeaseStore::record_adoption`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adoption {
+    /// The table's creation time the adoption is for (see [`Restored::created_unix_ms`]).
+    pub table_created_unix_ms: i64,
+    /// The table the fleet used before (its name), or `gone`.
+    pub source: String,
+    pub operator: String,
+    pub at_unix_ms: i64,
+}
+
 impl DynamoDbLeaseStore {
     /// A store on `table` (and its audit table `<table>-audit`). Does not create anything.
     pub fn new(client: Client, table: &str) -> Self {
@@ -201,6 +229,126 @@ impl DynamoDbLeaseStore {
 
     pub fn audit_table(&self) -> &str {
         &self.audit
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The table's creation time and, if a restore made it, what it was restored from.
+    pub async fn origin(&self) -> Result<(i64, Option<Restored>), StoreError> {
+        let described = match self.client.describe_table().table_name(&self.table).send().await {
+            Ok(described) => described,
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => {
+                return Err(StoreError::Misconfigured(format!("table {} does not exist", self.table)));
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        let table = described.table().ok_or_else(|| StoreError::Invalid(format!("{}: no description", self.table)))?;
+        let millis = |at: Option<&aws_sdk_dynamodb::primitives::DateTime>| at.and_then(|at| at.to_millis().ok());
+        let created = millis(table.creation_date_time()).unwrap_or(0);
+        let restored = table.restore_summary().map(|summary| Restored {
+            source: summary
+                .source_table_arn()
+                .or(summary.source_backup_arn())
+                .unwrap_or("an unnamed source")
+                .to_owned(),
+            restored_to_unix_ms: millis(Some(summary.restore_date_time())).unwrap_or(0),
+            created_unix_ms: created,
+        });
+        Ok((created, restored))
+    }
+
+    /// Raises one row to the expiry a holder in the table the fleet used before could still be
+    /// issuing under (`idgen leases adopt`): holder `holder`, an epoch above both tables' and
+    /// `expiry`, unless the row's own expiry is that late already. Nobody claims the number here
+    /// before a claim could have taken it there. Returns whether it wrote.
+    pub async fn carry_expiry(
+        &self,
+        machine: u32,
+        holder: &str,
+        expiry: i64,
+        old_epoch: u64,
+    ) -> Result<bool, StoreError> {
+        for _ in 0..READ_WRITE_ATTEMPTS {
+            let before = self.get(machine).await?;
+            if before.as_ref().is_some_and(|row| row.lease_expiry >= expiry) {
+                return Ok(false);
+            }
+            let epoch = before.as_ref().map_or(0, |row| row.lease_epoch).max(old_epoch) + 1;
+            let update = self
+                .update(machine)
+                .update_expression("SET #h = :h, lease_expiry = :e, lease_epoch = :epoch REMOVE claim_token")
+                .expression_attribute_names("#h", "holder")
+                .expression_attribute_values(":h", s(holder))
+                .expression_attribute_values(":e", n(expiry))
+                .expression_attribute_values(":epoch", n(epoch));
+            let update = match &before {
+                Some(row) => update
+                    .condition_expression("lease_epoch = :was_epoch AND lease_expiry = :was_expiry")
+                    .expression_attribute_values(":was_epoch", n(row.lease_epoch))
+                    .expression_attribute_values(":was_expiry", n(row.lease_expiry)),
+                None => update.condition_expression("attribute_not_exists(machine_id)"),
+            };
+            match update.send().await {
+                Ok(_) => return Ok(true),
+                Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => continue,
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+        Err(StoreError::Unavailable(format!("machine {machine}'s row kept changing while its expiry was carried")))
+    }
+
+    /// The adoption recorded in this table, if any.
+    pub async fn adoption(&self) -> Result<Option<Adoption>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("machine_id", n(TABLE_RECORD_KEY))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let Some(item) = output.item() else { return Ok(None) };
+        Ok(Some(Adoption {
+            table_created_unix_ms: number(item, "table_created_unix_ms")?,
+            source: string(item, "adopted_from")?,
+            operator: string(item, "adopted_by")?,
+            at_unix_ms: number(item, "adopted_at_unix_ms")?,
+        }))
+    }
+
+    /// Records that an operator adopted this table: its numbers' earlier holders (in `source`,
+    /// the table the fleet used before) are stopped or quarantined and past their fences. Only
+    /// `idgen leases adopt` calls this, after making it so.
+    pub async fn record_adoption(
+        &self,
+        source: &str,
+        operator: &str,
+        now_unix_ms: i64,
+    ) -> Result<Adoption, StoreError> {
+        let (created, _) = self.origin().await?;
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("machine_id", n(TABLE_RECORD_KEY))
+            .update_expression(
+                "SET table_created_unix_ms = :c, adopted_from = :f, adopted_by = :o, adopted_at_unix_ms = :t",
+            )
+            .expression_attribute_values(":c", n(created))
+            .expression_attribute_values(":f", s(source))
+            .expression_attribute_values(":o", s(operator))
+            .expression_attribute_values(":t", n(now_unix_ms))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(Adoption {
+            table_created_unix_ms: created,
+            source: source.to_owned(),
+            operator: operator.to_owned(),
+            at_unix_ms: now_unix_ms,
+        })
     }
 
     /// Creates the lease table and its audit table if they do not exist (on-demand capacity).
@@ -377,6 +525,21 @@ impl LeaseStore for DynamoDbLeaseStore {
     fn table_key(&self) -> String {
         let region = self.client.config().region().map_or_else(String::new, ToString::to_string);
         format!("dynamodb:{region}:{}", self.table)
+    }
+
+    async fn check_claimable(&self) -> Result<(), StoreError> {
+        let (_, Some(restored)) = self.origin().await? else { return Ok(()) };
+        match self.adoption().await? {
+            Some(adoption) if adoption.table_created_unix_ms == restored.created_unix_ms => Ok(()),
+            _ => Err(StoreError::Misconfigured(format!(
+                "lease table {} is a restored copy of {} as of {} that no operator has adopted: its rows are older \
+                 than the leases their numbers' holders may still hold, so a claim here could take a number that is \
+                 in use. Nothing is claimed in it until `idgen leases adopt` has run (runbooks/lease-table-restore.md)",
+                self.table,
+                restored.source,
+                idgen_core::format_unix_ms(restored.restored_to_unix_ms),
+            ))),
+        }
     }
 
     async fn claim_as(
@@ -672,7 +835,10 @@ impl LeaseStore for DynamoDbLeaseStore {
                 .send()
                 .await
                 .map_err(unavailable)?;
-            for item in output.items() {
+            // The table's own record (an adoption) is no machine number's row.
+            let is_row =
+                |item: &&Item| !matches!(item.get("machine_id"), Some(AttributeValue::N(key)) if key.starts_with('-'));
+            for item in output.items().iter().filter(is_row) {
                 rows.push(lease_row(item)?);
             }
             match output.last_evaluated_key() {
