@@ -51,8 +51,19 @@ async fn e2e_runbook_commands_run() {
     let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     std::fs::write(config.path(), spec.toml()).unwrap();
 
+    // The restore page's new table, and the configuration naming it instead.
+    let Store::Dynamodb { endpoint, table } = &spec.store else { unreachable!() };
+    let new_table = format!("{table}-restored");
+    let new_config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    let new_spec =
+        WorkerSpec { store: Store::Dynamodb { endpoint: endpoint.clone(), table: new_table.clone() }, ..spec.clone() };
+    std::fs::write(new_config.path(), new_spec.toml()).unwrap();
+
     let bin_dir = idgen_bin().parent().unwrap().to_path_buf();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    // The pinned AWS CLI (./scripts/test installs it) for the pages' `aws dynamodb` commands.
+    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
+    let aws_dir = std::path::Path::new(&aws).parent().unwrap().to_path_buf();
+    let path = format!("{}:{}:{}", bin_dir.display(), aws_dir.display(), std::env::var("PATH").unwrap_or_default());
     let runbooks = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runbooks");
     let mut pages: Vec<_> = std::fs::read_dir(&runbooks).unwrap().map(|e| e.unwrap().path()).collect();
     pages.sort();
@@ -67,6 +78,11 @@ async fn e2e_runbook_commands_run() {
         ("MACHINE", machine.to_string()),
         ("ID", ids[0].to_string()),
         ("IDS_FILE", ids_file.path().display().to_string()),
+        // Longest first: `$LEASE_TABLE` is a prefix of nothing else, `$NEW_LEASE_TABLE` is not.
+        ("NEW_LEASE_TABLE", new_table.clone()),
+        ("NEW_IDGEN_CONFIG", new_config.path().display().to_string()),
+        ("LEASE_TABLE", table.clone()),
+        ("AWS_REGION", "us-east-1".to_owned()),
     ];
     let substitute = |text: &str| {
         variables.iter().fold(text.to_owned(), |t, (name, value)| {
@@ -85,6 +101,11 @@ async fn e2e_runbook_commands_run() {
                 .env("MACHINE", machine.to_string())
                 .env("ID", ids[0].to_string())
                 .env("IDS_FILE", ids_file.path())
+                .env("LEASE_TABLE", table)
+                .env("NEW_LEASE_TABLE", &new_table)
+                .env("NEW_IDGEN_CONFIG", new_config.path())
+                .env("AWS_REGION", "us-east-1")
+                .env("AWS_ENDPOINT_URL", endpoint)
                 .env("FROM_MS", (now_unix_ms() - 600_000).to_string())
                 .env("TO_MS", (now_unix_ms() + 60_000).to_string())
                 .output()
