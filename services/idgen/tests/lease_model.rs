@@ -293,6 +293,8 @@ struct Keeper {
     resumed: bool,
     /// The supervisor released this layout's lease while the process went on (for [`reached`]).
     released: bool,
+    /// The process's clock stepped back since that release (for [`reached`]).
+    stepped_back: bool,
 }
 
 /// One ID: what its bits say, and the epoch of the lease it was issued under.
@@ -347,8 +349,10 @@ mod reached {
     pub const LIFTED_WITHOUT_KEPT_EXPIRY: u16 = 1 << 6;
     /// A kept expiry later than the operator's now + the longest lease decided a lift.
     pub const KEPT_EXPIRY_DECIDED_A_LIFT: u16 = 1 << 7;
+    /// A process claimed again under a layout it had released, its clock stepped back meanwhile.
+    pub const CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK: u16 = 1 << 8;
 
-    pub const NAMES: [(u16, &str); 8] = [
+    pub const NAMES: [(u16, &str); 9] = [
         (HANDED_OVER, "an ID is issued under a number that changed hands"),
         (LATE_HAND_OUT, "an ID is handed out after its lease left the core"),
         (NEW_NUMBER_IN_THE_MILLISECOND, "a new number is installed inside the millisecond of the last ID"),
@@ -357,6 +361,7 @@ mod reached {
         (CLAIMED_AFTER_RELEASE, "a process claims again under a layout it released"),
         (LIFTED_WITHOUT_KEPT_EXPIRY, "a quarantine that kept no expiry is lifted"),
         (KEPT_EXPIRY_DECIDED_A_LIFT, "a kept expiry past the operator's clock decides a lift"),
+        (CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK, "a process claims again under a released layout after a step back"),
     ];
 }
 
@@ -577,6 +582,9 @@ impl LeaseModel {
                 if std::mem::take(&mut keeper.released) {
                     reached |= reached::CLAIMED_AFTER_RELEASE;
                 }
+                if std::mem::take(&mut keeper.stepped_back) {
+                    reached |= reached::CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK;
+                }
                 // `install_lease` uses up the millisecond of the last ID.
                 if let Some((last, _, _)) = process.last_issued
                     && last == now
@@ -765,8 +773,13 @@ impl LeaseModel {
     }
 
     fn fresh_process(&self, incarnation: u8, skew: i8, previous_down_at: Option<i8>) -> Process {
-        let keeper =
-            Keeper { state: KeeperState::Unclaimed { pending: None }, lease: None, resumed: false, released: false };
+        let keeper = Keeper {
+            state: KeeperState::Unclaimed { pending: None },
+            lease: None,
+            resumed: false,
+            released: false,
+            stepped_back: false,
+        };
         Process {
             up: true,
             incarnation,
@@ -959,6 +972,9 @@ impl Model for LeaseModel {
                 let process = &mut state.processes[slot as usize];
                 process.skew += by;
                 state.clock_steps += 1;
+                if by < 0 {
+                    process.keepers.iter_mut().filter(|k| k.released).for_each(|k| k.stepped_back = true);
+                }
             }
             Action::Issue { slot } => {
                 let now = self.clock(&state, slot);
@@ -1159,6 +1175,9 @@ impl Model for LeaseModel {
                 reached::LIFTED_WITHOUT_KEPT_EXPIRY => {
                     Property::sometimes(name, |_, s: &State| s.reached & reached::LIFTED_WITHOUT_KEPT_EXPIRY != 0)
                 }
+                reached::CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK => Property::sometimes(name, |_, s: &State| {
+                    s.reached & reached::CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK != 0
+                }),
                 _ => Property::sometimes(name, |_, s: &State| s.reached & reached::KEPT_EXPIRY_DECIDED_A_LIFT != 0),
             });
         }
@@ -1210,10 +1229,14 @@ const NEW_NUMBER_IN_A_MILLISECOND: Bounds = Bounds { sequences: 2, claims: 2, op
 /// Two writes in flight at once (one keeper's, or two keepers'), applying and answering in
 /// either order.
 const TWO_WRITES_IN_FLIGHT: Bounds = Bounds { in_flight: 2, end_of_time: 3, ..SMALL };
-/// A keeper that panics and resumes the core's lease, a layout released while the process
-/// goes on and claimed again after a clock step back.
+/// A keeper that panics and resumes the core's lease, and a layout released while the process
+/// goes on and claimed again.
 const KEEPER_RESTARTS_AND_RELEASES: Bounds =
     Bounds { keeper_restarts: 1, layout_releases: 1, claims: 2, end_of_time: 3, ..SMALL };
+/// A layout released while the process goes on, the clock stepped back, and the layout claimed
+/// again (with the keeper restart too, 38 million states: the ignored larger bound's share).
+const RELEASE_AND_A_STEP_BACK: Bounds =
+    Bounds { layout_releases: 1, clock_steps: 1, claims: 2, end_of_time: 3, ..SMALL };
 /// Quarantines by the design notes' command (nothing kept) beside ours (the replaced expiry
 /// kept), lifted by an operator whose clock is a whole lease behind.
 const PLAYBOOK_QUARANTINES: Bounds =
@@ -1423,6 +1446,15 @@ fn keeper_restarts_and_layout_releases_never_lead_to_an_id_issued_twice() {
         KEEPER_RESTARTS_AND_RELEASES,
         Rules::ALL,
         reached::RESUMED_AND_RENEWED | reached::CLAIMED_AFTER_RELEASE,
+    );
+}
+
+#[test]
+fn a_layout_claimed_again_after_its_release_and_a_clock_step_back_never_issues_an_id_twice() {
+    assert_safe(
+        RELEASE_AND_A_STEP_BACK,
+        Rules::ALL,
+        reached::CLAIMED_AFTER_RELEASE | reached::CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK,
     );
 }
 
