@@ -26,7 +26,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription,
 };
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
@@ -181,16 +181,14 @@ pub struct Restored {
     pub source: String,
     /// The point in time the copy holds, Unix ms.
     pub restored_to_unix_ms: i64,
-    /// When the restore created this table, Unix ms: an adoption is recorded against it, so a
-    /// copy of an adopted table (the record restored with the rows) is not adopted itself.
-    pub created_unix_ms: i64,
 }
 
 /// An operator's statement, kept in the table, that its numbers' earlier holders are all past
 /// their fences and can renew nowhere ([`DynamoDbLeaseStore::record_adoption`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adoption {
-    /// The table's creation time the adoption is for (see [`Restored::created_unix_ms`]).
+    /// The table's creation time the adoption is for ([`DynamoDbLeaseStore::origin`]): a copy
+    /// of an adopted table (the record restored with the rows) is not adopted itself.
     pub table_created_unix_ms: i64,
     /// The table the fleet used before (its name), or `gone`.
     pub source: String,
@@ -231,20 +229,11 @@ impl DynamoDbLeaseStore {
         &self.audit
     }
 
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
-    /// The table's creation time and, if a restore made it, what it was restored from.
+    /// The table's creation time (Unix ms) and, if a restore made it, what it was restored from.
     pub async fn origin(&self) -> Result<(i64, Option<Restored>), StoreError> {
-        let described = match self.client.describe_table().table_name(&self.table).send().await {
-            Ok(described) => described,
-            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => {
-                return Err(StoreError::Misconfigured(format!("table {} does not exist", self.table)));
-            }
-            Err(error) => return Err(unavailable(error)),
+        let Some(table) = self.describe_table(&self.table).await? else {
+            return Err(StoreError::Misconfigured(format!("table {} does not exist", self.table)));
         };
-        let table = described.table().ok_or_else(|| StoreError::Invalid(format!("{}: no description", self.table)))?;
         let millis = |at: Option<&aws_sdk_dynamodb::primitives::DateTime>| at.and_then(|at| at.to_millis().ok());
         let created = millis(table.creation_date_time()).unwrap_or(0);
         let restored = table.restore_summary().map(|summary| Restored {
@@ -254,7 +243,6 @@ impl DynamoDbLeaseStore {
                 .unwrap_or("an unnamed source")
                 .to_owned(),
             restored_to_unix_ms: millis(Some(summary.restore_date_time())).unwrap_or(0),
-            created_unix_ms: created,
         });
         Ok((created, restored))
     }
@@ -301,22 +289,38 @@ impl DynamoDbLeaseStore {
 
     /// The adoption recorded in this table, if any.
     pub async fn adoption(&self) -> Result<Option<Adoption>, StoreError> {
+        let Some(item) = self.get_item(TABLE_RECORD_KEY).await? else { return Ok(None) };
+        Ok(Some(Adoption {
+            table_created_unix_ms: number(&item, "table_created_unix_ms")?,
+            source: string(&item, "adopted_from")?,
+            operator: string(&item, "adopted_by")?,
+            at_unix_ms: number(&item, "adopted_at_unix_ms")?,
+        }))
+    }
+
+    /// One item of the lease table, by key (a machine number, or [`TABLE_RECORD_KEY`]).
+    async fn get_item(&self, key: i64) -> Result<Option<Item>, StoreError> {
         let output = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key("machine_id", n(TABLE_RECORD_KEY))
+            .key("machine_id", n(key))
             .consistent_read(true)
             .send()
             .await
             .map_err(unavailable)?;
-        let Some(item) = output.item() else { return Ok(None) };
-        Ok(Some(Adoption {
-            table_created_unix_ms: number(item, "table_created_unix_ms")?,
-            source: string(item, "adopted_from")?,
-            operator: string(item, "adopted_by")?,
-            at_unix_ms: number(item, "adopted_at_unix_ms")?,
-        }))
+        Ok(output.item().cloned())
+    }
+
+    /// `DescribeTable` of `name`; `None` if there is no such table.
+    async fn describe_table(&self, name: &str) -> Result<Option<TableDescription>, StoreError> {
+        match self.client.describe_table().table_name(name).send().await {
+            Ok(described) => Ok(Some(
+                described.table().cloned().ok_or_else(|| StoreError::Invalid(format!("{name}: no description")))?,
+            )),
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => Ok(None),
+            Err(error) => Err(unavailable(error)),
+        }
     }
 
     /// Records that an operator adopted this table: its numbers' earlier holders (in `source`,
@@ -432,14 +436,7 @@ impl DynamoDbLeaseStore {
         name: &str,
         keys: &[(&str, ScalarAttributeType, KeyType)],
     ) -> Result<TableState, StoreError> {
-        let described = match self.client.describe_table().table_name(name).send().await {
-            Ok(described) => described,
-            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => {
-                return Ok(TableState::Missing);
-            }
-            Err(error) => return Err(unavailable(error)),
-        };
-        let table = described.table().ok_or_else(|| StoreError::Invalid(format!("{name}: no description")))?;
+        let Some(table) = self.describe_table(name).await? else { return Ok(TableState::Missing) };
         let schema: Vec<(String, KeyType)> =
             table.key_schema().iter().map(|k| (k.attribute_name().to_owned(), k.key_type().clone())).collect();
         let wanted: Vec<(String, KeyType)> = keys.iter().map(|(a, _, k)| ((*a).to_owned(), k.clone())).collect();
@@ -528,9 +525,9 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn check_claimable(&self) -> Result<(), StoreError> {
-        let (_, Some(restored)) = self.origin().await? else { return Ok(()) };
+        let (created, Some(restored)) = self.origin().await? else { return Ok(()) };
         match self.adoption().await? {
-            Some(adoption) if adoption.table_created_unix_ms == restored.created_unix_ms => Ok(()),
+            Some(adoption) if adoption.table_created_unix_ms == created => Ok(()),
             _ => Err(StoreError::Misconfigured(format!(
                 "lease table {} is a restored copy of {} as of {} that no operator has adopted: its rows are older \
                  than the leases their numbers' holders may still hold, so a claim here could take a number that is \
@@ -810,16 +807,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn get(&self, machine: u32) -> Result<Option<LeaseRow>, StoreError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("machine_id", n(machine))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        output.item().map(lease_row).transpose()
+        self.get_item(i64::from(machine)).await?.as_ref().map(lease_row).transpose()
     }
 
     async fn list(&self) -> Result<Vec<LeaseRow>, StoreError> {
