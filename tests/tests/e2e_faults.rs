@@ -445,11 +445,20 @@ async fn e2e_all_numbers_taken_the_third_worker_waits() {
 }
 
 // ---------------------------------------------------------------------------------------------
+/// Runs one AWS CLI line (its arguments after `aws`, as a shell would take them) against
+/// `endpoint`, and returns its JSON output (null if it printed none).
+async fn aws_cli(endpoint: &str, args: &str) -> serde_json::Value {
+    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
+    let line = format!("{aws} --endpoint-url {endpoint} {args}");
+    let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
+    assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
+}
+
 // The AWS CLI playbook (design notes R3.9, commands 1–3) works verbatim against our tables.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
-    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
     // A server of its own: the playbook names the production table, `idgen-leases-v2`.
     let moto = MotoServer::start().await.unwrap();
     let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
@@ -480,17 +489,8 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
         panic!("claim")
     };
 
-    let run = |args: &'static str| {
-        let aws = aws.clone();
-        let endpoint = moto.endpoint.clone();
-        async move {
-            // The playbook line, verbatim, pointed at the local endpoint.
-            let line = format!("{aws} --endpoint-url {endpoint} {args}");
-            let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
-            assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
-            serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap_or(serde_json::Value::Null)
-        }
-    };
+    // The playbook line, verbatim, pointed at the local endpoint.
+    let run = |args: &'static str| aws_cli(&moto.endpoint, args);
     // 1. Who holds which machine number in a region right now
     let scan = run(r##"dynamodb scan --region eu-west-1 --table-name idgen-leases-v2 --projection-expression "machine_id, #h, lease_expiry, lease_epoch" --expression-attribute-names '{"#h": "holder"}'"##).await;
     assert_eq!(scan["Items"][0]["machine_id"]["N"], "170", "{scan}");
@@ -566,7 +566,6 @@ async fn lease_epoch(client: &reqwest::Client, worker: &WorkerProcess) -> Option
 
 async fn quarantine_lift_and_hand_over(quarantine: &[&str], lift_args: &[&str]) -> HandOver {
     let client = client();
-    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
     let lib = std::env::var("IDGEN_FAKETIME_LIB")
         .expect("IDGEN_FAKETIME_LIB is not set (./scripts/test installs libfaketime)")
         .replace("libfaketime.so.1", "libfaketimeMT.so.1");
@@ -597,9 +596,7 @@ async fn quarantine_lift_and_hand_over(quarantine: &[&str], lift_args: &[&str]) 
     for command in quarantine {
         // The line as written, pointed at the local endpoint.
         let command = command.replace("--table-name idgen-leases-v2 ", "--table-name idgen-leases ");
-        let line = format!("{aws} --endpoint-url {} {}", moto.endpoint, command.trim_start_matches("aws "));
-        let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
-        assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
+        aws_cli(&moto.endpoint, command.trim_start_matches("aws ")).await;
     }
 
     let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
@@ -833,14 +830,9 @@ async fn e2e_audit_table_killed_mid_run_every_record_is_found_afterwards() {
 // A restored lease table (DynamoDB restores into a new table) holds the expiries of its restore
 // point, while the holders since then issue under the live table.
 
-/// Runs one AWS CLI line against `endpoint` (us-east-1, the development region) and returns its JSON.
-async fn aws_cli(endpoint: &str, args: &str) -> serde_json::Value {
-    let aws = std::env::var("IDGEN_AWS_CLI").expect("IDGEN_AWS_CLI is not set (./scripts/test installs the AWS CLI)");
-    let line = format!("{aws} --endpoint-url {endpoint} --region us-east-1 --output json {args}");
-    let output = tokio::process::Command::new("sh").arg("-c").arg(&line).output().await.unwrap();
-    assert!(output.status.success(), "{line}\n{}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
-}
+/// The arguments that put an [`aws_cli`] line in the development region the workers' tables are
+/// in (us-east-1), with JSON output.
+const DEV_REGION_ARGS: &str = "--region us-east-1 --output json";
 
 /// `idgen worker --config <spec>` run to its exit (at most 20 s): its status and standard error.
 async fn worker_exit(spec: &WorkerSpec) -> Option<(std::process::ExitStatus, String)> {
@@ -868,12 +860,18 @@ async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is
     let a = WorkerProcess::start(&spec_a).await.unwrap();
     assert_eq!(a.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 0);
     // A backup now. By the time it is restored A has renewed well past the expiry it holds.
-    let backup = aws_cli(&endpoint, &format!("dynamodb create-backup --table-name {table} --backup-name before")).await;
+    let backup = aws_cli(
+        &endpoint,
+        &format!("dynamodb create-backup {DEV_REGION_ARGS} --table-name {table} --backup-name before"),
+    )
+    .await;
     let backup_arn = backup["BackupDetails"]["BackupArn"].as_str().unwrap().to_owned();
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     let restored = aws_cli(
         &endpoint,
-        &format!("dynamodb restore-table-from-backup --target-table-name {copy} --backup-arn {backup_arn}"),
+        &format!(
+            "dynamodb restore-table-from-backup {DEV_REGION_ARGS} --target-table-name {copy} --backup-arn {backup_arn}"
+        ),
     )
     .await;
     assert!(restored["TableDescription"]["RestoreSummary"].is_object(), "{restored}");
@@ -954,7 +952,9 @@ async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is
     let gone = format!("{table}-gone");
     aws_cli(
         &endpoint,
-        &format!("dynamodb restore-table-from-backup --target-table-name {gone} --backup-arn {backup_arn}"),
+        &format!(
+            "dynamodb restore-table-from-backup {DEV_REGION_ARGS} --target-table-name {gone} --backup-arn {backup_arn}"
+        ),
     )
     .await;
     let mut spec_c = WorkerSpec::short_lease_on("c", Store::Dynamodb { endpoint: endpoint.clone(), table: gone });
