@@ -52,6 +52,15 @@ fn generator_in(clock: &Arc<ManualClock>, region: u32, home: bool) -> Arc<IdGene
     Arc::new(IdGenerator::new(core, clock.clone(), Arc::new(GeneratorMetrics::default())))
 }
 
+/// The generator's metrics as Prometheus text.
+fn metrics_text(g: &IdGenerator) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    g.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
 fn keeper(
     f: &Fixture,
     generator: &Arc<IdGenerator>,
@@ -366,13 +375,7 @@ async fn each_claim_counts_the_numbers_left_free_in_its_range() {
     f.store.quarantine(4, "oncall", T0).await.unwrap();
     f.store.claim(9, "outside-the-range", T0, T0 + 60_000).await.unwrap();
     let g = generator(&f.clock);
-    let mut registry = prometheus_client::registry::Registry::default();
-    g.metrics().register(&mut registry);
-    let free = || {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        text.lines().find(|l| l.starts_with("idgen_lease_numbers_free{")).map(str::to_owned)
-    };
+    let free = || metrics_text(&g).lines().find(|l| l.starts_with("idgen_lease_numbers_free{")).map(str::to_owned);
     let mut k = keeper(&f, &g, 0..=5, "a");
     assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
     // Six numbers; held: 2 (live), 4 (quarantined) and ours.
@@ -384,12 +387,9 @@ async fn each_claim_counts_the_numbers_left_free_in_its_range() {
         let mut other = keeper(&f, &generator(&f.clock), 0..=5, holder);
         assert!(matches!(other.tick(now).await, Outcome::Claimed { .. }));
     }
-    let mut registry_h = prometheus_client::registry::Registry::default();
-    h.metrics().register(&mut registry_h);
     let mut last = keeper(&f, &h, 0..=5, "e");
     assert!(matches!(last.tick(now).await, Outcome::AllTaken { .. }));
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry_h).unwrap();
+    let text = metrics_text(&h);
     assert!(text.contains(r#"idgen_lease_numbers_free{layout="v1"} 0"#), "{text}");
 }
 
@@ -402,21 +402,38 @@ async fn by_hand(f: &Fixture, sql: &str) {
     pool.close().await;
 }
 
-#[tokio::test]
-async fn a_row_deleted_under_a_held_lease_stops_issuing_and_nothing_more_is_claimed_in_that_table() {
-    // Before, the keeper took the failed renewal for an ordinary loss and claimed again in the
-    // same table: one whose rows no longer say who holds what (a number whose row was deleted is
-    // claimable by anyone, while its holder issues until its next renewal).
+/// A keeper of 7–8 that claimed and issued, the row of its number changed by `sql` (`{m}`: the
+/// number), and the renewal a second later.
+struct ChangedUnderTheLease {
+    f: Fixture,
+    g: Arc<IdGenerator>,
+    k: LeaseKeeper,
+    now: Instant,
+    machine: u32,
+    outcome: Outcome,
+}
+
+async fn renewal_after_by_hand(sql: &str) -> ChangedUnderTheLease {
     let mut now = Instant::now();
     let f = fixture().await;
     let g = generator(&f.clock);
     let mut k = keeper(&f, &g, 7..=8, "a");
     let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
     g.next_id().await.unwrap();
-    by_hand(&f, &format!(r#"DELETE FROM "idgen-leases" WHERE machine_id = {machine}"#)).await;
+    by_hand(&f, &sql.replace("{m}", &machine.to_string())).await;
     now += Duration::from_millis(1_000);
     f.clock.advance(1_000);
     let outcome = k.tick(now).await;
+    ChangedUnderTheLease { f, g, k, now, machine, outcome }
+}
+
+#[tokio::test]
+async fn a_row_deleted_under_a_held_lease_stops_issuing_and_nothing_more_is_claimed_in_that_table() {
+    // Before, the keeper took the failed renewal for an ordinary loss and claimed again in the
+    // same table: one whose rows no longer say who holds what (a number whose row was deleted is
+    // claimable by anyone, while its holder issues until its next renewal).
+    let ChangedUnderTheLease { f, g, mut k, mut now, machine, outcome } =
+        renewal_after_by_hand(r#"DELETE FROM "idgen-leases" WHERE machine_id = {m}"#).await;
     let Outcome::Lost { machine: lost, then } = outcome else { panic!("{outcome:?}") };
     assert_eq!(lost, machine);
     let Outcome::TableRefused { reason, .. } = *then else { panic!("claimed again in that table: {then:?}") };
@@ -430,10 +447,7 @@ async fn a_row_deleted_under_a_held_lease_stops_issuing_and_nothing_more_is_clai
         assert!(matches!(outcome, Outcome::TableRefused { .. } | Outcome::Idle), "{outcome:?}");
     }
     assert!(f.store.list().await.unwrap().iter().all(|row| row.lease_expiry < T0 + 16_000 || row.holder != "a"));
-    let mut registry = prometheus_client::registry::Registry::default();
-    g.metrics().register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let text = metrics_text(&g);
     assert!(text.contains(r#"event="table_went_back""#), "counted: {text}");
 }
 
@@ -443,15 +457,7 @@ async fn a_row_back_at_an_older_epoch_or_another_holder_at_ours_is_a_table_that_
         (r#"UPDATE "idgen-leases" SET lease_epoch = lease_epoch - 1 WHERE machine_id = {m}"#, "epoch"),
         (r#"UPDATE "idgen-leases" SET holder = 'b' WHERE machine_id = {m}"#, "names b at the same epoch"),
     ] {
-        let mut now = Instant::now();
-        let f = fixture().await;
-        let g = generator(&f.clock);
-        let mut k = keeper(&f, &g, 7..=8, "a");
-        let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
-        by_hand(&f, &change.replace("{m}", &machine.to_string())).await;
-        now += Duration::from_millis(1_000);
-        f.clock.advance(1_000);
-        let outcome = k.tick(now).await;
+        let outcome = renewal_after_by_hand(change).await.outcome;
         let Outcome::Lost { then, .. } = outcome else { panic!("{outcome:?}") };
         let Outcome::TableRefused { reason, .. } = *then else { panic!("{change}: claimed again: {then:?}") };
         assert!(reason.contains(shows), "{reason}");
