@@ -65,7 +65,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::ScheduleConflict { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "schedule_conflict", error.to_string())
             }
-            RegistryError::Storage(_) | RegistryError::Invalid(_) => {
+            RegistryError::Storage(_) | RegistryError::Invalid(_) | RegistryError::NotARegistry(_) => {
                 tracing::error!(%error, "registry storage");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -13,13 +13,20 @@ use crate::store::{InitialSchedule, ScheduledLayout};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegistryConfig {
+    /// Development mode: a SQLite file under `.idgen/` when no database is configured, the
+    /// database initialized at start-up, plain HTTP allowed. Off by default: a production
+    /// registry refuses to start without its PostgreSQL database, mutual TLS and operators
+    /// ([`RegistryConfig::missing_for_production`]), and never initializes a database itself.
+    pub development: bool,
     pub listen: SocketAddr,
-    /// `postgres://…` in production; `sqlite://…` as the embedded default.
-    pub database_url: String,
+    /// `postgres://…` in production; unset in development: `sqlite://.idgen/registry.db`.
+    pub database_url: Option<String>,
     /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
     pub sqlite_open_timeout_ms: u64,
-    /// The one region allowed to issue under layouts without a region field (v1).
-    pub home_region: String,
+    /// The one region allowed to issue under layouts without a region field (v1). Written into
+    /// a new database by `idgen registry init`; a registry whose database names another refuses
+    /// to start. Development default: `us-east-1`.
+    pub home_region: Option<String>,
     /// The horizon is kept at least this far ahead of now (no cutover is ever scheduled closer).
     pub horizon_lead_ms: i64,
     /// Operator name → bearer token, for writes.
@@ -38,10 +45,11 @@ pub struct RegistryConfig {
 impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig {
+            development: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
-            database_url: "sqlite://.idgen/registry.db".into(),
+            database_url: None,
             sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
-            home_region: "us-east-1".into(),
+            home_region: None,
             horizon_lead_ms: 30 * 86_400_000,
             operators: BTreeMap::new(),
             operator_token_file: None,
@@ -73,13 +81,59 @@ impl RegistryConfig {
         Ok(config)
     }
 
+    /// The development defaults of what a production registry must be told.
+    pub const DEVELOPMENT_DATABASE_URL: &str = "sqlite://.idgen/registry.db";
+    pub const DEVELOPMENT_HOME_REGION: &str = "us-east-1";
+
+    /// A registry in development mode with every default (tests, `idgen up`).
+    pub fn development() -> Self {
+        RegistryConfig { development: true, ..Default::default() }
+    }
+
+    pub fn database_url(&self) -> &str {
+        self.database_url.as_deref().unwrap_or(Self::DEVELOPMENT_DATABASE_URL)
+    }
+
+    pub fn home_region(&self) -> &str {
+        self.home_region.as_deref().unwrap_or(Self::DEVELOPMENT_HOME_REGION)
+    }
+
+    /// What a production registry must be told, and is not. Empty in development mode.
+    pub fn missing_for_production(&self) -> Vec<String> {
+        if self.development {
+            return Vec::new();
+        }
+        let mut missing = Vec::new();
+        match self.database_url.as_deref() {
+            None => missing.push("database_url (postgres://…: the registry's own PostgreSQL database)".to_owned()),
+            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => missing.push(format!(
+                "database_url as postgres://… (not {}: SQLite is for development only)",
+                idgen::config::redacted_url(url)
+            )),
+            Some(_) => {}
+        }
+        if self.home_region.is_none() {
+            missing.push("home_region (the one region issuing under v1; checked against the database)".into());
+        }
+        if !self.tls.mutual() || self.tls.cert.is_none() || self.tls.key.is_none() {
+            missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".into());
+        }
+        if self.operators.is_empty() && self.operator_token_file.is_none() && self.certificate_operators.is_empty() {
+            missing.push(
+                "operators: certificate_operators, [operators] or operator_token_file (writes need an operator)".into(),
+            );
+        }
+        missing
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
+        idgen::config::refuse_missing_for("registry", self.missing_for_production())?;
         self.tls.validate()?;
         if !self.certificate_operators.is_empty() && !self.tls.mutual() {
             bail!("certificate_operators needs tls.client_ca: without mutual TLS no caller is identified");
         }
-        if !crate::api::valid_region_name(&self.home_region) {
-            bail!("home_region {:?} is not a region name", self.home_region);
+        if !crate::api::valid_region_name(self.home_region()) {
+            bail!("home_region {:?} is not a region name", self.home_region());
         }
         // Workers refuse past the horizon they hold; a lead shorter than their refresh interval
         // would have the whole fleet refusing between two refreshes.
@@ -104,14 +158,21 @@ impl RegistryConfig {
     pub fn check(&self) -> anyhow::Result<Vec<String>> {
         let listener = self.tls.check()?;
         let tokens = self.operator_tokens()?.len();
-        let database = if self.database_url.starts_with("postgres") {
-            format!("PostgreSQL at {}", idgen::config::redacted_url(&self.database_url))
+        let database = if self.database_url().starts_with("postgres") {
+            format!("PostgreSQL at {}", idgen::config::redacted_url(self.database_url()))
         } else {
-            format!("{} (a local file: development only)", self.database_url)
+            format!("{} (a local file: development only)", self.database_url())
         };
         Ok(vec![
+            format!(
+                "mode: {}",
+                match self.development {
+                    true => "DEVELOPMENT (the database is initialized at start-up)",
+                    false => "production (the database must have been initialized: idgen registry init)",
+                }
+            ),
             format!("database: {database}"),
-            format!("home region: {}", self.home_region),
+            format!("home region: {}", self.home_region()),
             format!("horizon kept {} days ahead", self.horizon_lead_ms / 86_400_000),
             format!("operators: {tokens} by bearer token, {} by client certificate", self.certificate_operators.len()),
             format!("listener: {listener} on {}", self.listen),
@@ -130,14 +191,14 @@ impl RegistryConfig {
             }
             tokens.insert(token.to_owned(), "operator".into());
         }
-        if tokens.is_empty() {
-            tracing::warn!("no operator token configured: every write will be refused (401)");
+        if tokens.is_empty() && self.certificate_operators.is_empty() {
+            tracing::warn!("no operator configured (token or certificate): every write will be refused (401)");
         }
         Ok(tokens)
     }
 
     pub fn initial_schedule(&self) -> anyhow::Result<InitialSchedule> {
-        let mut initial = InitialSchedule::spec_default(&self.home_region);
+        let mut initial = InitialSchedule::spec_default(self.home_region());
         if let Some(from) = self.initial_v2_from_ms {
             if from == 0 || from > MAX_TIMESTAMP {
                 bail!("initial_v2_from_ms must be after the epoch and at most {MAX_TIMESTAMP} (2^41 − 1), not {from}");
@@ -155,7 +216,7 @@ mod tests {
 
     #[test]
     fn the_horizon_lead_and_the_first_cutover_are_bounded() {
-        let mut config = RegistryConfig::default();
+        let mut config = RegistryConfig::development();
         config.validate().unwrap();
         config.horizon_lead_ms = 0;
         assert!(format!("{:#}", config.validate().unwrap_err()).contains("at least 1000"));
@@ -168,5 +229,32 @@ mod tests {
         assert!(format!("{:#}", config.initial_schedule().unwrap_err()).contains("2^41"));
         config.initial_v2_from_ms = Some(0);
         assert!(config.initial_schedule().is_err());
+    }
+
+    fn load(dir: &Path, text: &str) -> anyhow::Result<RegistryConfig> {
+        let path = dir.join("registry.toml");
+        std::fs::write(&path, text).unwrap();
+        RegistryConfig::load(Some(&path))
+    }
+
+    #[test]
+    fn production_names_everything_it_was_not_told_and_refuses_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = load(dir.path(), "listen = \"127.0.0.1:0\"\n").unwrap_err();
+        assert!(error.chain().any(|e| e.is::<idgen::config::Refused>()), "exit status 2: {error:#}");
+        let said = format!("{error:#}");
+        for key in ["database_url", "home_region", "tls.client_ca", "operators"] {
+            assert!(said.contains(key), "{key} not named: {said}");
+        }
+        let said = format!(
+            "{:#}",
+            load(dir.path(), "database_url = \"sqlite:///var/lib/idgen/registry.db\"\nhome_region = \"us-east-1\"\n")
+                .unwrap_err()
+        );
+        assert!(said.contains("SQLite is for development only"), "{said}");
+        assert!(!said.contains("home_region"), "{said}");
+        // Development mode needs none of it.
+        let config = load(dir.path(), "development = true\n").unwrap();
+        assert_eq!((config.database_url(), config.home_region()), ("sqlite://.idgen/registry.db", "us-east-1"));
     }
 }

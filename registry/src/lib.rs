@@ -55,21 +55,54 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Connects the store (migrating and seeding it), binds, prints the address, serves until
-/// `shutdown`. On SIGHUP the `[tls]` files in `config_file` are read again.
+/// `idgen registry init`: makes the configured database a registry's (migrations, the home
+/// region and the first layouts), or applies the migrations still pending on one that is.
+/// Idempotent; refuses another service's database or one naming another home region.
+pub async fn init(config: &RegistryConfig) -> anyhow::Result<store::Initialized> {
+    store::RegistryStore::initialize(
+        config.database_url(),
+        &config.initial_schedule()?,
+        std::time::Duration::from_millis(config.sqlite_open_timeout_ms),
+    )
+    .await
+    .with_context(|| {
+        format!("initializing the registry database {}", idgen::config::redacted_url(config.database_url()))
+    })
+}
+
+/// Opens the store, binds, prints the address, serves until `shutdown`. In development mode the
+/// database is initialized first; in production it must have been (`idgen registry init`), and a
+/// database that is not a registry's is refused ([`idgen::config::Refused`]: exit status 2). On
+/// SIGHUP the `[tls]` files in `config_file` are read again.
 pub async fn serve(
     config: RegistryConfig,
     config_file: Option<std::path::PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let operators = config.operator_tokens()?;
-    let store = store::RegistryStore::connect_waiting(
-        &config.database_url,
-        &config.initial_schedule()?,
-        std::time::Duration::from_millis(config.sqlite_open_timeout_ms),
-    )
-    .await
-    .with_context(|| format!("opening the registry database {}", idgen::config::redacted_url(&config.database_url)))?;
+    let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
+    let url = config.database_url();
+    let opened = match config.development {
+        true => {
+            tracing::warn!(database = %idgen::config::redacted_url(url), "DEVELOPMENT mode: the registry's database is initialized at start-up");
+            store::RegistryStore::connect_waiting(url, &config.initial_schedule()?, within).await
+        }
+        false => store::RegistryStore::open(url, config.home_region(), within).await,
+    };
+    let store = match opened {
+        Ok(store) => store,
+        Err(store::RegistryError::NotARegistry(why)) => {
+            return Err(idgen::config::Refused(format!(
+                "registry database {}: {why}",
+                idgen::config::redacted_url(url)
+            ))
+            .into());
+        }
+        Err(error) => {
+            return Err(anyhow::Error::new(error)
+                .context(format!("opening the registry database {}", idgen::config::redacted_url(url))));
+        }
+    };
     let state = AppState {
         store: Arc::new(store),
         operators: Arc::new(operators),

@@ -1,6 +1,8 @@
-//! `idgen-registry --config registry.toml`: the region registry. (`idgen registry` is the same.)
+//! `idgen-registry --config registry.toml`: the region registry. (`idgen registry` is the same;
+//! `idgen registry init` initializes its database.)
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Parser;
 
@@ -16,16 +18,25 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     idgen::init_tracing();
     let Args { config: file, check_config } = Args::parse();
-    let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
-    if check_config {
-        println!("registry configuration OK");
-        for line in config.check()? {
-            println!("  {line}");
+    let result = async {
+        let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
+        if check_config {
+            println!("registry configuration OK");
+            for line in config.check()? {
+                println!("  {line}");
+            }
+            return Ok(());
         }
-        return Ok(());
+        idgen_registry::serve(config, file, idgen::shutdown_signal()).await
+    };
+    match result.await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("idgen-registry: {error:#}");
+            ExitCode::from(idgen::config::exit_status(&error))
+        }
     }
-    idgen_registry::serve(config, file, idgen::shutdown_signal()).await
 }

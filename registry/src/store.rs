@@ -2,9 +2,8 @@
 //! implementation over sqlx's `Any` driver with SQL both databases accept, and the same store
 //! test suite run on both (`tests/store.rs`).
 
-use std::str::FromStr;
-
 use idgen_core::{Layout, MAX_TIMESTAMP};
+use idgen_server::database::{Connection, Schema};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 use thiserror::Error;
@@ -90,6 +89,10 @@ pub enum RegistryError {
     LayoutExists(String),
     #[error("{what}")]
     ScheduleConflict { what: String },
+    /// The database is not a registry's to serve from (empty, half-made, another service's, or
+    /// naming another home region); the message says what was found and what to run.
+    #[error("{0}")]
+    NotARegistry(String),
     #[error("storage: {0}")]
     Storage(#[from] sqlx::Error),
     #[error("storage holds an invalid row: {0}")]
@@ -147,8 +150,9 @@ impl RegistryStore {
         (self.pool.size(), self.pool.num_idle())
     }
 
-    /// Connects (`postgres://…` or `sqlite://…`), applies the migrations for that database, and
-    /// seeds the schedule if the registry is new.
+    /// Development: connects (`postgres://…` or `sqlite://…`), initializes the database if it is
+    /// new ([`Self::initialize`]) and opens it. Production starts with [`Self::open`] instead,
+    /// which never initializes.
     pub async fn connect(url: &str, initial: &InitialSchedule) -> Result<Self, RegistryError> {
         Self::connect_waiting(url, initial, idgen::open_lock::DEFAULT_OPEN_TIMEOUT).await
     }
@@ -160,36 +164,52 @@ impl RegistryStore {
         initial: &InitialSchedule,
         within: std::time::Duration,
     ) -> Result<Self, RegistryError> {
-        sqlx::any::install_default_drivers();
-        let sqlite = url.starts_with("sqlite:");
-        // Held until the file is set up and seeded.
-        let _one_opener = idgen::open_lock::lock_for_open_url(url, within)
-            .await
-            .map_err(|error| RegistryError::Storage(sqlx::Error::Configuration(Box::new(error))))?;
-        let pool = if sqlite {
-            // One connection: SQLite serializes writers anyway, and this keeps read-then-write
-            // transactions from failing with SQLITE_BUSY under concurrent requests.
-            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
-                .create_if_missing(true)
-                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                .busy_timeout(std::time::Duration::from_secs(5));
-            let sqlite_pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
-            SQLITE.run(&sqlite_pool).await.map_err(|e| RegistryError::Storage(e.into()))?;
-            sqlite_pool.close().await;
-            AnyPoolOptions::new().max_connections(1).connect(url).await?
-        } else {
-            let pool = AnyPoolOptions::new().max_connections(8).connect(url).await?;
-            let pg = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?;
-            POSTGRES.run(&pg).await.map_err(|e| RegistryError::Storage(e.into()))?;
-            pg.close().await;
-            pool
-        };
-        let store = RegistryStore { pool };
-        store.seed(initial).await?;
-        Ok(store)
+        Self::initialize(url, initial, within).await?;
+        Self::open(url, &initial.home_region, within).await
     }
 
-    async fn seed(&self, initial: &InitialSchedule) -> Result<(), RegistryError> {
+    /// `idgen registry init`: applies the migrations and, on a new database, publishes the home
+    /// region and the first layouts. Idempotent: on a registry's database it only applies the
+    /// migrations still pending, and fails if that database names another home region. Refuses
+    /// a database holding tables that are not a registry's.
+    pub async fn initialize(
+        url: &str,
+        initial: &InitialSchedule,
+        within: std::time::Duration,
+    ) -> Result<Initialized, RegistryError> {
+        sqlx::any::install_default_drivers();
+        // Held until the file is set up and seeded.
+        let _one_opener = open_lock(url, within).await?;
+        let connection = Connection::connect(url).await?;
+        let migrated = connection.migrate(&SCHEMA).await;
+        connection.close().await;
+        migrated.map_err(|error| RegistryError::NotARegistry(format!("{error:#}")))?;
+        let store = RegistryStore { pool: AnyPoolOptions::new().max_connections(1).connect(url).await? };
+        let seeded = store.seed(initial).await;
+        store.pool.close().await;
+        seeded
+    }
+
+    /// Opens a registry's database to serve from it. Never initializes: an empty database, one
+    /// with migrations pending, another service's, or one naming another home region is refused
+    /// ([`RegistryError::NotARegistry`], saying what to run). A registry started on an empty
+    /// database would hand out region numbers from 0 again: two regions with one number.
+    pub async fn open(url: &str, home_region: &str, within: std::time::Duration) -> Result<Self, RegistryError> {
+        sqlx::any::install_default_drivers();
+        {
+            let _one_opener = open_lock(url, within).await?;
+            let connection = Connection::connect(url).await?;
+            let checked = check_initialized(&connection, home_region).await;
+            connection.close().await;
+            checked?;
+        }
+        // SQLite: one connection. It serializes writers anyway, and this keeps read-then-write
+        // transactions from failing with SQLITE_BUSY under concurrent requests.
+        let connections = if url.starts_with("sqlite:") { 1 } else { 8 };
+        Ok(RegistryStore { pool: AnyPoolOptions::new().max_connections(connections).connect(url).await? })
+    }
+
+    async fn seed(&self, initial: &InitialSchedule) -> Result<Initialized, RegistryError> {
         let mut tx = self.pool.begin().await?;
         let seeded: i64 =
             sqlx::query("SELECT COUNT(*) AS n FROM schedule_state").fetch_one(&mut *tx).await?.try_get("n")?;
@@ -201,23 +221,27 @@ impl RegistryStore {
             for entry in &initial.layouts {
                 insert_layout(&mut tx, entry, 0).await?;
             }
-        } else {
-            // Published once, the home region and the first layouts never change; a configuration
-            // that says otherwise is ignored, loudly.
-            let home: String = sqlx::query("SELECT home_region FROM schedule_state WHERE id = 1")
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get("home_region")?;
-            if home != initial.home_region {
-                tracing::warn!(stored = %home, configured = %initial.home_region, "the home region is already published; the configured one is ignored");
-            }
+            return match tx.commit().await {
+                Ok(()) => Ok(Initialized::Now),
+                // Another `init` seeded it first: what it published is checked like any other.
+                Err(error) if is_unique_violation(&error) => Box::pin(self.seed(initial)).await,
+                Err(error) => Err(error.into()),
+            };
         }
-        match tx.commit().await {
-            Ok(()) => Ok(()),
-            // Another registry instance seeded it first: fine.
-            Err(error) if is_unique_violation(&error) => Ok(()),
-            Err(error) => Err(error.into()),
+        // Published once, the home region and the first layouts never change.
+        let home: String = sqlx::query("SELECT home_region FROM schedule_state WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("home_region")?;
+        if home != initial.home_region {
+            return Err(RegistryError::NotARegistry(format!(
+                "this registry's database has home region {home}, and the configuration says {}: the home region \
+                 never changes once published (is database_url the right database?)",
+                initial.home_region
+            )));
         }
+        let regions: i64 = sqlx::query("SELECT COUNT(*) AS n FROM regions").fetch_one(&mut *tx).await?.try_get("n")?;
+        Ok(Initialized::Already { home_region: home, regions: regions as u64 })
     }
 
     pub async fn regions(&self) -> Result<Vec<Region>, RegistryError> {
@@ -401,6 +425,56 @@ impl RegistryStore {
                 })
             })
             .collect()
+    }
+}
+
+/// What `idgen registry init` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Initialized {
+    /// A new registry: the home region and the first layouts are published.
+    Now,
+    /// Already a registry's database (migrations still pending, if any, applied): nothing else
+    /// changed.
+    Already { home_region: String, regions: u64 },
+}
+
+/// The registry's tables and migrations.
+const SCHEMA: Schema = Schema {
+    service: "registry",
+    tables: &["regions", "layouts", "schedule_state", "registry_audit"],
+    sqlite: &SQLITE,
+    postgres: &POSTGRES,
+};
+
+async fn open_lock(
+    url: &str,
+    within: std::time::Duration,
+) -> Result<Option<idgen::open_lock::OpenLock>, RegistryError> {
+    idgen::open_lock::lock_for_open_url(url, within)
+        .await
+        .map_err(|error| RegistryError::Storage(sqlx::Error::Configuration(Box::new(error))))
+}
+
+/// What [`RegistryStore::open`] needs: a registry's tables and no others, every migration
+/// applied, the schedule published, with this home region.
+async fn check_initialized(connection: &Connection, home_region: &str) -> Result<(), RegistryError> {
+    const INIT: &str = "idgen registry init --config <this file>";
+    let refuse = |what: String| Err(RegistryError::NotARegistry(format!("refusing to start: {what}")));
+    if let Some(why) = connection.refusal(&SCHEMA, INIT).await? {
+        return refuse(why);
+    }
+    let sql = "SELECT home_region FROM schedule_state WHERE id = 1";
+    let home: Option<String> = match connection {
+        Connection::Sqlite(pool) => sqlx::query_scalar(sql).fetch_optional(pool).await?,
+        Connection::Postgres(pool) => sqlx::query_scalar(sql).fetch_optional(pool).await?,
+    };
+    match home {
+        None => refuse(format!("the registry's tables exist but no schedule was ever published: run `{INIT}`")),
+        Some(home) if home != home_region => refuse(format!(
+            "this registry's database has home region {home}, the configuration says {home_region} (the home \
+             region never changes once published: is database_url the right database?)"
+        )),
+        Some(_) => Ok(()),
     }
 }
 

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use idgen_core::{Layout, Schedule, ScheduleEntry, Timestamp, format_unix_ms};
-use idgen_registry::store::{InitialSchedule, RegionStatus, RegistryError, RegistryStore, ScheduledLayout};
+use idgen_registry::store::{
+    InitialSchedule, Initialized, RegionStatus, RegistryError, RegistryStore, ScheduledLayout,
+};
 use idgen_test_support::{TestDatabase as Db, store_suite};
 
 const NOW: i64 = 1_795_000_000_000; // 2026-11-18
@@ -164,5 +166,35 @@ async fn layouts_are_validated(db: Db) {
     assert!(store.audit_log(10).await.unwrap().iter().any(|a| a.action == "add_layout" && a.detail.starts_with("v3")));
 }
 
-store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated);
-store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated);
+/// A production registry opens only a database `initialize` made (`idgen registry init`): an
+/// empty one is refused and left empty, never seeded, so no region number is handed out twice;
+/// init is idempotent and keeps what the registry handed out; another home region is refused.
+async fn open_never_initializes_and_init_is_idempotent(db: Db) {
+    let within = std::time::Duration::from_secs(5);
+    let refused = |result: Result<RegistryStore, RegistryError>| match result {
+        Err(RegistryError::NotARegistry(why)) => why,
+        Err(other) => panic!("not a refusal: {other}"),
+        Ok(_) => panic!("opened"),
+    };
+    let why = refused(RegistryStore::open(db.url(), "us-east-1", within).await);
+    assert!(why.contains("empty") && why.contains("idgen registry init"), "{why}");
+    let why = refused(RegistryStore::open(db.url(), "us-east-1", within).await);
+    assert!(why.contains("empty"), "a refused open made something: {why}");
+
+    let initial = InitialSchedule::spec_default("us-east-1");
+    assert_eq!(RegistryStore::initialize(db.url(), &initial, within).await.unwrap(), Initialized::Now);
+    let store = RegistryStore::open(db.url(), "us-east-1", within).await.unwrap();
+    assert_eq!(store.add_region("us-east-1", 8, "alice", NOW).await.unwrap().number, 0);
+    assert_eq!(store.add_region("eu-west-1", 8, "alice", NOW).await.unwrap().number, 1);
+    let again = RegistryStore::initialize(db.url(), &initial, within).await.unwrap();
+    assert_eq!(again, Initialized::Already { home_region: "us-east-1".into(), regions: 2 });
+    assert_eq!(store.add_region("ap-south-1", 8, "alice", NOW).await.unwrap().number, 2, "init kept the numbers");
+
+    let other = InitialSchedule::spec_default("eu-west-1");
+    assert!(matches!(RegistryStore::initialize(db.url(), &other, within).await, Err(RegistryError::NotARegistry(_))));
+    let why = refused(RegistryStore::open(db.url(), "eu-west-1", within).await);
+    assert!(why.contains("home region us-east-1"), "{why}");
+}
+
+store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent);
+store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent);

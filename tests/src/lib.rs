@@ -262,7 +262,7 @@ impl RegistryProcess {
         std::fs::write(
             config.path(),
             format!(
-                "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\ne2e = \"{token}\"\n",
+                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\ne2e = \"{token}\"\n",
                 dir.path().join("registry.db").display()
             ),
         )?;

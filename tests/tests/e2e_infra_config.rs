@@ -122,6 +122,26 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
     assert!(!out.status.success(), "a misspelt registry key passed:\n{}", text(&out));
     assert!(text(&out).contains("horizon_lead"), "the refusal does not name the key:\n{}", text(&out));
 
+    // The registry and the public-ID service without their database, or on SQLite: refused with
+    // exit status 2, the key named, never a start on a local file.
+    for (name, args) in [("registry.toml", &["registry"][..]), ("public-ids.toml", &["public", "serve"][..])] {
+        let no_database = example(dir.path(), &tls, name, |t| {
+            t.lines().filter(|l| !l.starts_with("database_url = ")).collect::<Vec<_>>().join("\n")
+        });
+        let out = check(args, &no_database);
+        assert_eq!(out.status.code(), Some(2), "{name} without a database:\n{}", text(&out));
+        assert!(text(&out).contains("database_url (postgres://"), "{name}:\n{}", text(&out));
+        let sqlite = example(dir.path(), &tls, name, |t| {
+            t.lines()
+                .map(|l| if l.starts_with("database_url = ") { "database_url = \"sqlite:///tmp/x.db\"" } else { l })
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        let out = check(args, &sqlite);
+        assert_eq!(out.status.code(), Some(2), "{name} on SQLite:\n{}", text(&out));
+        assert!(text(&out).contains("SQLite is for development only"), "{name}:\n{}", text(&out));
+    }
+
     // A certificate that is not there: the TLS files are loaded, not only named.
     std::fs::remove_file(tls.join("server-key.pem")).unwrap();
     let public = example(dir.path(), &tls, "public-ids.toml", |t| t);

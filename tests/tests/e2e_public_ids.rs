@@ -18,7 +18,7 @@ async fn e2e_public_ids_through_the_binary() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
             dir.path().join("p.db").display(),
             shared_dynamodb_endpoint()
         ),

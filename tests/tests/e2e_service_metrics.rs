@@ -49,8 +49,11 @@ async fn e2e_the_public_id_service_counts_its_requests_pool_and_callers() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("public-ids.toml");
     let db = dir.path().join("p.db");
-    std::fs::write(&config, format!("listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n", db.display()))
-        .unwrap();
+    std::fs::write(
+        &config,
+        format!("development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n", db.display()),
+    )
+    .unwrap();
     let (mut child, url) =
         start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
             .await

@@ -92,7 +92,7 @@ async fn e2e_eight_registries_and_public_id_services_open_one_fresh_file_at_once
         let registry = write(
             &dir.path().join("registry.toml"),
             format!(
-                "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"home\"\n",
+                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"home\"\n",
                 dir.path().join("registry.db").display()
             ),
         );
@@ -102,7 +102,7 @@ async fn e2e_eight_registries_and_public_id_services_open_one_fresh_file_at_once
         let public = write(
             &dir.path().join("public-ids.toml"),
             format!(
-                "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n",
+                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n",
                 dir.path().join("public.db").display()
             ),
         );

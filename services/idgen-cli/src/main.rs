@@ -53,7 +53,9 @@ enum Command {
         #[arg(long)]
         check_config: bool,
     },
-    /// Run the region registry (the same as the `idgen-registry` binary).
+    /// Run the region registry (the same as the `idgen-registry` binary); `idgen registry init`
+    /// initializes its database, once, before the first start.
+    #[command(args_conflicts_with_subcommands = true)]
     Registry {
         /// TOML configuration file; IDGEN_REGISTRY_… environment variables override it.
         #[arg(long)]
@@ -62,6 +64,8 @@ enum Command {
         /// with, and exit.
         #[arg(long)]
         check_config: bool,
+        #[command(subcommand)]
+        command: Option<RegistryCommand>,
     },
     /// Mint IDs through the client library: the local fleet (--url), failing over to --backup
     /// fleets and back; --watch keeps minting.
@@ -124,6 +128,22 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum RegistryCommand {
+    /// Make the configured database a registry's: apply the migrations and publish the home
+    /// region and the first layouts (v1, and v2 from 2028-01-01 or initial_v2_from_ms). Run once
+    /// for a new registry, and again after an upgrade (it applies new migrations). Idempotent:
+    /// on a registry's database it changes nothing else; it refuses another service's database
+    /// and one that names another home region. A production registry never does this itself.
+    Init {
+        /// The registry's configuration (its database_url and home_region are what init uses).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -131,8 +151,13 @@ fn main() -> ExitCode {
         Command::Worker { config: file, check_config: true, .. } => {
             WorkerConfig::load(file.as_deref()).and_then(|config| print_check("worker", file, config.check()?))
         }
-        Command::Registry { config: file, check_config: true } => idgen_registry::RegistryConfig::load(file.as_deref())
-            .and_then(|config| print_check("registry", file, config.check()?)),
+        Command::Registry { config: file, check_config: true, command: None } => {
+            idgen_registry::RegistryConfig::load(file.as_deref())
+                .and_then(|config| print_check("registry", file, config.check()?))
+        }
+        Command::Registry { command: Some(RegistryCommand::Init { config, json }), .. } => {
+            runtime().and_then(|rt| rt.block_on(registry_init(config, json)))
+        }
         Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true }, .. } => {
             idgen_public_ids::PublicIdsConfig::load(file.as_deref())
                 .and_then(|config| print_check("public-ID service", file, config.check()?))
@@ -191,9 +216,45 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("idgen: {error:#}");
-            if error.downcast_ref::<Usage>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
+            if error.downcast_ref::<Usage>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(idgen::config::exit_status(&error))
+            }
         }
     }
+}
+
+/// `idgen registry init`.
+async fn registry_init(file: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    use idgen_registry::store::Initialized;
+    let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
+    let database = idgen::config::redacted_url(config.database_url());
+    let done = idgen_registry::init(&config).await?;
+    let (initialized, line) = match &done {
+        Initialized::Now => (
+            true,
+            format!(
+                "registry initialized in {database}: home region {}, layouts v1 and v2 published",
+                config.home_region()
+            ),
+        ),
+        Initialized::Already { home_region, regions } => (
+            false,
+            format!(
+                "{database} is already a registry's (home region {home_region}, {regions} region(s)); migrations are \
+                 up to date, nothing else changed"
+            ),
+        ),
+    };
+    match json {
+        true => println!(
+            "{}",
+            serde_json::json!({"initialized": initialized, "database": database, "home_region": config.home_region()})
+        ),
+        false => println!("{line}"),
+    }
+    Ok(())
 }
 
 /// A mistake in how a command was called that clap cannot see (a malformed value, arguments

@@ -18,6 +18,16 @@ pub enum PublicCommand {
         #[arg(long)]
         check_config: bool,
     },
+    /// Make the configured database the service's (its migrations) and, with a [kms] key and the
+    /// encrypted format offered, data key version 1. Run once for a new service, and again after
+    /// an upgrade (it applies new migrations). Idempotent; a production service never does this
+    /// itself.
+    Init {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// The public ID of an internal ID (created if it has none in that format).
     Create {
         internal_id: String,
@@ -82,10 +92,29 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
             }
             Ok(())
         }
+        PublicCommand::Init { config: file, json } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
+            let key = idgen_public_ids::init(&config).await?;
+            let database = idgen::config::redacted_url(config.database_url());
+            if json {
+                println!("{}", json!({"database": database, "key_version_made": key}));
+            } else {
+                println!("{database}: the public-ID service's tables are in place (migrations up to date)");
+                match (key, &config.kms) {
+                    (Some(version), Some(kms)) => {
+                        println!("data key version {version} made under KMS key {}", kms.key_id)
+                    }
+                    (None, Some(_)) => println!("a data key is already stored: none made"),
+                    (_, None) => println!("no [kms] key configured: no data key made (the encrypted format is off)"),
+                }
+            }
+            Ok(())
+        }
         PublicCommand::RotateKey { config, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
             let kms = config.kms.as_ref().context("no [kms] section: the encrypted format is not configured")?;
-            let store = idgen_public_ids::store::PublicIdStore::connect(&config.database_url).await?;
+            let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
+            let store = idgen_public_ids::store::PublicIdStore::open(config.database_url(), within).await?;
             let client = idgen_public_ids::kms::client(&kms.settings()).await;
             let version =
                 idgen_public_ids::kms::add_key_version(&store, &client, &kms.key_id, &Default::default()).await?;

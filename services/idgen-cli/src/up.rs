@@ -61,6 +61,9 @@ pub struct DevTls {
     pub dir: PathBuf,
 }
 
+/// The encrypted public-ID format's development data key, under `--dir`.
+const DEVELOPMENT_DATA_KEY: &str = "public-ids-data-key";
+
 /// Example quotas `up --tls` gives its two client identities (IDs per second, burst).
 const EXAMPLE_QUOTAS: [(&str, u32, u32); 2] = [("orders", 1_000, 2_000), ("ingest", 50_000, 100_000)];
 
@@ -187,6 +190,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             "idgen up: clock synchronization check is OFF (development). Production workers refuse to issue without it."
         );
     }
+    eprintln!(
+        "idgen up: DEVELOPMENT mode: the registry and the public IDs live in SQLite files under {} and are set up at \
+         start-up; the encrypted public-ID format uses a data key kept in {} (production: PostgreSQL, `idgen \
+         registry init` / `idgen public init` once, and a KMS key).",
+        dir.display(),
+        dir.join(DEVELOPMENT_DATA_KEY).display()
+    );
     let token = operator_token(&dir)?;
     let registry_db = dir.join("registry.db");
     if args.cutover_in.is_some() {
@@ -247,7 +257,7 @@ async fn start_all(
 ) -> anyhow::Result<()> {
     let registry_config = dir.join("registry.toml");
     let mut registry_toml = format!(
-        "# Written by `idgen up`; rewritten on every start.\nlisten = {listen}\ndatabase_url = {db}\nhome_region = {home}\noperator_token_file = {token_file}\n",
+        "# Written by `idgen up`; rewritten on every start.\ndevelopment = true\nlisten = {listen}\ndatabase_url = {db}\nhome_region = {home}\noperator_token_file = {token_file}\n",
         listen = toml_string(&format!("127.0.0.1:{}", args.base_port)),
         db = toml_string(&format!("sqlite://{}", registry_db.display())),
         home = toml_string(&args.regions[0]),
@@ -276,10 +286,11 @@ async fn start_all(
     std::fs::write(
         &public_config,
         format!(
-            "# Written by `idgen up`; rewritten on every start. Add a [kms] section (key_id, region,\n# endpoint) for the encrypted format.\nlisten = {listen}\ndatabase_url = {db}\n",
+            "# Written by `idgen up`; rewritten on every start. The encrypted format's data key is a\n# local file here (development only); production wraps it with KMS ([kms] key_id, region).\ndevelopment = true\nlisten = {listen}\ndatabase_url = {db}\ndevelopment_key_file = {key}\n",
             listen =
                 toml_string(&format!("127.0.0.1:{}", args.base_port.checked_add(9).context("--base-port too high")?)),
             db = toml_string(&format!("sqlite://{}", dir.join("public-ids.db").display())),
+            key = toml_string(&dir.join(DEVELOPMENT_DATA_KEY).to_string_lossy()),
         ) + &tls.map(|tls| tls.listener() + &tls.quotas()).unwrap_or_default(),
     )?;
     running.push(

@@ -27,6 +27,8 @@ pub struct AppState {
     pub keyring: Option<Arc<Keyring>>,
     /// Public IDs created or resolved per second, per caller (a batch of N counts N).
     pub quotas: Arc<Quotas>,
+    /// The formats this deployment offers (`formats` in the configuration).
+    pub formats: Arc<[Format]>,
 }
 
 #[derive(Debug)]
@@ -122,13 +124,29 @@ fn new_opaque() -> String {
 
 /// Creates (or finds) the public IDs of `ids` in `format`.
 pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Vec<Mapping>, ApiError> {
+    // A format this deployment does not offer is the caller's to change: a 4xx that says so.
+    let unavailable = |message: String| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code: "format_unavailable",
+        message,
+        retry_after_secs: None,
+    };
+    if !state.formats.contains(&format) {
+        let offered: Vec<&str> = state.formats.iter().map(|f| f.as_str()).collect();
+        return Err(unavailable(format!(
+            "this service does not offer the {} format; it offers {}",
+            format.as_str(),
+            offered.join(", ")
+        )));
+    }
     match format {
         Format::Encrypted => {
-            let keyring = state.keyring.as_ref().ok_or_else(|| ApiError {
-                status: StatusCode::NOT_IMPLEMENTED,
-                code: "format_unavailable",
-                message: "the encrypted format needs a KMS key, and this service has none configured".into(),
-                retry_after_secs: None,
+            let keyring = state.keyring.as_ref().ok_or_else(|| {
+                unavailable(
+                    "this service offers no encrypted format: it has no data key (a [kms] key, or \
+                     development_key_file in development)"
+                        .into(),
+                )
             })?;
             ids.iter()
                 .map(|&id| {

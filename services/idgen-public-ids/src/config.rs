@@ -1,21 +1,37 @@
 //! Configuration: a TOML file plus `IDGEN_PUBLIC_IDS_…` environment variables.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::Deserialize;
 
+use crate::format::Format;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PublicIdsConfig {
+    /// Development mode: a SQLite file under `.idgen/` when no database is configured, the
+    /// database initialized at start-up, plain HTTP allowed, and the encrypted format's data key
+    /// may be a local file (`development_key_file`). Off by default: a production service
+    /// refuses to start without its PostgreSQL database, mutual TLS, and a KMS key when it
+    /// offers the encrypted format ([`PublicIdsConfig::missing_for_production`]), and never
+    /// initializes a database or makes a data key by itself.
+    pub development: bool,
     pub listen: SocketAddr,
-    /// `postgres://…` in production; `sqlite://…` as the embedded default.
-    pub database_url: String,
+    /// `postgres://…` in production; unset in development: `sqlite://.idgen/public-ids.db`.
+    pub database_url: Option<String>,
     /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
     pub sqlite_open_timeout_ms: u64,
-    /// The KMS key that wraps the encrypted format's data keys; unset: no encrypted format.
+    /// The formats this service offers (default: all three). A request for another is answered
+    /// 400 `format_unavailable`.
+    pub formats: Vec<String>,
+    /// The KMS key that wraps the encrypted format's data keys. Required in production when
+    /// `formats` has `encrypted`.
     pub kms: Option<KmsSection>,
+    /// Development only, instead of `[kms]`: a local file holding the encrypted format's one data
+    /// key (version 1), made on first start (`idgen up` keeps it under `./.idgen/`).
+    pub development_key_file: Option<PathBuf>,
     /// The listener's certificate and key, and the CA of client certificates; re-read on SIGHUP.
     pub tls: idgen_server::TlsSection,
     /// Public IDs created or resolved per second, per caller; re-read on SIGHUP.
@@ -29,6 +45,10 @@ pub struct KmsSection {
     #[serde(default = "default_region")]
     pub region: String,
     pub endpoint: Option<String>,
+    /// KMS keys this deployment's data keys were wrapped under before `key_id` (after a move to
+    /// a new KMS key). A stored data key wrapped under any other key is refused at start-up.
+    #[serde(default)]
+    pub previous_key_ids: Vec<String>,
 }
 
 fn default_region() -> String {
@@ -38,10 +58,13 @@ fn default_region() -> String {
 impl Default for PublicIdsConfig {
     fn default() -> Self {
         PublicIdsConfig {
+            development: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 8709)),
-            database_url: "sqlite://.idgen/public-ids.db".into(),
+            database_url: None,
             sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
+            formats: ["opaque", "uuidv7", "encrypted"].map(String::from).to_vec(),
             kms: None,
+            development_key_file: None,
             tls: idgen_server::TlsSection::default(),
             quotas: idgen_server::QuotaSection::default(),
         }
@@ -65,37 +88,145 @@ impl PublicIdsConfig {
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
         }
-        builder
+        let config: PublicIdsConfig = builder
             .add_source(
                 config::Environment::with_prefix("IDGEN_PUBLIC_IDS")
                     .prefix_separator("_")
                     .separator("__")
+                    .list_separator(",")
+                    .with_list_parse_key("formats")
                     .try_parsing(true),
             )
             .build()
             .context("reading the public-ID configuration")?
             .try_deserialize()
-            .context("parsing the public-ID configuration")
+            .context("parsing the public-ID configuration")?;
+        config.validate()?;
+        Ok(config)
     }
 
-    /// `--check-config`: the TLS files load and the quotas are valid; returns what the service
-    /// would run with, one line each, development defaults named as such.
+    pub const DEVELOPMENT_DATABASE_URL: &str = "sqlite://.idgen/public-ids.db";
+
+    /// A service in development mode with every default (tests, `idgen up`).
+    pub fn development() -> Self {
+        PublicIdsConfig { development: true, ..Default::default() }
+    }
+
+    pub fn database_url(&self) -> &str {
+        self.database_url.as_deref().unwrap_or(Self::DEVELOPMENT_DATABASE_URL)
+    }
+
+    /// The formats offered, parsed (validated at load).
+    pub fn offered(&self) -> Vec<Format> {
+        self.formats.iter().filter_map(|f| Format::parse(f)).collect()
+    }
+
+    /// What a production service must be told, and is not. Empty in development mode.
+    pub fn missing_for_production(&self) -> Vec<String> {
+        if self.development {
+            return Vec::new();
+        }
+        let mut missing = Vec::new();
+        match self.database_url.as_deref() {
+            None => missing.push("database_url (postgres://…: the service's own PostgreSQL database)".to_owned()),
+            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => missing.push(format!(
+                "database_url as postgres://… (not {}: SQLite is for development only)",
+                idgen::config::redacted_url(url)
+            )),
+            Some(_) => {}
+        }
+        if !self.tls.mutual() || self.tls.cert.is_none() || self.tls.key.is_none() {
+            missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".into());
+        }
+        if self.offered().contains(&Format::Encrypted) && self.kms.is_none() {
+            missing.push("[kms] key_id (the encrypted format's data keys), or formats without \"encrypted\"".into());
+        }
+        if self.development_key_file.is_some() {
+            missing.push("no development_key_file (a data key in a local file is for development only)".into());
+        }
+        missing
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        idgen::config::refuse_missing_for("public-ID service", self.missing_for_production())?;
+        if let Some(unknown) = self.formats.iter().find(|f| Format::parse(f).is_none()) {
+            anyhow::bail!("formats: {unknown:?} is not a format (opaque, uuidv7, encrypted)");
+        }
+        if self.formats.is_empty() {
+            anyhow::bail!("formats is empty: a service offering no format serves nothing");
+        }
+        if self.kms.is_some() && self.development_key_file.is_some() {
+            anyhow::bail!("[kms] and development_key_file both name a data key: keep one");
+        }
+        self.tls.validate()?;
+        self.quotas.validate()
+    }
+
+    /// `--check-config`: the TLS files load (the rest was validated when loaded); returns what
+    /// the service would run with, one line each, development defaults named as such.
     pub fn check(&self) -> anyhow::Result<Vec<String>> {
-        self.quotas.validate()?;
         let listener = self.tls.check()?;
-        let database = if self.database_url.starts_with("postgres") {
-            format!("PostgreSQL at {}", idgen::config::redacted_url(&self.database_url))
+        let database = if self.database_url().starts_with("postgres") {
+            format!("PostgreSQL at {}", idgen::config::redacted_url(self.database_url()))
         } else {
-            format!("{} (a local file: development only)", self.database_url)
+            format!("{} (a local file: development only)", self.database_url())
         };
-        let kms = match &self.kms {
-            Some(kms) => format!("key {} in {}", kms.key_id, kms.region),
-            None => "none: the encrypted format is off".into(),
+        let kms = match (&self.kms, &self.development_key_file) {
+            (Some(kms), _) => format!("key {} in {}", kms.key_id, kms.region),
+            (None, Some(file)) => format!("none: a development data key in {}", file.display()),
+            (None, None) => "none: the encrypted format is off".into(),
         };
         Ok(vec![
+            format!(
+                "mode: {}",
+                match self.development {
+                    true => "DEVELOPMENT (the database is initialized at start-up)",
+                    false => "production (the database must have been initialized: idgen public init)",
+                }
+            ),
             format!("database: {database}"),
+            format!("formats: {}", self.formats.join(", ")),
             format!("KMS: {kms}"),
             format!("listener: {listener} on {}", self.listen),
         ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(dir: &Path, text: &str) -> anyhow::Result<PublicIdsConfig> {
+        let path = dir.join("public-ids.toml");
+        std::fs::write(&path, text).unwrap();
+        PublicIdsConfig::load(Some(&path))
+    }
+
+    #[test]
+    fn production_names_everything_it_was_not_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = load(dir.path(), "listen = \"127.0.0.1:0\"\n").unwrap_err();
+        assert!(error.chain().any(|e| e.is::<idgen::config::Refused>()), "exit status 2: {error:#}");
+        let said = format!("{error:#}");
+        for key in ["database_url", "tls.client_ca", "[kms] key_id"] {
+            assert!(said.contains(key), "{key} not named: {said}");
+        }
+        // Without the encrypted format no KMS key is needed; SQLite and a local data key never.
+        let said = format!(
+            "{:#}",
+            load(
+                dir.path(),
+                "database_url = \"sqlite://p.db\"\nformats = [\"opaque\"]\ndevelopment_key_file = \"k\"\n"
+            )
+            .unwrap_err()
+        );
+        assert!(said.contains("SQLite is for development only") && said.contains("development_key_file"), "{said}");
+        assert!(!said.contains("[kms]"), "{said}");
+        assert!(
+            format!("{:#}", load(dir.path(), "development = true\nformats = [\"hex\"]\n").unwrap_err()).contains("hex")
+        );
+        let config = load(dir.path(), "development = true\n").unwrap();
+        assert_eq!(config.database_url(), "sqlite://.idgen/public-ids.db");
+        assert_eq!(config.offered(), vec![Format::Opaque, Format::Uuidv7, Format::Encrypted]);
     }
 }

@@ -68,22 +68,55 @@ pub async fn add_key_version(
     Ok(next)
 }
 
-/// Every stored version unwrapped (creating version 1 first if there is none).
-pub async fn load_keyring(
+/// `idgen public init`, and a development start: makes data key version 1 when there is none.
+/// Returns the version made, if it made one. (Two at once: one wins version 1, the other finds it.)
+pub async fn init_keys(
     store: &PublicIdStore,
     kms: &aws_sdk_kms::Client,
     key_id: &str,
     metrics: &KmsMetrics,
+) -> anyhow::Result<Option<u8>> {
+    if !store.wrapped_keys().await?.is_empty() {
+        return Ok(None);
+    }
+    match add_key_version(store, kms, key_id, metrics).await {
+        Ok(version) => Ok(Some(version)),
+        Err(_) if !store.wrapped_keys().await?.is_empty() => Ok(None),
+        Err(error) => Err(error.context("generating the first data key")),
+    }
+}
+
+/// Every stored version unwrapped. Never makes a key: a database with none is refused (a new key
+/// version 1 on a database that lost its keys would leave every encrypted public ID already
+/// given out unresolvable), and so is a version wrapped under a KMS key that is neither `key_id`
+/// nor one of `previous_key_ids` (the database names the key to decrypt with; it is not trusted
+/// to name any key).
+pub async fn load_keyring(
+    store: &PublicIdStore,
+    kms: &aws_sdk_kms::Client,
+    key_id: &str,
+    previous_key_ids: &[String],
+    metrics: &KmsMetrics,
 ) -> anyhow::Result<Keyring> {
-    if store.wrapped_keys().await?.is_empty()
-        && let Err(error) = add_key_version(store, kms, key_id, metrics).await
-        && store.wrapped_keys().await?.is_empty()
-    {
-        // (Two instances starting at once: one wins version 1 and the other just loads it.)
-        return Err(error.context("generating the first data key"));
+    let stored = store.wrapped_keys().await?;
+    if stored.is_empty() {
+        return Err(idgen::config::Refused(
+            "the database holds no data key for the encrypted format: run `idgen public init --config <this file>` \
+             once, for a new service. If encrypted public IDs were ever given out, do NOT: restore the database \
+             (runbooks/public-id-database-down.md), since a new key would leave every one of them unresolvable"
+                .into(),
+        )
+        .into());
     }
     let mut keys = Vec::new();
-    for (version, wrapping_key, wrapped) in store.wrapped_keys().await? {
+    for (version, wrapping_key, wrapped) in stored {
+        if wrapping_key != key_id && !previous_key_ids.contains(&wrapping_key) {
+            return Err(idgen::config::Refused(format!(
+                "data key version {version} is wrapped under KMS key {wrapping_key}, which is neither kms.key_id \
+                 ({key_id}) nor in kms.previous_key_ids: refusing to ask KMS to unwrap it"
+            ))
+            .into());
+        }
         let plain = kms.decrypt().key_id(&wrapping_key).ciphertext_blob(Blob::new(wrapped)).send().await;
         metrics.count("decrypt", &plain);
         let plain = plain?;
@@ -91,8 +124,37 @@ pub async fn load_keyring(
             plain.plaintext().ok_or_else(|| anyhow::anyhow!("KMS returned no plaintext for key version {version}"))?;
         keys.push((version, Zeroizing::new(plaintext.as_ref().to_vec())));
     }
-    if keys.is_empty() {
-        anyhow::bail!("no data key could be loaded");
-    }
     Keyring::new(keys).map_err(anyhow::Error::msg)
+}
+
+/// Development only: the encrypted format's one data key (version 1) from a local file, made
+/// (32 bytes from the OS generator, hex, readable by the owner only) when it does not exist.
+pub fn development_keyring(path: &std::path::Path) -> anyhow::Result<Keyring> {
+    use anyhow::Context;
+    if !path.exists() {
+        let mut key = Zeroizing::new([0u8; 32]);
+        getrandom::fill(key.as_mut()).map_err(|e| anyhow::anyhow!("the OS random source: {e}"))?;
+        let text = Zeroizing::new(key.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(path) {
+            Ok(mut file) => std::io::Write::write_all(&mut file, format!("{}\n", text.as_str()).as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?,
+            // Another process made it first: use that one.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(error).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+    let text = Zeroizing::new(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?);
+    let hex = text.trim();
+    let key: Option<Vec<u8>> = (hex.len() == 64)
+        .then(|| (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()).collect())
+        .flatten();
+    let key = key.ok_or_else(|| anyhow::anyhow!("{} does not hold a data key (64 hex digits)", path.display()))?;
+    Keyring::new(vec![(1, Zeroizing::new(key))]).map_err(anyhow::Error::msg)
 }

@@ -46,34 +46,68 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Opens the store, unwraps the data keys (when KMS is configured), binds and serves. On SIGHUP
-/// the `[tls]` files and `[quotas]` of `config_file` are read again.
+/// `idgen public init`: makes the configured database the service's (its migrations) and, with
+/// a `[kms]` key and the encrypted format offered, makes data key version 1 if there is none.
+/// Idempotent; refuses another service's database. Returns the key version it made, if any.
+pub async fn init(config: &PublicIdsConfig) -> anyhow::Result<Option<u8>> {
+    init_counting(config, &kms::KmsMetrics::default()).await
+}
+
+/// [`init`], counting its KMS calls in `metrics`.
+async fn init_counting(config: &PublicIdsConfig, metrics: &kms::KmsMetrics) -> anyhow::Result<Option<u8>> {
+    let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
+    let url = config.database_url();
+    store::PublicIdStore::initialize(url, within)
+        .await
+        .with_context(|| format!("initializing the public-ID database {}", idgen::config::redacted_url(url)))?;
+    let (Some(kms), true) = (&config.kms, config.offered().contains(&format::Format::Encrypted)) else {
+        return Ok(None);
+    };
+    let store = store::PublicIdStore::open(url, within).await?;
+    let client = kms::client(&kms.settings()).await;
+    kms::init_keys(&store, &client, &kms.key_id, metrics).await
+}
+
+/// Opens the store, unwraps the data keys (when KMS is configured), binds and serves. In
+/// development mode the database (and a first data key) is made first; in production it must
+/// have been (`idgen public init`): an empty or foreign database, or one without a data key while
+/// the encrypted format is offered, is refused ([`idgen::config::Refused`]: exit status 2). On
+/// SIGHUP the `[tls]` files and `[quotas]` of `config_file` are read again.
 pub async fn serve(
     config: PublicIdsConfig,
     config_file: Option<std::path::PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    config.tls.validate()?;
-    config.quotas.validate()?;
-    let store = store::PublicIdStore::connect_waiting(
-        &config.database_url,
-        std::time::Duration::from_millis(config.sqlite_open_timeout_ms),
-    )
-    .await
-    .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(&config.database_url)))?;
+    config.validate()?;
+    let url = config.database_url();
+    let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
     let mut registry = prometheus_client::registry::Registry::default();
     let kms_metrics = kms::KmsMetrics::default();
     kms_metrics.register(&mut registry);
-    let keyring = match &config.kms {
-        Some(kms) => {
+    if config.development {
+        tracing::warn!(database = %idgen::config::redacted_url(url), "DEVELOPMENT mode: the public-ID database (and a first data key) is made at start-up");
+        init_counting(&config, &kms_metrics).await?;
+    }
+    let store = store::PublicIdStore::open(url, within)
+        .await
+        .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?;
+    let offered = config.offered();
+    let keyring = match (&config.kms, &config.development_key_file) {
+        _ if !offered.contains(&format::Format::Encrypted) => None,
+        (Some(kms), _) => {
             let client = kms::client(&kms.settings()).await;
-            let keyring = kms::load_keyring(&store, &client, &kms.key_id, &kms_metrics)
+            let keyring = kms::load_keyring(&store, &client, &kms.key_id, &kms.previous_key_ids, &kms_metrics)
                 .await
                 .context("unwrapping the data keys with KMS")?;
             tracing::info!(versions = ?keyring.versions(), "encrypted format ready");
             Some(Arc::new(keyring))
         }
-        None => {
+        (None, Some(file)) => {
+            let keyring = kms::development_keyring(file)?;
+            tracing::warn!(file = %file.display(), "DEVELOPMENT data key for the encrypted format, from a local file (production keeps it wrapped by KMS)");
+            Some(Arc::new(keyring))
+        }
+        (None, None) => {
             tracing::warn!("no KMS key configured: the encrypted format is unavailable");
             None
         }
@@ -93,7 +127,7 @@ pub async fn serve(
         }
         reload_quotas.reload(&fresh.quotas).context("[quotas]")
     });
-    let state = AppState { store: Arc::new(store), keyring, quotas };
+    let state = AppState { store: Arc::new(store), keyring, quotas, formats: offered.into() };
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("idgen-public-ids listening on {scheme}://{}", listener.local_addr()?);

@@ -1,6 +1,8 @@
-//! `idgen-public-ids --config public-ids.toml`. (`idgen public serve` is the same.)
+//! `idgen-public-ids --config public-ids.toml`. (`idgen public serve` is the same; `idgen public
+//! init` initializes its database.)
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Parser;
 
@@ -12,9 +14,18 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     idgen::init_tracing();
     let file = Args::parse().config;
-    let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
-    idgen_public_ids::serve(config, file, idgen::shutdown_signal()).await
+    let result = async {
+        let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
+        idgen_public_ids::serve(config, file, idgen::shutdown_signal()).await
+    };
+    match result.await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("idgen-public-ids: {error:#}");
+            ExitCode::from(idgen::config::exit_status(&error))
+        }
+    }
 }

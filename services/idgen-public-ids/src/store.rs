@@ -1,8 +1,7 @@
 //! Mappings and wrapped data keys, in PostgreSQL (production) or SQLite (embedded default): one
 //! implementation over sqlx `Any`, the same suite run on both.
 
-use std::str::FromStr;
-
+use idgen_server::database::{Connection, Schema};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 
@@ -10,6 +9,14 @@ use crate::format::Format;
 
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/sqlite");
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/postgres");
+
+/// The service's tables and migrations.
+const SCHEMA: Schema = Schema {
+    service: "public-ID service",
+    tables: &["public_ids", "public_id_keys"],
+    sqlite: &SQLITE,
+    postgres: &POSTGRES,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {
@@ -36,35 +43,51 @@ impl PublicIdStore {
         (self.pool.size(), self.pool.num_idle())
     }
 
-    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+    /// Development: initializes the database if it is new ([`Self::initialize`]) and opens it.
+    /// Production starts with [`Self::open`], which never initializes.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
         Self::connect_waiting(url, idgen::open_lock::DEFAULT_OPEN_TIMEOUT).await
     }
 
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
     /// file ([`idgen::open_lock`]).
-    pub async fn connect_waiting(url: &str, within: std::time::Duration) -> Result<Self, sqlx::Error> {
+    pub async fn connect_waiting(url: &str, within: std::time::Duration) -> anyhow::Result<Self> {
+        Self::initialize(url, within).await?;
+        Self::open(url, within).await
+    }
+
+    /// The migrations (`idgen public init`): makes an empty database the service's, or applies
+    /// those still pending; refuses another service's database.
+    pub async fn initialize(url: &str, within: std::time::Duration) -> anyhow::Result<()> {
         // Held until the file is set up.
-        let _one_opener = idgen::open_lock::lock_for_open_url(url, within)
-            .await
-            .map_err(|error| sqlx::Error::Configuration(Box::new(error)))?;
+        let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
+        let connection = Connection::connect(url).await?;
+        let migrated = connection.migrate(&SCHEMA).await;
+        connection.close().await;
+        migrated
+    }
+
+    /// Opens the service's database to serve from it. Never initializes: an empty database, one
+    /// with migrations pending or another service's is refused ([`idgen::config::Refused`], saying
+    /// what to run).
+    pub async fn open(url: &str, within: std::time::Duration) -> anyhow::Result<Self> {
         sqlx::any::install_default_drivers();
+        {
+            let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
+            let connection = Connection::connect(url).await?;
+            let refusal = connection.refusal(&SCHEMA, "idgen public init --config <this file>").await;
+            connection.close().await;
+            if let Some(why) = refusal? {
+                return Err(idgen::config::Refused(format!(
+                    "public-ID database {}: refusing to start: {why}",
+                    idgen::config::redacted_url(url)
+                ))
+                .into());
+            }
+        }
         let postgres = url.starts_with("postgres");
-        let pool = if postgres {
-            let pg = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?;
-            POSTGRES.run(&pg).await?;
-            pg.close().await;
-            AnyPoolOptions::new().max_connections(16).connect(url).await?
-        } else {
-            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
-                .create_if_missing(true)
-                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                .busy_timeout(std::time::Duration::from_secs(5));
-            let sqlite = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
-            SQLITE.run(&sqlite).await?;
-            sqlite.close().await;
-            AnyPoolOptions::new().max_connections(1).connect(url).await?
-        };
-        Ok(PublicIdStore { pool, postgres })
+        let connections = if postgres { 16 } else { 1 };
+        Ok(PublicIdStore { pool: AnyPoolOptions::new().max_connections(connections).connect(url).await?, postgres })
     }
 
     /// The mapping of each internal ID in `format`, creating the missing ones with `make()`,

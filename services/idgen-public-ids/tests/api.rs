@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use idgen_public_ids::format::Keyring;
+use idgen_public_ids::format::{Format, Keyring};
 use idgen_public_ids::store::PublicIdStore;
 use idgen_public_ids::{AppState, router};
 use serde_json::{Value, json};
@@ -19,7 +19,8 @@ async fn state(with_keys: bool) -> (AppState, tempfile::TempDir) {
     let store = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
     let keyring = with_keys.then(|| Arc::new(Keyring::new(vec![(1, Zeroizing::new(vec![3u8; 32]))]).unwrap()));
     let quotas = Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap());
-    (AppState { store: Arc::new(store), keyring, quotas }, dir)
+    let formats = [Format::Opaque, Format::Uuidv7, Format::Encrypted].into();
+    (AppState { store: Arc::new(store), keyring, quotas, formats }, dir)
 }
 
 async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
@@ -127,9 +128,10 @@ async fn batches_and_bad_input() {
             "{bad}"
         );
     }
+    // No data key: the encrypted format is not on offer, and the caller is told (never a 5xx).
     let (status, body) =
         call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "1", "format": "encrypted"}"#).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("format_unavailable")));
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("format_unavailable")));
     let (status, _) = call(&s, Method::GET, "/v1/internal-ids/abc/public-id", "").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
@@ -237,4 +239,26 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
             );
         }
     }
+}
+
+/// A format the deployment does not offer (`formats` in its configuration) is a 400 that names
+/// what it offers, on create, batch and lookup alike; nothing is stored.
+#[tokio::test]
+async fn a_format_not_offered_is_a_400_that_says_so() {
+    let (mut s, _dir) = state(true).await;
+    s.formats = [Format::Opaque].into();
+    for (method, uri, body) in [
+        (Method::POST, "/v1/public-ids", r#"{"internal_id": "7", "format": "uuidv7"}"#),
+        (Method::POST, "/v1/public-ids", r#"{"internal_id": "7", "format": "encrypted"}"#),
+        (Method::POST, "/v1/public-ids:batch", r#"{"internal_ids": ["7"], "format": "uuidv7"}"#),
+        (Method::GET, "/v1/internal-ids/7/public-id?format=encrypted", ""),
+    ] {
+        let (status, answer) = call(&s, method, uri, body).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("format_unavailable")));
+        assert!(answer["error"]["message"].as_str().unwrap().contains("it offers opaque"), "{answer}");
+    }
+    let (status, _) = call(&s, Method::GET, "/v1/internal-ids/7/public-id?format=uuidv7", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was stored");
+    let (status, _) = call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "7"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
 }

@@ -19,15 +19,21 @@ async fn data_keys_are_generated_wrapped_unwrapped_and_rotated() {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     let dir = tempfile::tempdir().unwrap();
-    // A key KMS does not know: the service must not start with no data key (it would have
-    // nothing to encrypt with).
+    // A key KMS does not know: no data key is made, and the service must not start with none
+    // (it would have nothing to encrypt with).
     let empty = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("none.db").display())).await.unwrap();
-    assert!(kms::load_keyring(&empty, &client, "no-such-key", &metrics).await.is_err());
+    assert!(kms::init_keys(&empty, &client, "no-such-key", &metrics).await.is_err());
+    assert!(kms::load_keyring(&empty, &client, "no-such-key", &[], &metrics).await.is_err());
     assert!(empty.wrapped_keys().await.unwrap().is_empty());
 
+    // Loading never makes a key: `init` (idgen public init) does, once.
     let url = format!("sqlite://{}", dir.path().join("p.db").display());
     let store = PublicIdStore::connect(&url).await.unwrap();
-    let keyring = kms::load_keyring(&store, &client, &key_id, &metrics).await.unwrap();
+    let error = kms::load_keyring(&store, &client, &key_id, &[], &metrics).await.unwrap_err();
+    assert!(format!("{error:#}").contains("idgen public init"), "{error:#}");
+    assert_eq!(kms::init_keys(&store, &client, &key_id, &metrics).await.unwrap(), Some(1));
+    assert_eq!(kms::init_keys(&store, &client, &key_id, &metrics).await.unwrap(), None);
+    let keyring = kms::load_keyring(&store, &client, &key_id, &[], &metrics).await.unwrap();
     assert_eq!(keyring.versions(), vec![1]);
     let stored = store.wrapped_keys().await.unwrap();
     assert_eq!(stored.len(), 1);
@@ -37,13 +43,21 @@ async fn data_keys_are_generated_wrapped_unwrapped_and_rotated() {
     // A restart unwraps the same key: earlier public IDs still resolve.
     drop(keyring);
     let restarted =
-        kms::load_keyring(&PublicIdStore::connect(&url).await.unwrap(), &client, &key_id, &metrics).await.unwrap();
+        kms::load_keyring(&PublicIdStore::connect(&url).await.unwrap(), &client, &key_id, &[], &metrics).await.unwrap();
     assert_eq!(restarted.decrypt(&v1), Some(4242));
     assert_eq!(restarted.encrypt(4242).unwrap(), v1);
 
     // Rotation adds version 2: it encrypts, version 1 still resolves.
     assert_eq!(kms::add_key_version(&store, &client, &key_id, &metrics).await.unwrap(), 2);
-    let rotated = kms::load_keyring(&store, &client, &key_id, &metrics).await.unwrap();
+    let rotated = kms::load_keyring(&store, &client, &key_id, &[], &metrics).await.unwrap();
+    // Moved to a new KMS key: the old versions are refused until the old key is listed as a
+    // previous one (the database is not trusted to name the key KMS decrypts with).
+    let moved = client.create_key().description("idgen public IDs (test, moved)").send().await.unwrap();
+    let moved = moved.key_metadata().unwrap().key_id().to_owned();
+    let error = kms::load_keyring(&store, &client, &moved, &[], &metrics).await.unwrap_err();
+    assert!(format!("{error:#}").contains("previous_key_ids"), "{error:#}");
+    let both = kms::load_keyring(&store, &client, &moved, std::slice::from_ref(&key_id), &metrics).await.unwrap();
+    assert_eq!(both.decrypt(&v1), Some(4242));
     assert_eq!(rotated.versions(), vec![1, 2]);
     let v2 = rotated.encrypt(4242).unwrap();
     assert_ne!(v2, v1);
@@ -54,7 +68,7 @@ async fn data_keys_are_generated_wrapped_unwrapped_and_rotated() {
     for (operation, outcome, count) in [
         ("generate_data_key", "error", 1),
         ("generate_data_key", "ok", 2),
-        ("decrypt", "ok", 4),
+        ("decrypt", "ok", 6),
         ("decrypt", "error", 0),
     ] {
         let series =

@@ -6,6 +6,8 @@
 //! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
 //! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
 
+#[cfg(feature = "database")]
+pub mod database;
 pub mod http_metrics;
 pub mod identity;
 pub mod pki;

@@ -17,16 +17,25 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     init_tracing();
     let args = Args::parse();
-    let config = WorkerConfig::load(args.config.as_deref())?;
-    if args.check_config {
-        println!("worker configuration OK");
-        for line in config.check()? {
-            println!("  {line}");
+    let result = async {
+        let config = WorkerConfig::load(args.config.as_deref())?;
+        if args.check_config {
+            println!("worker configuration OK");
+            for line in config.check()? {
+                println!("  {line}");
+            }
+            return Ok(());
         }
-        return Ok(());
+        main_with(config, args.config).await
+    };
+    match result.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("idgen-worker: {error:#}");
+            std::process::ExitCode::from(idgen::config::exit_status(&error))
+        }
     }
-    main_with(config, args.config).await
 }

@@ -29,16 +29,43 @@ pub fn sources(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<config::
         .context("reading the configuration")
 }
 
+/// A start a production service refuses: a configuration that leaves out what production needs,
+/// or a database it must not start on. The binaries exit with status 2 for it (as for a usage
+/// error), and systemd units do not restart on it (`RestartPreventExitStatus=2`): the same
+/// configuration would be refused again.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The exit status for an error a binary ends with: 2 for a [`Refused`] start, else 1.
+pub fn exit_status(error: &anyhow::Error) -> u8 {
+    if error.chain().any(|cause| cause.is::<Refused>()) { 2 } else { 1 }
+}
+
 /// One error naming everything a production generator was not told.
 pub fn refuse_missing(missing: Vec<String>) -> anyhow::Result<()> {
+    refuse_missing_for("generator", missing)
+}
+
+/// One error naming everything a production `service` (generator, registry, public-ID service)
+/// was not told: a [`Refused`].
+pub fn refuse_missing_for(service: &str, missing: Vec<String>) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    bail!(
-        "refusing to start a production generator with settings left to defaults: configure {}. \
+    Err(Refused(format!(
+        "refusing to start a production {service} with settings left to defaults: configure {}. \
          (For a local try-out, set development = true.)",
         missing.join("; ")
-    )
+    ))
+    .into())
 }
 
 /// What development mode fills in when the configuration leaves it out. Outside development mode

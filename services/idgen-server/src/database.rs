@@ -1,0 +1,156 @@
+//! What the registry and the public-ID service do with their database before they serve from it:
+//! find out whether it is theirs (empty, another service's, or theirs with migrations pending),
+//! and apply their migrations when told to (`idgen registry init`, `idgen public init`). A
+//! production service never initializes a database by itself: one that started over on an empty
+//! database would hand out region numbers again, or a new data key under which every encrypted
+//! public ID already given out no longer resolves.
+
+use std::str::FromStr;
+
+use sqlx::migrate::Migrator;
+
+/// A service's schema: the tables that are its own, and its migrations per database.
+pub struct Schema {
+    /// Its name in messages ("registry", "public-ID service").
+    pub service: &'static str,
+    /// Its tables (sqlx's `_sqlx_migrations` is always counted as its own).
+    pub tables: &'static [&'static str],
+    pub sqlite: &'static Migrator,
+    pub postgres: &'static Migrator,
+}
+
+/// What a database is to a service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// No tables at all: a new database, or the wrong one.
+    Empty,
+    /// Tables that are not the service's (named).
+    Foreign(Vec<String>),
+    /// The service's tables, with the versions of the migrations the binary has and the database
+    /// has not applied.
+    Own { pending: Vec<i64> },
+}
+
+/// One connection in the database's own driver (`sqlite:` or `postgres:` URL), for the
+/// migrations and the checks around them; the services' pools use sqlx `Any`.
+pub enum Connection {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Connection {
+    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+        Ok(match url.starts_with("sqlite:") {
+            true => {
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .busy_timeout(std::time::Duration::from_secs(5));
+                Connection::Sqlite(
+                    sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?,
+                )
+            }
+            false => Connection::Postgres(sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?),
+        })
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Connection::Sqlite(pool) => pool.close().await,
+            Connection::Postgres(pool) => pool.close().await,
+        }
+    }
+
+    /// The database's tables (PostgreSQL: those of the connection's schema), sorted.
+    pub async fn tables(&self) -> Result<Vec<String>, sqlx::Error> {
+        let mut tables: Vec<String> = match self {
+            Connection::Sqlite(pool) => {
+                sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                    .fetch_all(pool)
+                    .await?
+            }
+            Connection::Postgres(pool) => {
+                sqlx::query_scalar("SELECT tablename::TEXT FROM pg_tables WHERE schemaname = current_schema()")
+                    .fetch_all(pool)
+                    .await?
+            }
+        };
+        tables.sort();
+        Ok(tables)
+    }
+
+    /// What the database is to the service of `schema`.
+    pub async fn found(&self, schema: &Schema) -> Result<Found, sqlx::Error> {
+        let tables = self.tables().await?;
+        if tables.is_empty() {
+            return Ok(Found::Empty);
+        }
+        let foreign: Vec<String> = tables
+            .iter()
+            .filter(|t| *t != "_sqlx_migrations" && !schema.tables.contains(&t.as_str()))
+            .cloned()
+            .collect();
+        if !foreign.is_empty() {
+            return Ok(Found::Foreign(foreign));
+        }
+        let applied: Vec<i64> = match tables.iter().any(|t| t == "_sqlx_migrations") {
+            false => Vec::new(),
+            true => {
+                let sql = "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
+                match self {
+                    Connection::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
+                    Connection::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
+                }
+            }
+        };
+        let pending = self.migrator(schema).iter().map(|m| m.version).filter(|v| !applied.contains(v)).collect();
+        Ok(Found::Own { pending })
+    }
+
+    /// Applies the service's migrations still pending, refusing a database that holds tables
+    /// not its own (the message names them).
+    pub async fn migrate(&self, schema: &Schema) -> anyhow::Result<()> {
+        if let Found::Foreign(tables) = self.found(schema).await? {
+            anyhow::bail!(
+                "the database holds tables that are not the {}'s ({}): point database_url at its own database",
+                schema.service,
+                tables.join(", ")
+            );
+        }
+        match self {
+            Connection::Sqlite(pool) => schema.sqlite.run(pool).await?,
+            Connection::Postgres(pool) => schema.postgres.run(pool).await?,
+        }
+        Ok(())
+    }
+
+    /// Why a production service must not start on this database, if it must not: empty,
+    /// another's, or migrations pending. `init` is the command that makes it right.
+    pub async fn refusal(&self, schema: &Schema, init: &str) -> Result<Option<String>, sqlx::Error> {
+        Ok(match self.found(schema).await? {
+            Found::Empty => Some(format!(
+                "the database is empty: run `{init}` once, for a new {}. If it should already hold data, do NOT: \
+                 its database is gone or this is the wrong one; restore it from a backup",
+                schema.service
+            )),
+            Found::Foreign(tables) => Some(format!(
+                "the database is not the {}'s: it holds {}. Point database_url at the {}'s own database",
+                schema.service,
+                tables.join(", "),
+                schema.service
+            )),
+            Found::Own { pending } if !pending.is_empty() => Some(format!(
+                "the database lacks migrations {pending:?}: run `{init}` (it applies them) before starting this \
+                 version"
+            )),
+            Found::Own { .. } => None,
+        })
+    }
+
+    fn migrator(&self, schema: &Schema) -> &'static Migrator {
+        match self {
+            Connection::Sqlite(_) => schema.sqlite,
+            Connection::Postgres(_) => schema.postgres,
+        }
+    }
+}
