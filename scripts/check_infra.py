@@ -658,6 +658,23 @@ def main():
                 "the user data starts the worker before waiting for chrony")
         return f"chronyc {in_unit.group(1)}"
 
+    @check("the registry and public-ID hosts initialize their database before starting the service, which never does")
+    def _():
+        found = []
+        for launch, command, unit in [
+            ("RegistryLaunchTemplate", "idgen registry init --config /etc/idgen/registry.toml", "idgen-registry"),
+            ("PublicIdsLaunchTemplate", "idgen public init --config /etc/idgen/public-ids.toml", "idgen-public-ids"),
+        ]:
+            script = user_data(templates["global.yaml"], launch)
+            init = script.find("/usr/local/bin/" + command)
+            start = script.find("systemctl enable --now")
+            require(init >= 0, f"{launch} does not run `{command}`")
+            require(0 <= start and init < start and unit in script[start:script.find("\n", start)],
+                    f"{launch} starts {unit} before `{command}`")
+            require("RestartPreventExitStatus=2" in script, f"{launch}'s unit restarts a refused start (exit 2)")
+            found.append(command.split(" --")[0])
+        return ", ".join(found)
+
     for template_name, launch, marker, file in CONFIGS:
         @check(f"{file} is what {template_name} {launch} writes, with the example values")
         def _(template_name=template_name, launch=launch, marker=marker, file=file):

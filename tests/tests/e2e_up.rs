@@ -44,6 +44,24 @@ async fn e2e_up_starts_the_platform_and_ctrl_c_stops_it() {
     assert!(line["machine"].as_u64().is_some() && line["created_at"].is_string(), "{line}");
     let uuids = idgen_e2e::idgen(&["ids", "--url", &worker, "--uuid", "--count", "2"]).await.unwrap();
     assert!(uuids.lines().count() == 2 && uuids.lines().all(|u| u.len() == 36 && &u[14..15] == "7"), "{uuids}");
+
+    // Every public-ID format, the encrypted one with the development data key `up` keeps under
+    // its directory (a 28-character ID that resolves back).
+    let public = format!("http://127.0.0.1:{}", port + 9);
+    for format in ["opaque", "uuidv7", "encrypted"] {
+        let made = idgen_e2e::idgen(&["public", "create", "--url", &public, "97301141913751557", "--format", format])
+            .await
+            .unwrap();
+        let made = made.trim();
+        let back = idgen_e2e::idgen(&["public", "resolve", "--url", &public, made]).await.unwrap();
+        assert_eq!(back.trim(), "97301141913751557", "{format}: {made}");
+        assert!(format != "encrypted" || made.len() == 28, "{made}");
+    }
+    let key = std::fs::read_to_string(dir.path().join(".idgen/public-ids-data-key")).unwrap();
+    assert_eq!(key.trim().len(), 64, "the development data key is 32 bytes of hex");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.path().join(".idgen/public-ids-data-key")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "the development data key is readable by its owner only");
     stop(child).await;
 }
 

@@ -27,7 +27,8 @@ use idgen_worker::config::WorkerConfig;
                   0  done\n  \
                   1  refused, failed or not found (a server said no, a backend did not answer, \
                   status found something down)\n  \
-                  2  usage: bad arguments, or input that is not what it should be (e.g. not an ID)\n  \
+                  2  usage: bad arguments, or input that is not what it should be (e.g. not an ID); \
+                  a service refusing to start for its configuration or database\n  \
                   3  only `idgen duplicates`: duplicates were found (so a job can tell found from failed)\n\n\
                   Every command that prints data takes --json (one JSON value per line)."
 )]
