@@ -37,6 +37,9 @@ pub struct RegistryConfig {
     pub initial_v2_from_ms: Option<u64>,
     /// The listener's certificate and key, and the CA of client certificates; re-read on SIGHUP.
     pub tls: idgen_server::TlsSection,
+    /// Requests per second, per caller (each request counts one; `ids_per_second` is the
+    /// shared field name), for every route but `/healthz` and `/metrics`; re-read on SIGHUP.
+    pub quotas: idgen_server::QuotaSection,
     /// Callers whose client certificate makes them operators (by the identity it names), as an
     /// alternative to a bearer token. Needs `tls.client_ca`.
     pub certificate_operators: std::collections::BTreeSet<String>,
@@ -55,6 +58,7 @@ impl Default for RegistryConfig {
             operator_token_file: None,
             initial_v2_from_ms: None,
             tls: idgen_server::TlsSection::default(),
+            quotas: idgen_server::QuotaSection::default(),
             certificate_operators: std::collections::BTreeSet::new(),
         }
     }
@@ -129,6 +133,7 @@ impl RegistryConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         idgen::config::refuse_missing_for("registry", self.missing_for_production())?;
         self.tls.validate()?;
+        self.quotas.validate()?;
         if !self.certificate_operators.is_empty() && !self.tls.mutual() {
             bail!("certificate_operators needs tls.client_ca: without mutual TLS no caller is identified");
         }

@@ -55,6 +55,55 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Holds every request but `/healthz` and `/metrics` to the caller's quota (`[quotas]`, each
+/// request counting one): over it, 429 `over_quota` with `Retry-After`, as the other services
+/// answer. A flood of reads from one caller then waits at its own limiter, not in the database.
+pub fn with_quotas(router: Router, quotas: Arc<idgen_server::Quotas>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(quotas, admit))
+}
+
+async fn admit(
+    axum::extract::State(quotas): axum::extract::State<Arc<idgen_server::Quotas>>,
+    caller: idgen_server::Caller,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if matches!(request.uri().path(), "/healthz" | "/metrics") {
+        return next.run(request).await;
+    }
+    match quotas.admit(&caller, 1) {
+        Ok(()) => {
+            quotas.served(&caller, 1);
+            next.run(request).await
+        }
+        Err(over) => {
+            let body = serde_json::json!({"error": {"code": "over_quota", "message": over.message}});
+            let mut response = (axum::http::StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, over.retry_after_secs.into());
+            response
+        }
+    }
+}
+
+/// The horizon writer: [`store::RegistryStore::advance_horizon`] now, and then every minute (or
+/// every quarter of a lead shorter than four minutes), so no read has to write. A failed write is
+/// logged and tried again at the next turn; reads move the horizon themselves only once it has
+/// fallen half a lead behind.
+fn keep_the_horizon_ahead(store: Arc<store::RegistryStore>, lead_ms: i64) {
+    let every = std::time::Duration::from_millis((lead_ms / 4).clamp(250, 60_000) as u64);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if let Err(error) = store.advance_horizon(idgen::system_unix_ms(), lead_ms).await {
+                tracing::warn!(%error, "could not advance the horizon; trying again in {every:?}");
+            }
+        }
+    });
+}
+
 /// `idgen registry init`: makes the configured database a registry's (migrations, the home
 /// region and the first layouts), or applies the migrations still pending on one that is.
 /// Idempotent; refuses another service's database or one naming another home region.
@@ -103,8 +152,14 @@ pub async fn serve(
                 .context(format!("opening the registry database {}", idgen::config::redacted_url(url))));
         }
     };
+    // Before the first request: a read finds the horizon a whole lead ahead.
+    if let Err(error) = store.advance_horizon(idgen::system_unix_ms(), config.horizon_lead_ms).await {
+        tracing::warn!(%error, "could not advance the horizon at start-up");
+    }
+    let store = Arc::new(store);
+    keep_the_horizon_ahead(store.clone(), config.horizon_lead_ms);
     let state = AppState {
-        store: Arc::new(store),
+        store,
         operators: Arc::new(operators),
         certificate_operators: Arc::new(config.certificate_operators.clone()),
         horizon_lead_ms: config.horizon_lead_ms,
@@ -114,17 +169,25 @@ pub async fn serve(
         true => Some(Arc::new(idgen_server::Tls::load(&config.tls).context("loading the listener's TLS files")?)),
         false => None,
     };
-    if let Some(tls) = tls.clone() {
-        idgen_server::reload_on_sighup(move || tls.reload(&RegistryConfig::load(config_file.as_deref())?.tls));
-    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let quota_metrics = Arc::new(idgen_server::QuotaMetrics::default());
+    quota_metrics.register(&mut registry);
+    let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
+    let (reload_tls, reload_quotas) = (tls.clone(), quotas.clone());
+    idgen_server::reload_on_sighup(move || {
+        let fresh = RegistryConfig::load(config_file.as_deref())?;
+        if let Some(tls) = &reload_tls {
+            tls.reload(&fresh.tls).context("the [tls] files")?;
+        }
+        reload_quotas.reload(&fresh.quotas).context("[quotas]")
+    });
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("idgen-registry listening on {scheme}://{}", listener.local_addr()?);
-    let mut registry = prometheus_client::registry::Registry::default();
     let store = state.store.clone();
     let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
     let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
-    let router = idgen_server::http_metrics::with_metrics(router(state), metrics);
+    let router = idgen_server::http_metrics::with_metrics(with_quotas(router(state), quotas), metrics);
     let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
     let grace = std::time::Duration::from_secs(10);
     idgen_server::serve(listener, tls, make, shutdown, grace, Arc::default()).await

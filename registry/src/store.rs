@@ -327,13 +327,38 @@ impl RegistryStore {
         Ok(region)
     }
 
-    /// The schedule, with the horizon advanced to at least `now + lead` (and stored, so it never
-    /// moves backwards, whatever the next reader's clock or configuration says).
+    /// The schedule, as published. A read, which writes nothing while the stored horizon is at
+    /// least half a lead ahead (`now + lead / 2`): the horizon writer ([`Self::advance_horizon`],
+    /// a task of every registry process) keeps it a whole lead ahead. Only when it has fallen
+    /// that far behind (a new registry, a writer that has not run for half a lead) does a read
+    /// advance it, in a transaction of its own, as the writer would.
+    ///
+    /// Without that transaction the horizon is read first, and the layouts after it: a layout
+    /// added in between starts at or after the horizon read (it was checked against the stored
+    /// horizon, which only grows), so the answer never holds a horizon past a cutover it lacks.
+    /// (Read in the other order, a layout and a horizon past it could both commit in between.)
     pub async fn schedule(&self, now_unix_ms: i64, lead_ms: i64) -> Result<ScheduleView, RegistryError> {
+        let state = sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        let horizon_ms = state.try_get::<i64, _>("horizon_ms")? as u64;
+        if horizon_ms < horizon_for(now_unix_ms, lead_ms / 2) {
+            let mut tx = self.pool.begin().await?;
+            let view = read_schedule(&mut tx, now_unix_ms, lead_ms).await?;
+            tx.commit().await?;
+            return Ok(view);
+        }
+        let layouts = read_layouts(&self.pool).await?;
+        Ok(ScheduleView { layouts, horizon_ms, home_region: state.try_get("home_region")? })
+    }
+
+    /// The horizon writer: moves the stored horizon to `now + lead` (never back) and returns it.
+    /// Every registry process runs it once a minute (and at start-up), so reads need not write.
+    pub async fn advance_horizon(&self, now_unix_ms: i64, lead_ms: i64) -> Result<u64, RegistryError> {
         let mut tx = self.pool.begin().await?;
         let view = read_schedule(&mut tx, now_unix_ms, lead_ms).await?;
         tx.commit().await?;
-        Ok(view)
+        Ok(view.horizon_ms)
     }
 
     /// Schedules a new layout. It must start at or after the published horizon, strictly after
@@ -494,9 +519,18 @@ async fn read_schedule(
     .await?;
     let state =
         sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1").fetch_one(&mut **tx).await?;
+    let layouts = read_layouts(&mut **tx).await?;
+    let horizon_ms: i64 = state.try_get("horizon_ms")?;
+    Ok(ScheduleView { layouts, horizon_ms: horizon_ms as u64, home_region: state.try_get("home_region")? })
+}
+
+/// Every scheduled layout, in the order they start.
+async fn read_layouts<'c>(
+    executor: impl sqlx::Executor<'c, Database = sqlx::Any>,
+) -> Result<Vec<ScheduledLayout>, RegistryError> {
     let rows =
         sqlx::query("SELECT name, region_bits, machine_bits, sequence_bits, from_ms FROM layouts ORDER BY from_ms")
-            .fetch_all(&mut **tx)
+            .fetch_all(executor)
             .await?;
     let mut layouts = Vec::new();
     for row in &rows {
@@ -514,8 +548,7 @@ async fn read_schedule(
         let from_ms: i64 = row.try_get("from_ms")?;
         layouts.push(ScheduledLayout { layout, from_ms: from_ms as u64 });
     }
-    let horizon_ms: i64 = state.try_get("horizon_ms")?;
-    Ok(ScheduleView { layouts, horizon_ms: horizon_ms as u64, home_region: state.try_get("home_region")? })
+    Ok(layouts)
 }
 
 /// `now + lead` as ms since the idgen epoch, capped at the open horizon.

@@ -118,12 +118,27 @@ async fn concurrent_adds_never_share_a_number(db: Db) {
 
 async fn the_horizon_only_moves_forward(db: Db) {
     let store = open(&db).await;
-    let far = store.schedule(NOW, 30 * DAY).await.unwrap().horizon_ms;
+    let far = store.advance_horizon(NOW, 30 * DAY).await.unwrap();
     assert_eq!(far as i64 + idgen_core::EPOCH_UNIX_MS, NOW + 30 * DAY);
-    let near = store.schedule(NOW, DAY).await.unwrap().horizon_ms;
+    let near = store.advance_horizon(NOW, DAY).await.unwrap();
     assert_eq!(near, far, "a shorter lead (or a clock behind) never pulls the horizon back");
-    let later = store.schedule(NOW + 2 * DAY, 30 * DAY).await.unwrap().horizon_ms;
+    assert_eq!(store.schedule(NOW, DAY).await.unwrap().horizon_ms, far);
+    let later = store.advance_horizon(NOW + 2 * DAY, 30 * DAY).await.unwrap();
     assert_eq!(later, far + 2 * DAY as u64);
+}
+
+/// Reads do not write while the horizon is at least half a lead ahead: the horizon a read
+/// returns stays where the writer left it as time passes; only once it has fallen half a lead
+/// behind does a read move it (a new registry's first read, a writer that stopped).
+async fn reads_write_only_when_the_horizon_must_move(db: Db) {
+    let store = open(&db).await;
+    let first = store.schedule(NOW, 30 * DAY).await.unwrap().horizon_ms;
+    assert_eq!(first as i64 + idgen_core::EPOCH_UNIX_MS, NOW + 30 * DAY, "a new registry's first read moves it");
+    for later in [NOW + DAY, NOW + 14 * DAY] {
+        assert_eq!(store.schedule(later, 30 * DAY).await.unwrap().horizon_ms, first, "a read wrote");
+    }
+    let moved = store.schedule(NOW + 16 * DAY, 30 * DAY).await.unwrap().horizon_ms;
+    assert_eq!(moved as i64 + idgen_core::EPOCH_UNIX_MS, NOW + 46 * DAY, "half a lead behind: moved");
 }
 
 async fn layouts_are_validated(db: Db) {
@@ -196,5 +211,5 @@ async fn open_never_initializes_and_init_is_idempotent(db: Db) {
     assert!(why.contains("home region us-east-1"), "{why}");
 }
 
-store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent);
-store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent);
+store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move);
+store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move);
