@@ -136,6 +136,14 @@ async fn e2e_tables_line_up_json_parses_and_status_shows_the_platform() {
     assert_eq!(exit_code(&["regions", "retire", "no-such-region", "--registry", &registry], here).await, 1);
     assert_eq!(exit_code(&["no-such-command"], here).await, 2);
     assert_eq!(exit_code(&["decode", "not-an-id"], here).await, 2);
+    // A registry over plain HTTP beyond loopback: refused before anything is sent (a token or
+    // the schedule would cross the network in clear).
+    for args in [
+        &["regions", "list", "--registry", "http://10.20.30.40:8700"][..],
+        &["decode", "97301141913751557", "--registry", "http://registry.example:8700"][..],
+    ] {
+        assert_eq!(exit_code(args, here).await, 2, "{args:?}");
+    }
     assert_eq!(exit_code(&["status", "--dir", state, "--worker", "no-url"], here).await, 2);
     assert_eq!(exit_code(&["leases", "--config", config, "quarantine", "--operator", "me"], here).await, 2);
     let help = idgen(&["--help"]).await.unwrap();

@@ -14,7 +14,7 @@ use crate::table::{Table, text};
 #[derive(Args, Debug)]
 pub struct Registry {
     /// The registry's base URL.
-    #[arg(long, global = true, env = "IDGEN_REGISTRY_URL", default_value = "http://127.0.0.1:8700")]
+    #[arg(long, global = true, env = "IDGEN_REGISTRY_URL", default_value = "http://127.0.0.1:8700", value_parser = crate::registry_url)]
     pub registry: String,
     /// Operator token for writes (default: IDGEN_OPERATOR_TOKEN, then ./.idgen/operator-token).
     #[arg(long, global = true, env = "IDGEN_OPERATOR_TOKEN", hide_env_values = true)]

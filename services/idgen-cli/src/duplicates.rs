@@ -44,7 +44,7 @@ pub struct DuplicatesArgs {
     #[arg(long, default_value_t = 8_000_000)]
     memory_ids: usize,
     /// The registry, for the schedule and region names (default: the built-in schedule).
-    #[arg(long, env = "IDGEN_REGISTRY_URL")]
+    #[arg(long, env = "IDGEN_REGISTRY_URL", value_parser = crate::registry_url)]
     registry: Option<String>,
     /// A worker configuration naming the lease store: show the audit history of each
     /// duplicate's machine number around its timestamp.

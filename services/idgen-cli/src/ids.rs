@@ -22,7 +22,7 @@ pub struct IdsArgs {
     #[arg(long = "backup")]
     backups: Vec<String>,
     /// The registry, to decode each ID (layout, region, machine) in --json output.
-    #[arg(long, env = "IDGEN_REGISTRY_URL")]
+    #[arg(long, env = "IDGEN_REGISTRY_URL", value_parser = crate::registry_url)]
     registry: Option<String>,
     /// One JSON object per line: the ID, the endpoint that issued it, and with --registry its fields.
     #[arg(long)]

@@ -92,7 +92,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// The registry's base URL, e.g. http://127.0.0.1:8700.
-        #[arg(long, env = "IDGEN_REGISTRY_URL")]
+        #[arg(long, env = "IDGEN_REGISTRY_URL", value_parser = crate::registry_url)]
         registry: Option<String>,
         #[command(flatten)]
         tls: tls::ClientTls,
@@ -270,6 +270,12 @@ impl std::fmt::Display for Usage {
 }
 
 impl std::error::Error for Usage {}
+
+/// A `--registry` URL (`IDGEN_REGISTRY_URL`): https, or plain http on loopback (a development
+/// registry); operator tokens and the schedule never cross a network in clear. A usage error.
+pub fn registry_url(text: &str) -> Result<String, String> {
+    idgen::registry::check_registry_url(text, true).map(|()| text.to_owned())
+}
 
 /// What `--check-config` prints for a configuration that would start.
 fn print_check(service: &str, file: Option<PathBuf>, lines: Vec<String>) -> anyhow::Result<()> {

@@ -16,7 +16,7 @@ use crate::table::{Table, text};
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// The registry's base URL (default: the one `idgen up` started, from <dir>/up.json).
-    #[arg(long, env = "IDGEN_REGISTRY_URL")]
+    #[arg(long, env = "IDGEN_REGISTRY_URL", value_parser = crate::registry_url)]
     registry: Option<String>,
     /// A worker to ask, as REGION=URL; repeatable (default: the workers in <dir>/up.json).
     #[arg(long = "worker", value_name = "REGION=URL")]

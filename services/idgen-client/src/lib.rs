@@ -124,6 +124,10 @@ impl ClientConfig {
         if self.registry_refresh_ms < 100 {
             return bad("registry_refresh_ms must be at least 100".into());
         }
+        if let Some(url) = &self.registry_url {
+            // The schedule decides how an ID decodes: https, or a development registry on loopback.
+            idgen::registry::check_registry_url(url, true).map_err(Error::Config)?;
+        }
         Ok(())
     }
 }

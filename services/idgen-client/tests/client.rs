@@ -365,3 +365,20 @@ async fn decoding_is_local_with_the_registrys_schedule_and_region_names() {
     assert_eq!((decoded.layout.as_str(), decoded.region, decoded.machine), ("v1", None, 37));
     assert!(matches!(client.decode(1 << 63), Err(Error::Decode { .. })));
 }
+
+/// The registry the client decodes with is reached over https, or over plain HTTP only on
+/// loopback (a development registry): the schedule decides how every ID decodes.
+#[test]
+fn a_registry_over_plain_http_beyond_loopback_is_refused() {
+    let with =
+        |url: &str| ClientConfig { registry_url: Some(url.into()), ..ClientConfig::new("http://127.0.0.1:8701") };
+    for url in ["https://registry.idgen.internal:8700", "http://127.0.0.1:8700", "http://localhost:8700"] {
+        with(url).validate().unwrap();
+    }
+    for url in ["http://registry.idgen.internal:8700", "http://10.0.0.7:8700"] {
+        match with(url).validate() {
+            Err(Error::Config(why)) => assert!(why.contains("https://"), "{url}: {why}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+}

@@ -229,20 +229,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("schedule.json");
         let production = format!(
-            "registry_url = \"http://127.0.0.1:8700\"\nregion = \"eu-west-1\"\nhome_region = false\n\
+            "registry_url = \"https://registry.idgen.internal:8700\"\nregion = \"eu-west-1\"\nhome_region = false\n\
              schedule_cache = {cache:?}\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\n\
              [tls]\ncert = \"/etc/idgen/tls/worker.pem\"\nkey = \"/etc/idgen/tls/worker-key.pem\"\n\
              client_ca = \"/etc/idgen/tls/ca.pem\"\n"
         );
         load(dir.path(), &production).unwrap();
         for (line, named) in [
-            ("registry_url = \"http://127.0.0.1:8700\"\n", "registry_url"),
+            ("registry_url = \"https://registry.idgen.internal:8700\"\n", "registry_url"),
             ("home_region = false\n", "home_region"),
             ("region = \"eu-west-1\"\nhome", "region"),
         ] {
             let text = production.replacen(line, if line.ends_with("home") { "home" } else { "" }, 1);
             let error = format!("{:#}", load(dir.path(), &text).unwrap_err());
             assert!(error.contains(named), "{named}: {error}");
+        }
+        // A plain-HTTP registry: the schedule (the layout and region bits of every ID) could be
+        // changed on the way. Production reads it over https only, loopback included.
+        for plain in ["http://registry.idgen.internal:8700", "http://127.0.0.1:8700"] {
+            let text = production.replace("https://registry.idgen.internal:8700", plain);
+            let error = format!("{:#}", load(dir.path(), &text).unwrap_err());
+            assert!(error.contains("use https://"), "{plain}: {error}");
         }
         let relative = production.replace("store = \"dynamodb\"", "store = \"sqlite\"\nsqlite_path = \"leases.db\"");
         let error = format!("{:#}", load(dir.path(), &relative).unwrap_err());

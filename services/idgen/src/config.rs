@@ -375,8 +375,13 @@ impl GeneratorConfig {
         }
         let mut missing = Vec::new();
         let mut need = |what: &str| missing.push(what.to_owned());
-        if self.registry_url.is_none() {
-            need("registry_url (the region number and the schedule come from the registry)");
+        match self.registry_url.as_deref() {
+            None => need("registry_url (the region number and the schedule come from the registry)"),
+            Some(url) => {
+                if let Err(why) = crate::registry::check_registry_url(url, false) {
+                    need(&why);
+                }
+            }
         }
         if self.region_number.is_some() {
             need("no region_number (the registry assigns it; region_number is for development without one)");

@@ -50,6 +50,31 @@ pub enum RegistryError {
     Cache { path: String, error: String },
 }
 
+/// Whether `url` may name the registry: `https://`, or, where `plain_http_on_loopback`, a plain
+/// `http://` registry on this machine's loopback (a development one: nothing crosses a network).
+/// The registry's answer decides the layout and the region bits of every ID, and carries operator
+/// credentials the other way: over plain HTTP on a network anyone on the path could change the
+/// schedule a generator takes, or read a token.
+pub fn check_registry_url(url: &str, plain_http_on_loopback: bool) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("registry URL {url:?}: {e}"))?;
+    let host = parsed.host_str().unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match parsed.scheme() {
+        "https" if !host.is_empty() => Ok(()),
+        "http" if plain_http_on_loopback && loopback => Ok(()),
+        "http" if plain_http_on_loopback => Err(format!(
+            "registry URL {url:?}: use https:// (plain http:// is for a development registry on 127.0.0.1 or localhost)"
+        )),
+        "http" => Err(format!("registry URL {url:?}: use https:// (plain http:// is for development only)")),
+        _ => Err(format!("registry URL {url:?}: an https:// URL with a host")),
+    }
+}
+
 /// An HTTP client for the registry: `timeout` per request, and TLS with this rustls
 /// configuration (the CA to trust, the client certificate to present) when given.
 pub fn registry_client(timeout: Duration, tls: Option<rustls::ClientConfig>) -> Result<reqwest::Client, RegistryError> {
@@ -217,6 +242,22 @@ impl RegistrySnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registry_is_reached_over_https_or_on_loopback_in_development() {
+        for url in ["https://registry.idgen.internal:8700", "https://10.0.0.5"] {
+            assert_eq!(check_registry_url(url, false), Ok(()), "{url}");
+        }
+        for url in ["http://127.0.0.1:8700", "http://localhost:8700", "http://[::1]:8700", "http://127.1.2.3"] {
+            assert_eq!(check_registry_url(url, true), Ok(()), "{url}");
+            assert!(check_registry_url(url, false).unwrap_err().contains("https://"), "{url}");
+        }
+        for url in
+            ["http://registry.idgen.internal:8700", "http://10.0.0.5:8700", "ftp://x", "registry:8700", "https://"]
+        {
+            assert!(check_registry_url(url, true).is_err(), "{url}");
+        }
+    }
 
     fn snapshot() -> RegistrySnapshot {
         RegistrySnapshot {
