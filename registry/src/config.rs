@@ -106,12 +106,6 @@ impl RegistryConfig {
                 self.retire_grace_ms
             );
         }
-        if self.retire_grace_ms < 3_600_000 {
-            tracing::warn!(
-                retire_grace_ms = self.retire_grace_ms,
-                "a retire grace under an hour: little time to notice a wrong retirement and cancel it"
-            );
-        }
         if self.operators.values().any(|t| t.len() < 16) {
             bail!("operator tokens must be at least 16 characters");
         }

@@ -220,8 +220,24 @@ async fn e2e_operator_commands_against_the_registry() {
     let mut args = vec!["regions".to_owned()];
     args.extend(run(vec!["add", "eu-west-1"]));
     assert!(idgen(args).await.contains("number 1"));
+    // The home region, while v1 (no region bits: only it issues) is in force: refused.
+    let refused = idgen_e2e::idgen(&[
+        "regions",
+        "--registry",
+        url,
+        "--token",
+        token,
+        "retire",
+        "us-east-1",
+        "--confirm",
+        "us-east-1",
+    ])
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("409") && refused.contains("home region") && refused.contains("v1"), "{refused}");
     let mut args = vec!["regions".to_owned()];
-    args.extend(run(vec!["retire", "eu-west-1"]));
+    args.extend(run(vec!["retire", "eu-west-1", "--confirm", "eu-west-1", "--now"]));
     assert!(idgen(args).await.contains("never be reused"));
     let mut args = vec!["regions".to_owned()];
     args.extend(run(vec!["add", "eu-west-1"]));
@@ -230,6 +246,47 @@ async fn e2e_operator_commands_against_the_registry() {
     args.extend(run(vec!["--json", "list"]));
     let listed: serde_json::Value = serde_json::from_str(&idgen(args).await).unwrap();
     assert_eq!(listed["numbers_left"], 5);
+
+    // A retirement a grace ahead (24 h, the default): shown, refused with a typo, cancelled.
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["add", "ap-south-1"]));
+    idgen(args).await;
+    let typo = idgen_e2e::idgen(&[
+        "regions",
+        "--registry",
+        url,
+        "--token",
+        token,
+        "retire",
+        "ap-south-1",
+        "--confirm",
+        "ap-south-2",
+    ])
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(typo.contains("400") && typo.contains("must be the same"), "{typo}");
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["retire", "ap-south-1", "--confirm", "ap-south-1"]));
+    let scheduled = idgen(args).await;
+    assert!(scheduled.contains("retires at") && scheduled.contains("cancel-retire ap-south-1"), "{scheduled}");
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["--json", "list"]));
+    let listed: serde_json::Value = serde_json::from_str(&idgen(args).await).unwrap();
+    let retires_at = listed["regions"][3]["retires_at"].as_str().unwrap().to_owned();
+    assert_eq!(listed["regions"][3]["status"], "active", "{listed}");
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["list"]));
+    let listed = idgen(args).await;
+    let row = listed.lines().find(|l| l.ends_with("ap-south-1")).unwrap();
+    assert!(listed.lines().next().unwrap().contains("RETIRES") && row.contains(&retires_at), "{listed}");
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["cancel-retire", "ap-south-1", "--confirm", "ap-south-1"]));
+    assert!(idgen(args).await.contains("cancelled"));
+    let mut args = vec!["regions".to_owned()];
+    args.extend(run(vec!["--json", "list"]));
+    let listed: serde_json::Value = serde_json::from_str(&idgen(args).await).unwrap();
+    assert!(listed["regions"][3].get("retires_at").is_none(), "{listed}");
 
     let mut args = vec!["layouts".to_owned()];
     args.extend(run(vec![
@@ -269,7 +326,10 @@ async fn e2e_operator_commands_against_the_registry() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
-    println!("operator commands: regions add/retire/list, layouts schedule/show and decode --registry all worked");
+    println!(
+        "operator commands: regions add/retire (home refused, typo refused, a grace ahead, at once)/cancel-retire/list, \
+         layouts schedule/show and decode --registry all worked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
