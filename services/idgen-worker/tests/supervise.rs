@@ -73,6 +73,19 @@ async fn first_id(generator: &IdGenerator) -> u64 {
     }
 }
 
+/// A worker of `config` serving until `stop` is sent, its state, and the task serving it.
+async fn serve(
+    config: &WorkerConfig,
+) -> (api::AppState, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let worker = Worker::build(config, 1).await.unwrap();
+    let state = worker.state.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(worker.serve(async move {
+        let _ = stopped.await;
+    }));
+    (state, stop, serving)
+}
+
 fn short_lease(dir: &std::path::Path) -> WorkerConfig {
     let mut config = common::config_in(dir);
     config.registry_refresh_ms = 100;
@@ -91,12 +104,7 @@ async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
     let (url, published, _serving) = registry(layouts(), active.clone()).await;
     let mut config = short_lease(dir.path());
     config.registry_url = Some(url);
-    let worker = Worker::build(&config, 1).await.unwrap();
-    let state = worker.state.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(worker.serve(async move {
-        let _ = stopped.await;
-    }));
+    let (state, stop, serving) = serve(&config).await;
     let id = first_id(&state.generator).await;
     assert_eq!((id >> 19) & 0b111, 1, "with region number 1");
 
@@ -151,12 +159,7 @@ async fn a_region_retiring_in_the_registry_issues_through_the_grace_and_stops_at
     let (url, published, serving) = registry(layouts(), regions(None)).await;
     let mut config = short_lease(dir.path());
     config.registry_url = Some(url);
-    let worker = Worker::build(&config, 1).await.unwrap();
-    let state = worker.state.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving_worker = tokio::spawn(worker.serve(async move {
-        let _ = stopped.await;
-    }));
+    let (state, stop, serving_worker) = serve(&config).await;
     first_id(&state.generator).await;
     assert!(health(&state).await.1.get("region_retires_at").is_none());
 
