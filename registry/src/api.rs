@@ -73,7 +73,7 @@ impl From<RegistryError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "already_retired", error.to_string())
             }
             RegistryError::NoRetirementPending(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "no_retirement_pending", error.to_string())
+                ApiError::new(StatusCode::CONFLICT, "no_retirement_pending", error.to_string())
             }
             RegistryError::LayoutExists(_) => ApiError::new(StatusCode::CONFLICT, "layout_exists", error.to_string()),
             RegistryError::ScheduleConflict { .. } => {

@@ -317,7 +317,7 @@ async fn a_retirement_waits_out_the_grace_and_can_be_cancelled_until_then() {
     assert!(body.get("retires_at").is_none(), "{body}");
     assert_error(
         call(&s, Method::POST, cancel, Some(TOKEN), r#"{"confirm": "ap-south-1"}"#).await,
-        StatusCode::NOT_FOUND,
+        StatusCode::CONFLICT,
         "no_retirement_pending",
     );
     assert_error(
