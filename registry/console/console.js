@@ -1,5 +1,5 @@
 // The registry's console: reads GET /v1/regions and GET /v1/layouts, decodes IDs in the browser
-// from that schedule (the same answer as a worker's GET /v1/ids/{id}/decode), and makes the three
+// from that schedule (the same answer as a worker's GET /v1/ids/{id}/decode), and makes the four
 // operator writes with a confirmation. No request goes anywhere but this registry's own API.
 "use strict";
 
@@ -168,7 +168,8 @@ function renderRegions() {
   tbody.replaceChildren(...[...state.regions].sort((a, b) => a.number - b.number).map((r) =>
     el("tr", { "data-region": r.name },
       el("td", { text: String(r.number) }), el("td", { text: r.name }),
-      el("td", {}, el("span", { class: `badge ${r.status}`, text: r.status })),
+      el("td", {}, el("span", { class: `badge ${r.status}`, text: r.status }),
+        ...(r.retires_at ? [el("span", { class: "retires", text: `retires at ${r.retires_at}` })] : [])),
       el("td", { text: r.created_at }), el("td", { text: r.retired_at ?? "—" }))));
 
   const capacity = document.getElementById("capacity");
@@ -185,7 +186,8 @@ function renderRegions() {
       const kind = region ? region.status === "active" ? "used" : "retired" : n < state.numbersTotal ? "free" : "unusable";
       if (kind === "used" && n < usable) used++;
       if (kind === "retired" && n < usable) gone++;
-      const label = region ? `${n}: ${region.name} (${region.status})` : `${n}: ${kind === "free" ? "free" : "not usable under every layout"}`;
+      const status = region?.retires_at ? `${region.status}, retires at ${region.retires_at}` : region?.status;
+      const label = region ? `${n}: ${region.name} (${status})` : `${n}: ${kind === "free" ? "free" : "not usable under every layout"}`;
       row.append(el("span", { class: `cell ${kind}`, role: "listitem", title: label, "aria-label": label, text: String(n) }));
     }
     const note = cells > 256 ? ` (the first 256 of ${cells} drawn)` : "";
@@ -198,8 +200,9 @@ function renderRegions() {
     el("span", { class: "cell retired", "aria-hidden": "true" }), " retired (never reused) ",
     el("span", { class: "cell free", "aria-hidden": "true" }), " free"));
 
-  const select = document.getElementById("retire-region-name");
-  select.replaceChildren(...active.map((r) => el("option", { value: r.name, text: `${r.name} (number ${r.number})` })));
+  const option = (r) => el("option", { value: r.name, text: `${r.name} (number ${r.number})` });
+  document.getElementById("retire-region-name").replaceChildren(...active.map(option));
+  document.getElementById("cancel-retire-name").replaceChildren(...active.filter((r) => r.retires_at).map(option));
 }
 
 function renderSchedule() {
@@ -343,12 +346,34 @@ async function write(form) {
       };
       break;
     case "retire-region": {
+      // The name is given twice, chosen and typed: the registry refuses the retirement if they differ.
       const region = state.regions.find((r) => r.name === data.name);
+      const number = region?.number ?? "?";
+      const body = { confirm: data.confirm.trim() };
+      const at = data.at?.trim();
+      if (data.now) body.now = true;
+      else if (at) body.at = at;
+      const when = data.now
+        ? "at once: its workers stop issuing at their next registry refresh"
+        : `${at ? `at ${at}` : "a grace from now (the registry's retire_grace_ms)"}: its workers keep issuing until then and stop at that time on their own; until then the retirement can be cancelled`;
       request = {
         title: `Retire region ${data.name}?`,
-        text: `Its workers stop issuing at their next registry refresh, and region number ${region?.number ?? "?"} is never handed out again: region numbers are never reused. This cannot be undone.`,
-        action: "Retire region", method: "POST", path: `/v1/regions/${encodeURIComponent(data.name)}:retire`, body: undefined,
-        done: (r) => `Retired ${r.name}; number ${r.number} is never reused.`,
+        text: `${data.name} is retired ${when}. Its region number ${number} is never handed out again: region numbers are never reused.`,
+        action: "Retire region", method: "POST", path: `/v1/regions/${encodeURIComponent(data.name)}:retire`, body,
+        done: (r) => r.retires_at
+          ? `${r.name} retires at ${r.retires_at}; number ${r.number} is never reused.`
+          : `Retired ${r.name}; number ${r.number} is never reused.`,
+      };
+      break;
+    }
+    case "cancel-retire": {
+      const region = state.regions.find((r) => r.name === data.name);
+      request = {
+        title: `Cancel the retirement of ${data.name}?`,
+        text: `${data.name} was to retire at ${region?.retires_at ?? "?"}. It stays active, and its workers keep issuing.`,
+        action: "Cancel retirement", method: "POST", path: `/v1/regions/${encodeURIComponent(data.name)}:cancel-retire`,
+        body: { confirm: data.confirm.trim() },
+        done: (r) => `Cancelled the retirement of ${r.name}; it stays active.`,
       };
       break;
     }
@@ -372,6 +397,7 @@ async function write(form) {
   try {
     const answer = await api(request.method, request.path, request.body);
     result.textContent = answer ? request.done(answer) : "Done.";
+    form.reset();
     await load();
   } catch (e) {
     error.textContent = `The registry refused: ${e.message}`;

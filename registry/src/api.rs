@@ -26,6 +26,8 @@ pub struct AppState {
     /// Callers whose client certificate makes them operators.
     pub certificate_operators: Arc<std::collections::BTreeSet<String>>,
     pub horizon_lead_ms: i64,
+    /// A retirement takes effect this long after it is asked for, at the earliest (ms).
+    pub retire_grace_ms: i64,
     pub now: fn() -> i64,
 }
 
@@ -60,6 +62,18 @@ impl From<RegistryError> for ApiError {
             }
             RegistryError::UnknownRegion(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "unknown_region", error.to_string())
+            }
+            RegistryError::HomeRegionInUse(_) => {
+                ApiError::new(StatusCode::CONFLICT, "home_region_in_use", error.to_string())
+            }
+            RegistryError::RetirePending { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "retire_pending", error.to_string())
+            }
+            RegistryError::AlreadyRetired { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "already_retired", error.to_string())
+            }
+            RegistryError::NoRetirementPending(_) => {
+                ApiError::new(StatusCode::CONFLICT, "no_retirement_pending", error.to_string())
             }
             RegistryError::LayoutExists(_) => ApiError::new(StatusCode::CONFLICT, "layout_exists", error.to_string()),
             RegistryError::ScheduleConflict { .. } => {
@@ -171,6 +185,9 @@ fn region_json(region: &Region) -> Value {
     if let Some(retired) = region.retired_at_ms {
         value["retired_at"] = json!(format_unix_ms(retired));
     }
+    if let Some(retires) = region.retires_at_ms {
+        value["retires_at"] = json!(format_unix_ms(retires));
+    }
     value
 }
 
@@ -202,8 +219,8 @@ fn layouts_json(view: &ScheduleView) -> Value {
 }
 
 pub async fn list_regions(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let regions = state.store.regions().await?;
     let now = (state.now)();
+    let regions = state.store.regions(now).await?;
     let view = state.store.schedule(now, state.horizon_lead_ms).await?;
     let total = view.region_capacity(now);
     let left = (0..total).filter(|n| !regions.iter().any(|r| r.number == *n)).count();
@@ -239,28 +256,96 @@ pub async fn add_region(
     Ok((StatusCode::CREATED, Json(region_json(&region))).into_response())
 }
 
-/// `POST /v1/regions/{name}:retire`
+/// `POST /v1/regions/{name}:retire` and `POST /v1/regions/{name}:cancel-retire` (one route: a
+/// capture cannot share its path segment with a literal suffix, so the suffix is taken off here).
 pub async fn region_action(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+    body: Body,
+) -> Result<Response, ApiError> {
     let Path(segment) = path.map_err(|_| ApiError::bad_request("the region name in the path is not valid UTF-8"))?;
-    let Some(name) = segment.strip_suffix(":retire") else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "the only region action is POST /v1/regions/{name}:retire",
-        ));
+    let (name, cancel) = match segment.rsplit_once(':') {
+        Some((name, "retire")) => (name, false),
+        Some((name, "cancel-retire")) => (name, true),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "the region actions are POST /v1/regions/{name}:retire and POST /v1/regions/{name}:cancel-retire",
+            ));
+        }
     };
     let actor = operator(&state, &headers, &caller)?;
     if !valid_region_name(name) {
         return Err(ApiError::bad_request(format!("{name:?} is not a region name")));
     }
-    let region = state.store.retire_region(name, &actor, (state.now)()).await?;
-    tracing::info!(%actor, name, number = region.number, "region retired; its number is never reused");
-    Ok(Json(region_json(&region)))
+    let body = json_object(body).await.map_err(|error| {
+        ApiError::bad_request(format!("{}: send {{\"confirm\": {name:?}}}; nothing was changed", error.message))
+    })?;
+    let now = (state.now)();
+    if cancel {
+        only_fields(&body, &["confirm"])?;
+        confirmed(&body, name)?;
+        let region = state.store.cancel_retire(name, &actor, now).await?;
+        tracing::info!(%actor, name, number = region.number, "region retirement cancelled");
+        return Ok(Json(region_json(&region)).into_response());
+    }
+    only_fields(&body, &["confirm", "at", "now"])?;
+    confirmed(&body, name)?;
+    let at_once = match body.get("now") {
+        None | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => return Err(ApiError::bad_request("\"now\" must be true or false")),
+    };
+    let earliest = now.saturating_add(state.retire_grace_ms);
+    let at_ms = match (body.get("at"), at_once) {
+        (Some(_), true) => return Err(ApiError::bad_request("give \"at\" or \"now\": true, not both")),
+        (None, true) => None,
+        (None, false) => Some(earliest),
+        (Some(at), false) => {
+            let at = at
+                .as_str()
+                .and_then(parse_rfc3339_ms)
+                .ok_or_else(|| ApiError::bad_request("\"at\" must be a UTC time like 2029-01-01T00:00:00Z"))?;
+            if at < earliest {
+                return Err(ApiError::bad_request(format!(
+                    "\"at\" {} is earlier than the retire grace allows ({} s from now): the earliest is {}; \
+                     for a region that is already dead, \"now\": true",
+                    format_unix_ms(at),
+                    state.retire_grace_ms / 1000,
+                    format_unix_ms(earliest)
+                )));
+            }
+            Some(at)
+        }
+    };
+    let region = state.store.retire_region(name, at_ms, &actor, now, state.horizon_lead_ms).await?;
+    match region.retires_at_ms {
+        Some(at) => {
+            tracing::info!(%actor, name, number = region.number, retires_at = %format_unix_ms(at), "region retirement scheduled");
+            Ok((StatusCode::ACCEPTED, Json(region_json(&region))).into_response())
+        }
+        None => {
+            tracing::info!(%actor, name, number = region.number, "region retired; its number is never reused");
+            Ok(Json(region_json(&region)).into_response())
+        }
+    }
+}
+
+/// A region action names its region twice, in the path and in the body's `"confirm"`: a typo in
+/// either is refused rather than acted on.
+fn confirmed(body: &Map<String, Value>, name: &str) -> Result<(), ApiError> {
+    match body.get("confirm") {
+        Some(Value::String(confirm)) if confirm == name => Ok(()),
+        Some(Value::String(confirm)) => Err(ApiError::bad_request(format!(
+            "the path names region {name:?} and \"confirm\" names {confirm:?}: they must be the same; nothing was changed"
+        ))),
+        _ => Err(ApiError::bad_request(format!(
+            "name the region a second time, in the body: {{\"confirm\": {name:?}}}; nothing was changed"
+        ))),
+    }
 }
 
 pub async fn get_layouts(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
@@ -337,7 +422,7 @@ pub async fn audit(State(state): State<AppState>, caller: Caller, headers: Heade
 }
 
 pub async fn healthz(State(state): State<AppState>) -> Response {
-    match state.store.regions().await {
+    match state.store.regions((state.now)()).await {
         Ok(_) => Json(json!({"status": "ok"})).into_response(),
         Err(error) => ApiError::from(error).into_response(),
     }

@@ -10,6 +10,9 @@ use serde::Deserialize;
 
 use crate::store::{InitialSchedule, ScheduledLayout};
 
+/// The longest `retire_grace_ms`: a year.
+pub const MAX_RETIRE_GRACE_MS: i64 = 366 * 86_400_000;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegistryConfig {
@@ -29,6 +32,9 @@ pub struct RegistryConfig {
     pub home_region: Option<String>,
     /// The horizon is kept at least this far ahead of now (no cutover is ever scheduled closer).
     pub horizon_lead_ms: i64,
+    /// A retirement takes effect no sooner than this after it is asked for (ms): the time to
+    /// notice a wrong one and cancel it, and for the region's callers to move elsewhere.
+    pub retire_grace_ms: i64,
     /// Operator name → bearer token, for writes.
     pub operators: BTreeMap<String, String>,
     /// A file holding one more token (for the operator named `operator`), e.g. the one `idgen up` writes.
@@ -54,6 +60,7 @@ impl Default for RegistryConfig {
             sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             home_region: None,
             horizon_lead_ms: 30 * 86_400_000,
+            retire_grace_ms: 86_400_000,
             operators: BTreeMap::new(),
             operator_token_file: None,
             initial_v2_from_ms: None,
@@ -151,6 +158,13 @@ impl RegistryConfig {
                 "a horizon less than an hour ahead: workers refuse once the registry has been unreachable that long"
             );
         }
+        // A grace of extra zeros would have every retirement wait for years.
+        if !(1_000..=MAX_RETIRE_GRACE_MS).contains(&self.retire_grace_ms) {
+            bail!(
+                "retire_grace_ms must be from 1000 (1 s) to {MAX_RETIRE_GRACE_MS} (a year), not {}",
+                self.retire_grace_ms
+            );
+        }
         if self.operators.values().any(|t| t.len() < 16) {
             bail!("operator tokens must be at least 16 characters");
         }
@@ -179,6 +193,10 @@ impl RegistryConfig {
             format!("database: {database}"),
             format!("home region: {}", self.home_region()),
             format!("horizon kept {} days ahead", self.horizon_lead_ms / 86_400_000),
+            format!(
+                "a retirement takes effect {} s after it is asked for, at the earliest",
+                self.retire_grace_ms / 1000
+            ),
             format!("operators: {tokens} by bearer token, {} by client certificate", self.certificate_operators.len()),
             format!("listener: {listener} on {}", self.listen),
         ])
@@ -220,12 +238,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_horizon_lead_and_the_first_cutover_are_bounded() {
+    fn the_horizon_lead_the_retire_grace_and_the_first_cutover_are_bounded() {
         let mut config = RegistryConfig::development();
         config.validate().unwrap();
         config.horizon_lead_ms = 0;
         assert!(format!("{:#}", config.validate().unwrap_err()).contains("at least 1000"));
         config.horizon_lead_ms = 5_000;
+        config.validate().unwrap();
+
+        for bad in [0, 999, MAX_RETIRE_GRACE_MS + 1] {
+            config.retire_grace_ms = bad;
+            assert!(format!("{:#}", config.validate().unwrap_err()).contains("retire_grace_ms"), "{bad}");
+        }
+        config.retire_grace_ms = 60_000;
         config.validate().unwrap();
 
         config.initial_v2_from_ms = Some(MAX_TIMESTAMP);

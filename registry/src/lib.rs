@@ -23,8 +23,8 @@ pub use api::AppState;
 pub use config::RegistryConfig;
 
 /// The registry's routes, as `/metrics` labels them (anything else is `other`).
-/// `/v1/regions/{action}` is `POST /v1/regions/{name}:retire` (a capture cannot share its path
-/// segment with a literal suffix here: the handler takes the suffix off).
+/// `/v1/regions/{action}` is `POST /v1/regions/{name}:retire` and `…:cancel-retire` (a capture
+/// cannot share its path segment with a literal suffix here: the handler takes the suffix off).
 pub const ROUTES: [&str; 10] = [
     "/v1/regions",
     "/v1/regions/{action}",
@@ -163,6 +163,7 @@ pub async fn serve(
         operators: Arc::new(operators),
         certificate_operators: Arc::new(config.certificate_operators.clone()),
         horizon_lead_ms: config.horizon_lead_ms,
+        retire_grace_ms: config.retire_grace_ms,
         now: idgen::system_unix_ms,
     };
     let tls = match config.tls.enabled() {

@@ -36,6 +36,9 @@ pub struct Region {
     pub status: RegionStatus,
     pub created_at_ms: i64,
     pub retired_at_ms: Option<i64>,
+    /// A retirement scheduled and not reached yet: until then the region is active, issues and
+    /// can have the retirement cancelled.
+    pub retires_at_ms: Option<i64>,
 }
 
 /// A scheduled layout: in force from `from_ms` (ms since the idgen epoch) on.
@@ -58,7 +61,7 @@ impl ScheduleView {
     /// must fit the current layout as well as the scheduled ones. (Layouts without a region
     /// field are the home region's alone and do not count; with none but those, 1.)
     pub fn region_capacity(&self, now_unix_ms: i64) -> u32 {
-        let now = (now_unix_ms - idgen_core::EPOCH_UNIX_MS).max(0) as u64;
+        let now = since_epoch(now_unix_ms);
         let current = self.layouts.iter().rposition(|l| l.from_ms <= now).unwrap_or(0);
         self.layouts[current..]
             .iter()
@@ -67,6 +70,21 @@ impl ScheduleView {
             .min()
             .map_or(1, |bits| 1u32 << bits)
     }
+
+    /// The first layout without region bits (only the home region issues under it) that is in
+    /// force at `now_unix_ms` or starts later, and when it ends (`None`: it does not).
+    pub fn home_only_layout(&self, now_unix_ms: i64) -> Option<(&ScheduledLayout, Option<u64>)> {
+        let now = since_epoch(now_unix_ms);
+        self.layouts.iter().enumerate().find_map(|(i, entry)| {
+            let end = self.layouts.get(i + 1).map(|next| next.from_ms);
+            (entry.layout.region_bits() == 0 && end.is_none_or(|end| end > now)).then_some((entry, end))
+        })
+    }
+}
+
+/// Unix ms as ms since the idgen epoch (0 before it).
+fn since_epoch(unix_ms: i64) -> u64 {
+    (unix_ms - idgen_core::EPOCH_UNIX_MS).max(0) as u64
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +103,15 @@ pub enum RegistryError {
     NoNumberLeft { capacity: u32 },
     #[error("no active region named {0:?}")]
     UnknownRegion(String),
+    /// Retiring the home region while a layout only it issues under is in force or scheduled.
+    #[error("{0}")]
+    HomeRegionInUse(String),
+    #[error("region {name} already retires at {}: cancel that (cancel-retire) to choose another time, or retire it now", idgen_core::format_unix_ms(*at_ms))]
+    RetirePending { name: String, at_ms: i64 },
+    #[error("region {name} was retired at {}; a retirement cannot be undone once its time has come", idgen_core::format_unix_ms(*at_ms))]
+    AlreadyRetired { name: String, at_ms: i64 },
+    #[error("region {0} has no retirement pending")]
+    NoRetirementPending(String),
     #[error("a layout named {0:?} is already scheduled")]
     LayoutExists(String),
     #[error("{what}")]
@@ -124,10 +151,16 @@ pub struct RegistryStore {
     pool: AnyPool,
 }
 
-fn region_row(row: &AnyRow) -> Result<Region, RegistryError> {
+/// What [`region_row`] reads.
+const REGION_COLUMNS: &str = "name, number, status, created_at_ms, retired_at_ms, retires_at_ms";
+
+/// A region row as of `now_ms`. A retirement whose time has come reads as done (retired at that
+/// time) whatever `status` still says: reads never write, and the next write makes it permanent
+/// ([`settle_retirements`]).
+fn region_row(row: &AnyRow, now_ms: i64) -> Result<Region, RegistryError> {
     let status: String = row.try_get("status")?;
     let number: i64 = row.try_get("number")?;
-    Ok(Region {
+    let mut region = Region {
         name: row.try_get("name")?,
         number: u32::try_from(number).map_err(|_| RegistryError::Invalid(format!("region number {number}")))?,
         status: match status.as_str() {
@@ -137,7 +170,16 @@ fn region_row(row: &AnyRow) -> Result<Region, RegistryError> {
         },
         created_at_ms: row.try_get("created_at_ms")?,
         retired_at_ms: row.try_get("retired_at_ms")?,
-    })
+        retires_at_ms: None,
+    };
+    match (region.status, row.try_get::<Option<i64>, _>("retires_at_ms")?) {
+        (RegionStatus::Active, Some(at)) if at <= now_ms => {
+            (region.status, region.retired_at_ms) = (RegionStatus::Retired, Some(at));
+        }
+        (RegionStatus::Active, pending) => region.retires_at_ms = pending,
+        (RegionStatus::Retired, _) => {}
+    }
+    Ok(region)
 }
 
 fn is_unique_violation(error: &sqlx::Error) -> bool {
@@ -244,12 +286,11 @@ impl RegistryStore {
         Ok(Initialized::Already { home_region: home, regions: regions as u64 })
     }
 
-    pub async fn regions(&self) -> Result<Vec<Region>, RegistryError> {
+    /// Every region as of `now_ms` (a retirement whose time has come shows as done).
+    pub async fn regions(&self, now_ms: i64) -> Result<Vec<Region>, RegistryError> {
         let rows =
-            sqlx::query("SELECT name, number, status, created_at_ms, retired_at_ms FROM regions ORDER BY number")
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter().map(region_row).collect()
+            sqlx::query(&format!("SELECT {REGION_COLUMNS} FROM regions ORDER BY number")).fetch_all(&self.pool).await?;
+        rows.iter().map(|row| region_row(row, now_ms)).collect()
     }
 
     /// Hands out the lowest number never used. Retried when a concurrent add took the same
@@ -263,6 +304,8 @@ impl RegistryStore {
     ) -> Result<Region, RegistryError> {
         for _ in 0..50 {
             let mut tx = self.pool.begin().await?;
+            // A name whose retirement time has come is free again.
+            settle_retirements(&mut tx, now_ms).await?;
             let active: i64 = sqlx::query("SELECT COUNT(*) AS n FROM regions WHERE name = $1 AND status = 'active'")
                 .bind(name)
                 .fetch_one(&mut *tx)
@@ -301,6 +344,7 @@ impl RegistryStore {
                         status: RegionStatus::Active,
                         created_at_ms: now_ms,
                         retired_at_ms: None,
+                        retires_at_ms: None,
                     });
                 }
                 Err(error) if is_unique_violation(&error) => continue,
@@ -310,21 +354,107 @@ impl RegistryStore {
         Err(RegistryError::ScheduleConflict { what: "too much contention adding a region; try again".into() })
     }
 
-    /// Retires the active region of that name. Its number is never handed out again.
-    pub async fn retire_region(&self, name: &str, actor: &str, now_ms: i64) -> Result<Region, RegistryError> {
+    /// Retires the active region of that name: at once (`at_ms` `None`, for a region that is
+    /// already dead), or from `at_ms` on (the API holds it to the retire grace), until when the
+    /// region stays active and the retirement can be cancelled. Its number is never handed out
+    /// again either way. Refused for the home region while a layout without region bits, under
+    /// which only the home region issues, is in force or scheduled; and for a region whose
+    /// retirement is already pending, unless at once.
+    pub async fn retire_region(
+        &self,
+        name: &str,
+        at_ms: Option<i64>,
+        actor: &str,
+        now_ms: i64,
+        lead_ms: i64,
+    ) -> Result<Region, RegistryError> {
         let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "UPDATE regions SET status = 'retired', retired_at_ms = $1 WHERE name = $2 AND status = 'active' \
-             RETURNING name, number, status, created_at_ms, retired_at_ms",
-        )
-        .bind(now_ms)
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let region = region_row(&row.ok_or_else(|| RegistryError::UnknownRegion(name.to_owned()))?)?;
-        audit(&mut tx, now_ms, actor, "retire_region", &format!("{name} = {}", region.number)).await?;
+        // The state row first, as `add_layout` takes it: a layout scheduled at the same time is
+        // seen here, or sees this retirement.
+        let schedule = read_schedule(&mut tx, now_ms, lead_ms).await?;
+        settle_retirements(&mut tx, now_ms).await?;
+        let region = lock_active_region(&mut tx, name, now_ms).await?;
+        if let (Some(pending), Some(_)) = (region.retires_at_ms, at_ms) {
+            return Err(RegistryError::RetirePending { name: name.to_owned(), at_ms: pending });
+        }
+        if name == schedule.home_region
+            && let Some((entry, end)) = schedule.home_only_layout(now_ms)
+        {
+            let text = |ms: u64| idgen_core::format_unix_ms(ms as i64 + idgen_core::EPOCH_UNIX_MS);
+            let when = match (entry.from_ms <= since_epoch(now_ms), end) {
+                (true, Some(end)) => format!("is in force until {}", text(end)),
+                (true, None) => "is in force, with no end".to_owned(),
+                (false, Some(end)) => format!("is scheduled from {} until {}", text(entry.from_ms), text(end)),
+                (false, None) => format!("is scheduled from {}, with no end", text(entry.from_ms)),
+            };
+            return Err(RegistryError::HomeRegionInUse(format!(
+                "{name} is the home region, the only region that issues under layout {layout} (no region bits), \
+                 which {when}: retiring it would stop every ID meanwhile. Retire it once {layout} is over",
+                layout = entry.layout.name()
+            )));
+        }
+        let number = i64::from(region.number);
+        let region = match at_ms {
+            None => {
+                sqlx::query(
+                    "UPDATE regions SET status = 'retired', retired_at_ms = $1, retires_at_ms = $1 WHERE number = $2",
+                )
+                .bind(now_ms)
+                .bind(number)
+                .execute(&mut *tx)
+                .await?;
+                audit(&mut tx, now_ms, actor, "retire_region", &format!("{name} = {number}")).await?;
+                Region { status: RegionStatus::Retired, retired_at_ms: Some(now_ms), retires_at_ms: None, ..region }
+            }
+            Some(at) => {
+                sqlx::query("UPDATE regions SET retires_at_ms = $1 WHERE number = $2")
+                    .bind(at)
+                    .bind(number)
+                    .execute(&mut *tx)
+                    .await?;
+                let detail = format!("{name} = {number} at {}", idgen_core::format_unix_ms(at));
+                audit(&mut tx, now_ms, actor, "schedule_retire", &detail).await?;
+                Region { retires_at_ms: Some(at), ..region }
+            }
+        };
         tx.commit().await?;
         Ok(region)
+    }
+
+    /// Cancels the pending retirement of the region of that name, while its time is ahead.
+    pub async fn cancel_retire(&self, name: &str, actor: &str, now_ms: i64) -> Result<Region, RegistryError> {
+        let mut tx = self.pool.begin().await?;
+        settle_retirements(&mut tx, now_ms).await?;
+        let region = match lock_active_region(&mut tx, name, now_ms).await {
+            Err(RegistryError::UnknownRegion(_)) => {
+                let retired = sqlx::query(
+                    "SELECT retired_at_ms FROM regions WHERE name = $1 AND status = 'retired' \
+                     ORDER BY number DESC LIMIT 1",
+                )
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
+                return Err(match retired {
+                    Some(row) => RegistryError::AlreadyRetired {
+                        name: name.to_owned(),
+                        at_ms: row.try_get::<Option<i64>, _>("retired_at_ms")?.unwrap_or_default(),
+                    },
+                    None => RegistryError::UnknownRegion(name.to_owned()),
+                });
+            }
+            other => other?,
+        };
+        let Some(at) = region.retires_at_ms else {
+            return Err(RegistryError::NoRetirementPending(name.to_owned()));
+        };
+        sqlx::query("UPDATE regions SET retires_at_ms = NULL WHERE number = $1")
+            .bind(i64::from(region.number))
+            .execute(&mut *tx)
+            .await?;
+        let detail = format!("{name} = {}, was to retire at {}", region.number, idgen_core::format_unix_ms(at));
+        audit(&mut tx, now_ms, actor, "cancel_retire", &detail).await?;
+        tx.commit().await?;
+        Ok(Region { retires_at_ms: None, ..region })
     }
 
     /// The schedule, as published. A read, which writes nothing while the stored horizon is at
@@ -376,6 +506,7 @@ impl RegistryStore {
         // was not told about.
         let mut tx = self.pool.begin().await?;
         let current = read_schedule(&mut tx, now_unix_ms, lead_ms).await?;
+        settle_retirements(&mut tx, now_unix_ms).await?;
         let conflict = |what: String| Err(RegistryError::ScheduleConflict { what });
         if current.layouts.iter().any(|l| l.layout.name() == entry.layout.name()) {
             return Err(RegistryError::LayoutExists(entry.layout.name().to_owned()));
@@ -411,6 +542,36 @@ impl RegistryStore {
                     "active region {name} has number {number}, which {} bits of region cannot carry",
                     entry.layout.region_bits()
                 ));
+            }
+        }
+        if entry.layout.region_bits() == 0 {
+            // Only the home region issues under it: one retired, or retiring, would leave none.
+            let home = &current.home_region;
+            let rows = sqlx::query("SELECT status, retires_at_ms FROM regions WHERE name = $1")
+                .bind(home)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut active = None;
+            for row in &rows {
+                if row.try_get::<String, _>("status")? == "active" {
+                    active = Some(row.try_get::<Option<i64>, _>("retires_at_ms")?);
+                }
+            }
+            match active {
+                Some(Some(at)) => {
+                    return conflict(format!(
+                        "the home region {home} retires at {}, and only the home region issues under a layout \
+                         without region bits: cancel that retirement first",
+                        idgen_core::format_unix_ms(at)
+                    ));
+                }
+                None if !rows.is_empty() => {
+                    return conflict(format!(
+                        "the home region {home} is retired, and only the home region issues under a layout \
+                         without region bits"
+                    ));
+                }
+                _ => {}
             }
         }
         match insert_layout(&mut tx, &entry, now_unix_ms).await {
@@ -549,6 +710,37 @@ async fn read_layouts<'c>(
         layouts.push(ScheduledLayout { layout, from_ms: from_ms as u64 });
     }
     Ok(layouts)
+}
+
+/// Makes every retirement whose time has come permanent (`status = 'retired'`), so that a write's
+/// checks, and the unique index on active names, see it. Every write transaction starts with it;
+/// reads leave it be and compute the status from the time ([`region_row`]).
+async fn settle_retirements(tx: &mut sqlx::Transaction<'_, sqlx::Any>, now_ms: i64) -> Result<(), RegistryError> {
+    sqlx::query(
+        "UPDATE regions SET status = 'retired', retired_at_ms = retires_at_ms \
+         WHERE status = 'active' AND retires_at_ms <= $1",
+    )
+    .bind(now_ms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The active region of that name, its row locked until the transaction ends (a no-op update:
+/// SQL both databases accept), so that a concurrent retire or cancel waits and then sees this
+/// one's result.
+async fn lock_active_region(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    name: &str,
+    now_ms: i64,
+) -> Result<Region, RegistryError> {
+    let row = sqlx::query(&format!(
+        "UPDATE regions SET status = status WHERE name = $1 AND status = 'active' RETURNING {REGION_COLUMNS}"
+    ))
+    .bind(name)
+    .fetch_optional(&mut **tx)
+    .await?;
+    region_row(&row.ok_or_else(|| RegistryError::UnknownRegion(name.to_owned()))?, now_ms)
 }
 
 /// `now + lead` as ms since the idgen epoch, capped at the open horizon.

@@ -18,6 +18,8 @@ fn fixed_now() -> i64 {
     1_795_000_000_000
 }
 
+const DAY: i64 = 86_400_000;
+
 async fn state() -> (AppState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("registry.db").display());
@@ -26,7 +28,8 @@ async fn state() -> (AppState, tempfile::TempDir) {
         store: Arc::new(store),
         operators: Arc::new(HashMap::from([(TOKEN.to_owned(), "alice".to_owned())])),
         certificate_operators: Arc::new(std::collections::BTreeSet::from(["ops-bot".to_owned()])),
-        horizon_lead_ms: 30 * 86_400_000,
+        horizon_lead_ms: 30 * DAY,
+        retire_grace_ms: DAY,
         now: fixed_now,
     };
     (state, dir)
@@ -59,8 +62,10 @@ async fn regions_are_added_listed_and_retired() {
     );
     assert_eq!(body["created_at"], "2026-11-18T11:06:40.000Z");
     call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "eu-west-1"}"#).await;
-    let (status, body) = call(&s, Method::POST, "/v1/regions/eu-west-1:retire", Some(TOKEN), "").await;
+    let retire_now = r#"{"confirm": "eu-west-1", "now": true}"#;
+    let (status, body) = call(&s, Method::POST, "/v1/regions/eu-west-1:retire", Some(TOKEN), retire_now).await;
     assert_eq!((status, body["status"].clone()), (StatusCode::OK, json!("retired")));
+    assert_eq!(body["retired_at"], "2026-11-18T11:06:40.000Z");
     let (status, body) = call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "eu-west-1"}"#).await;
     assert_eq!((status, body["number"].clone()), (StatusCode::CREATED, json!(2)), "a retired number is never reused");
     let (status, body) = call(&s, Method::GET, "/v1/regions", None, "").await;
@@ -115,12 +120,12 @@ async fn bad_region_requests_change_nothing() {
         "name_exists",
     );
     assert_error(
-        call(&s, Method::POST, "/v1/regions/nowhere-1:retire", Some(TOKEN), "").await,
+        call(&s, Method::POST, "/v1/regions/nowhere-1:retire", Some(TOKEN), r#"{"confirm": "nowhere-1"}"#).await,
         StatusCode::NOT_FOUND,
         "unknown_region",
     );
     assert_error(
-        call(&s, Method::POST, "/v1/regions/us-east-1:retire", None, "").await,
+        call(&s, Method::POST, "/v1/regions/us-east-1:retire", None, r#"{"confirm": "us-east-1"}"#).await,
         StatusCode::UNAUTHORIZED,
         "unauthorized",
     );
@@ -234,6 +239,136 @@ async fn the_schedule_is_published_and_validated() {
     );
 }
 
+/// The clock of the retirement test: it moves past the grace.
+static CLOCK: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1_795_000_000_000);
+
+fn moving_now() -> i64 {
+    CLOCK.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A retirement names its region twice, takes effect a grace after it is asked for (or later, or
+/// at once for a region already dead), keeps the region active until then, and can be cancelled
+/// until then. Every refused request changes nothing.
+#[tokio::test]
+async fn a_retirement_waits_out_the_grace_and_can_be_cancelled_until_then() {
+    let (mut s, _dir) = state().await;
+    s.now = moving_now;
+    let now = moving_now();
+    for name in ["us-east-1", "eu-west-1", "ap-south-1", "sa-east-1"] {
+        call(&s, Method::POST, "/v1/regions", Some(TOKEN), &format!(r#"{{"name": "{name}"}}"#)).await;
+    }
+    let before = call(&s, Method::GET, "/v1/regions", None, "").await.1;
+    let retire = "/v1/regions/eu-west-1:retire";
+    let in_grace = idgen_core::format_unix_ms(now + DAY - 1);
+    for (bad, says) in [
+        ("", "confirm"),
+        ("{}", "confirm"),
+        (r#"{"confirm": "eu-west-2"}"#, "must be the same"),
+        (r#"{"confirm": 7}"#, "confirm"),
+        (r#"{"confirm": "eu-west-1", "now": "yes"}"#, "true or false"),
+        (r#"{"confirm": "eu-west-1", "now": true, "at": "2030-01-01T00:00:00Z"}"#, "not both"),
+        (r#"{"confirm": "eu-west-1", "at": "tomorrow"}"#, "UTC time"),
+        (&format!(r#"{{"confirm": "eu-west-1", "at": "{in_grace}"}}"#), "the earliest is 2026-11-19T11:06:40.000Z"),
+        (r#"{"confirm": "eu-west-1", "reason": "typo"}"#, "unknown field"),
+    ] {
+        let got = call(&s, Method::POST, retire, Some(TOKEN), bad).await;
+        assert!(got.1["error"]["message"].as_str().unwrap().contains(says), "{bad}: {}", got.1);
+        assert_error(got, StatusCode::BAD_REQUEST, "invalid_request");
+    }
+    assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1, before, "nothing changed");
+
+    // Asked for: 202, still active, retiring a grace from now.
+    let (status, body) = call(&s, Method::POST, retire, Some(TOKEN), r#"{"confirm": "eu-west-1"}"#).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(
+        (body["status"].clone(), body["retires_at"].clone()),
+        (json!("active"), json!("2026-11-19T11:06:40.000Z"))
+    );
+    // Later than the grace, as asked.
+    let at = r#"{"confirm": "ap-south-1", "at": "2027-01-01T00:00:00Z"}"#;
+    let (status, body) = call(&s, Method::POST, "/v1/regions/ap-south-1:retire", Some(TOKEN), at).await;
+    assert_eq!((status, body["retires_at"].clone()), (StatusCode::ACCEPTED, json!("2027-01-01T00:00:00.000Z")));
+    let listed = call(&s, Method::GET, "/v1/regions", None, "").await.1;
+    assert_eq!(listed["regions"][1]["status"], "active", "{listed}");
+    assert_eq!(listed["regions"][1]["retires_at"], "2026-11-19T11:06:40.000Z", "{listed}");
+    assert!(listed["regions"][1].get("retired_at").is_none(), "{listed}");
+    assert_error(
+        call(&s, Method::POST, retire, Some(TOKEN), r#"{"confirm": "eu-west-1"}"#).await,
+        StatusCode::CONFLICT,
+        "retire_pending",
+    );
+
+    // Cancelled while ahead: the region without "retires_at"; then nothing is pending.
+    let cancel = "/v1/regions/ap-south-1:cancel-retire";
+    for (bad, status, code) in [
+        ("", StatusCode::BAD_REQUEST, "invalid_request"),
+        (r#"{"confirm": "eu-west-1"}"#, StatusCode::BAD_REQUEST, "invalid_request"),
+        (r#"{"confirm": "ap-south-1", "now": true}"#, StatusCode::BAD_REQUEST, "invalid_request"),
+    ] {
+        assert_error(call(&s, Method::POST, cancel, Some(TOKEN), bad).await, status, code);
+    }
+    assert_error(
+        call(&s, Method::POST, cancel, None, r#"{"confirm": "ap-south-1"}"#).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    let (status, body) = call(&s, Method::POST, cancel, Some(TOKEN), r#"{"confirm": "ap-south-1"}"#).await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::OK, json!("active")), "{body}");
+    assert!(body.get("retires_at").is_none(), "{body}");
+    assert_error(
+        call(&s, Method::POST, cancel, Some(TOKEN), r#"{"confirm": "ap-south-1"}"#).await,
+        StatusCode::CONFLICT,
+        "no_retirement_pending",
+    );
+    assert_error(
+        call(&s, Method::POST, "/v1/regions/nowhere-1:cancel-retire", Some(TOKEN), r#"{"confirm": "nowhere-1"}"#).await,
+        StatusCode::NOT_FOUND,
+        "unknown_region",
+    );
+
+    // At once, for a region already dead: 200, retired.
+    let (status, body) =
+        call(&s, Method::POST, "/v1/regions/sa-east-1:retire", Some(TOKEN), r#"{"confirm": "sa-east-1", "now": true}"#)
+            .await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::OK, json!("retired")), "{body}");
+
+    // The grace over: eu-west-1 reads as retired from its time, without a write, and can no
+    // longer be cancelled.
+    CLOCK.store(now + DAY, std::sync::atomic::Ordering::SeqCst);
+    let listed = call(&s, Method::GET, "/v1/regions", None, "").await.1;
+    assert_eq!(listed["regions"][1]["status"], "retired", "{listed}");
+    assert_eq!(listed["regions"][1]["retired_at"], "2026-11-19T11:06:40.000Z", "{listed}");
+    assert!(listed["regions"][1].get("retires_at").is_none(), "{listed}");
+    assert_eq!(listed["numbers_left"], 4, "the retired numbers stay taken");
+    assert_error(
+        call(&s, Method::POST, "/v1/regions/eu-west-1:cancel-retire", Some(TOKEN), r#"{"confirm": "eu-west-1"}"#).await,
+        StatusCode::CONFLICT,
+        "already_retired",
+    );
+    let (_, audit) = call(&s, Method::GET, "/v1/audit", Some(TOKEN), "").await;
+    let actions: Vec<&str> =
+        audit["writes"].as_array().unwrap().iter().map(|w| w["action"].as_str().unwrap()).collect();
+    assert_eq!(actions[..4], ["retire_region", "cancel_retire", "schedule_retire", "schedule_retire"], "{audit}");
+    assert!(audit["writes"].as_array().unwrap().iter().all(|w| w["actor"] == "alice"));
+}
+
+/// v1 has no region bits: only the home region issues under it, so the home region is not
+/// retired while v1 is in force (until 2028-01-01), whether at once or after the grace.
+#[tokio::test]
+async fn the_home_region_is_not_retired_while_only_it_issues() {
+    let (s, _dir) = state().await;
+    call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await;
+    let before = call(&s, Method::GET, "/v1/regions", None, "").await.1;
+    for body in [r#"{"confirm": "us-east-1"}"#, r#"{"confirm": "us-east-1", "now": true}"#] {
+        let got = call(&s, Method::POST, "/v1/regions/us-east-1:retire", Some(TOKEN), body).await;
+        let message = got.1["error"]["message"].as_str().unwrap().to_owned();
+        assert_error(got, StatusCode::CONFLICT, "home_region_in_use");
+        assert!(message.contains("home region") && message.contains("v1"), "{message}");
+        assert!(message.contains("until 2028-01-01T00:00:00.000Z"), "{message}");
+    }
+    assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1, before, "nothing changed");
+}
+
 /// An operator named by its client certificate writes without a token; any other caller cannot.
 #[tokio::test]
 async fn a_certificate_operator_writes_without_a_token() {
@@ -252,7 +387,8 @@ async fn a_certificate_operator_writes_without_a_token() {
 }
 
 /// `GET /openapi.json` serves the checked-in `docs/openapi/registry.json`, which names exactly the
-/// router's routes (`/v1/regions/{action}` is documented as what it is, `{name}:retire`); every
+/// router's routes (`/v1/regions/{action}` is documented as what it is, `{name}:retire` and
+/// `{name}:cancel-retire`); every
 /// method a path does not take gets the documented 405 with an `Allow` of the ones it does; and
 /// what each operation answers a plain request with is documented.
 #[tokio::test]
@@ -274,8 +410,9 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     assert_eq!(response.headers()["content-type"], "application/json");
     let served: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi/registry.json");
-    let operations =
-        openapi::operations(&served, file, &idgen_registry::ROUTES, |path| path.replace("{name}:retire", "{action}"));
+    let operations = openapi::operations(&served, file, &idgen_registry::ROUTES, |path| {
+        path.replace("{name}:cancel-retire", "{action}").replace("{name}:retire", "{action}")
+    });
     for (path, item) in served["paths"].as_object().unwrap() {
         let methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
         let methods: Vec<&str> = methods.iter().map(String::as_str).collect();

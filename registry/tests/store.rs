@@ -11,6 +11,7 @@ use idgen_test_support::{TestDatabase as Db, store_suite};
 
 const NOW: i64 = 1_795_000_000_000; // 2026-11-18
 const DAY: i64 = 86_400_000;
+const LEAD: i64 = 30 * DAY;
 
 async fn sqlite() -> Db {
     Db::sqlite("registry.db")
@@ -53,9 +54,12 @@ async fn region_numbers_are_never_reused(db: Db) {
         assert_eq!(store.add_region(name, 8, "alice", NOW).await.unwrap().number, i as u32);
     }
     assert!(matches!(store.add_region("eu-west-1", 8, "alice", NOW).await, Err(RegistryError::NameExists(_))));
-    let retired = store.retire_region("eu-west-1", "alice", NOW + 1).await.unwrap();
+    let retired = store.retire_region("eu-west-1", None, "alice", NOW + 1, LEAD).await.unwrap();
     assert_eq!((retired.number, retired.status), (1, RegionStatus::Retired));
-    assert!(matches!(store.retire_region("eu-west-1", "alice", NOW).await, Err(RegistryError::UnknownRegion(_))));
+    assert!(matches!(
+        store.retire_region("eu-west-1", None, "alice", NOW, LEAD).await,
+        Err(RegistryError::UnknownRegion(_))
+    ));
     // The lowest never-used number, not the retired 1; and a retired name comes back with a new one.
     assert_eq!(store.add_region("sa-east-1", 8, "alice", NOW).await.unwrap().number, 3);
     assert_eq!(store.add_region("eu-west-1", 8, "alice", NOW).await.unwrap().number, 4);
@@ -66,7 +70,7 @@ async fn region_numbers_are_never_reused(db: Db) {
         assert_eq!(store.add_region(&format!("r{n}"), 8, "bob", NOW).await.unwrap().number, n);
     }
     assert!(matches!(store.add_region("r8", 8, "bob", NOW).await, Err(RegistryError::NoNumberLeft { capacity: 8 })));
-    let regions = store.regions().await.unwrap();
+    let regions = store.regions(NOW).await.unwrap();
     assert_eq!(regions.len(), 8, "the retired row stays: {regions:?}");
     assert_eq!(regions.iter().filter(|r| r.status == RegionStatus::Retired).count(), 1);
     let audit = store.audit_log(100).await.unwrap();
@@ -211,5 +215,99 @@ async fn open_never_initializes_and_init_is_idempotent(db: Db) {
     assert!(why.contains("home region us-east-1"), "{why}");
 }
 
-store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move);
-store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move);
+async fn a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then(db: Db) {
+    let store = open(&db).await;
+    for name in ["us-east-1", "eu-west-1", "ap-south-1"] {
+        store.add_region(name, 8, "alice", NOW).await.unwrap();
+    }
+    let at = NOW + DAY;
+    let pending = store.retire_region("eu-west-1", Some(at), "alice", NOW, LEAD).await.unwrap();
+    assert_eq!((pending.number, pending.status, pending.retires_at_ms), (1, RegionStatus::Active, Some(at)));
+    let eu = |regions: Vec<idgen_registry::store::Region>| regions.into_iter().find(|r| r.number == 1).unwrap();
+    // Until its time it is active (it still issues and owns its number); from then on, retired.
+    let before = eu(store.regions(at - 1).await.unwrap());
+    assert_eq!((before.status, before.retires_at_ms, before.retired_at_ms), (RegionStatus::Active, Some(at), None));
+    let after = eu(store.regions(at).await.unwrap());
+    assert_eq!((after.status, after.retires_at_ms, after.retired_at_ms), (RegionStatus::Retired, None, Some(at)));
+    // Pending: the name is still taken, and a second time is refused; at once is not.
+    assert!(matches!(store.add_region("eu-west-1", 8, "alice", NOW).await, Err(RegistryError::NameExists(_))));
+    assert!(matches!(
+        store.retire_region("eu-west-1", Some(at + DAY), "alice", NOW, LEAD).await,
+        Err(RegistryError::RetirePending { at_ms, .. }) if at_ms == at
+    ));
+
+    // Cancelled while ahead: active with nothing pending, and nothing left to cancel.
+    let cancelled = store.cancel_retire("eu-west-1", "bob", at - 1).await.unwrap();
+    assert_eq!((cancelled.status, cancelled.retires_at_ms), (RegionStatus::Active, None));
+    assert_eq!(eu(store.regions(at + DAY).await.unwrap()).status, RegionStatus::Active, "cancelled for good");
+    assert!(matches!(store.cancel_retire("eu-west-1", "bob", NOW).await, Err(RegistryError::NoRetirementPending(_))));
+    assert!(matches!(store.cancel_retire("nowhere-1", "bob", NOW).await, Err(RegistryError::UnknownRegion(_))));
+
+    // Scheduled again; once its time has passed it cannot be cancelled, and the name comes back
+    // with a new number (the write makes the retirement permanent first).
+    store.retire_region("eu-west-1", Some(at + DAY), "alice", NOW, LEAD).await.unwrap();
+    assert!(matches!(
+        store.cancel_retire("eu-west-1", "bob", at + DAY).await,
+        Err(RegistryError::AlreadyRetired { at_ms, .. }) if at_ms == at + DAY
+    ));
+    assert_eq!(store.add_region("eu-west-1", 8, "alice", at + DAY).await.unwrap().number, 3);
+    let regions = store.regions(at + DAY).await.unwrap();
+    assert_eq!(regions[1].retired_at_ms, Some(at + DAY), "{regions:?}");
+    assert!(matches!(
+        store.cancel_retire("eu-west-1", "bob", at + DAY).await,
+        Err(RegistryError::NoRetirementPending(_))
+    ));
+
+    // A pending retirement is brought forward by a retire at once (a region already dead).
+    store.retire_region("ap-south-1", Some(at), "alice", NOW, LEAD).await.unwrap();
+    let now = store.retire_region("ap-south-1", None, "alice", NOW + 5, LEAD).await.unwrap();
+    assert_eq!((now.status, now.retired_at_ms, now.retires_at_ms), (RegionStatus::Retired, Some(NOW + 5), None));
+    assert!(matches!(
+        store.cancel_retire("ap-south-1", "bob", NOW + 6).await,
+        Err(RegistryError::AlreadyRetired { .. })
+    ));
+
+    let audit = store.audit_log(100).await.unwrap();
+    let actions: Vec<(&str, &str)> = audit.iter().map(|a| (a.action.as_str(), a.actor.as_str())).collect();
+    for expected in [("schedule_retire", "alice"), ("cancel_retire", "bob"), ("retire_region", "alice")] {
+        assert!(actions.contains(&expected), "{expected:?} not in {actions:?}");
+    }
+    assert!(audit.iter().any(|a| a.action == "schedule_retire" && a.detail.contains(&format_unix_ms(at))));
+}
+
+async fn the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead(db: Db) {
+    let store = open(&db).await;
+    store.add_region("us-east-1", 8, "alice", NOW).await.unwrap();
+    // v1 has no region bits and is in force until v2 (2028-01-01): at once or later, refused.
+    for at in [None, Some(NOW + DAY)] {
+        let Err(RegistryError::HomeRegionInUse(why)) = store.retire_region("us-east-1", at, "alice", NOW, LEAD).await
+        else {
+            panic!("the home region was retired under v1");
+        };
+        assert!(why.contains("v1") && why.contains("until 2028-01-01T00:00:00.000Z"), "{why}");
+    }
+    assert_eq!(store.regions(NOW + 2 * DAY).await.unwrap()[0].status, RegionStatus::Active, "nothing changed");
+
+    // Once v2 is in force, it can be retired; and no layout without region bits can then be
+    // scheduled while the retirement is pending (only the home region would issue under it).
+    let later = idgen_core::EPOCH_UNIX_MS + idgen_core::DEFAULT_V2_FROM as i64 + 100 * DAY;
+    store.retire_region("us-east-1", Some(later + DAY), "alice", later, LEAD).await.unwrap();
+    let from_ms = (later - idgen_core::EPOCH_UNIX_MS + 400 * DAY) as u64;
+    let home_only = ScheduledLayout { layout: Layout::new("v3", 0, 10, 12).unwrap(), from_ms };
+    let Err(RegistryError::ScheduleConflict { what }) = store.add_layout(home_only.clone(), "alice", later, LEAD).await
+    else {
+        panic!("a home-only layout was scheduled while the home region retires");
+    };
+    assert!(what.contains("retires at"), "{what}");
+    store.cancel_retire("us-east-1", "alice", later).await.unwrap();
+    store.add_layout(home_only, "alice", later, LEAD).await.unwrap();
+    let Err(RegistryError::HomeRegionInUse(why)) =
+        store.retire_region("us-east-1", Some(later + DAY), "alice", later, LEAD).await
+    else {
+        panic!("the home region was retired with a home-only layout scheduled");
+    };
+    assert!(why.contains("v3") && why.contains("scheduled from") && why.contains("no end"), "{why}");
+}
+
+store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead);
+store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead);

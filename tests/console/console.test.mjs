@@ -191,21 +191,46 @@ try {
   const v3 = (await json(`${REGISTRY}/v1/layouts`)).body.layouts.find((l) => l.name === "v3");
   assert.deepEqual([v3.region_bits, v3.machine_bits, v3.sequence_bits, v3.from], [4, 8, 10, "2040-01-01T00:00:00.000Z"]);
   await page.locator('.layout[data-layout="v3"]').waitFor();
-  await page.selectOption("#retire-region-name", fresh);
-  await page.click("#retire-region-form button[type=submit]");
+  // Retiring: the name is typed again, and a typo is the API's 400; then a grace ahead (the
+  // table shows when, and it can be cancelled), then at once.
+  const retireWith = async (confirm, now) => {
+    await page.selectOption("#retire-region-name", fresh);
+    await page.fill("#retire-region-confirm", confirm);
+    if (now) await page.check("#retire-region-now");
+    await page.click("#retire-region-form button[type=submit]");
+    await page.locator("#confirm").waitFor({ state: "visible" });
+    assert.match(await page.locator("#confirm-text").textContent(), new RegExp(`region number ${added.number} is never handed out again`));
+    await page.click("#confirm-button");
+  };
+  const freshNow = async () => (await json(`${REGISTRY}/v1/regions`)).body.regions.find((r) => r.name === fresh && r.number === added.number);
+  await retireWith(`${fresh}x`, false);
+  await page.locator("#write-error").filter({ hasText: "400 invalid_request" }).waitFor();
+  assert.equal((await freshNow()).retires_at, undefined, "a retirement with a typo was scheduled");
+  await retireWith(fresh, false);
+  await page.locator("#write-result").filter({ hasText: `${fresh} retires at` }).waitFor();
+  const retiring = await freshNow();
+  assert.equal(retiring.status, "active");
+  assert.ok(Date.parse(retiring.retires_at) > Date.now() + 3_600_000, `retires at ${retiring.retires_at}, not a grace from now`);
+  await page.locator(`#region-table tr[data-region="${fresh}"] .retires`).filter({ hasText: `retires at ${retiring.retires_at}` }).waitFor();
+  await page.selectOption("#cancel-retire-name", fresh);
+  await page.fill("#cancel-retire-confirm", fresh);
+  await page.click("#cancel-retire-form button[type=submit]");
   await page.locator("#confirm").waitFor({ state: "visible" });
-  assert.match(await page.locator("#confirm-text").textContent(), new RegExp(`region number ${added.number} is never handed out again`));
+  assert.match(await page.locator("#confirm-text").textContent(), new RegExp(`was to retire at ${retiring.retires_at}`));
   await page.click("#confirm-button");
+  await page.locator("#write-result").filter({ hasText: `Cancelled the retirement of ${fresh}` }).waitFor();
+  assert.equal((await freshNow()).retires_at, undefined);
+  assert.equal(await page.locator(`#region-table tr[data-region="${fresh}"] .retires`).count(), 0);
+  await retireWith(fresh, true);
   await page.locator("#write-result").filter({ hasText: `Retired ${fresh}` }).waitFor();
-  const retiredNow = (await json(`${REGISTRY}/v1/regions`)).body.regions.find((r) => r.name === fresh);
-  assert.equal(retiredNow.status, "retired");
+  assert.equal((await freshNow()).status, "retired");
   // A write the registry refuses for its own reasons: the message is the API's.
   await page.fill("#layout-name", "v4");
   await page.fill("#layout-from", "2030-01-01T00:00:00Z");
   await page.click("#add-layout-form button[type=submit]");
   await page.click("#confirm-button");
   await page.locator("#write-error").filter({ hasText: "409 schedule_conflict" }).waitFor();
-  step("with the token the page schedules v3 and retires the new region (the API shows both); a refused layout shows the API's 409");
+  step("with the token the page schedules v3, refuses a retirement whose typed name differs (the API's 400), schedules the new region's retirement a grace ahead (shown as \"retires at\"), cancels it and retires it at once (the API shows each); a refused layout shows the API's 409");
 
   await page.screenshot({ path: join(ARTIFACTS, "console-after-write.png"), fullPage: true });
 
@@ -217,7 +242,7 @@ try {
   step("at 390px wide the page fits the window");
 
   // Every request the page made went to this registry, for something it already serves.
-  const allowed = [/^\/console(\/console\.(js|css))?$/, /^\/v1\/regions$/, /^\/v1\/layouts$/, /^\/v1\/regions\/[^/]+:retire$/];
+  const allowed = [/^\/console(\/console\.(js|css))?$/, /^\/v1\/regions$/, /^\/v1\/layouts$/, /^\/v1\/regions\/[^/]+:(retire|cancel-retire)$/];
   for (const { method, url } of requests) {
     const parsed = new URL(url);
     if (parsed.protocol === "data:") continue;

@@ -133,7 +133,9 @@ async fn e2e_tables_line_up_json_parses_and_status_shows_the_platform() {
     let here = dir.path();
     assert_eq!(exit_code(&["regions", "list", "--registry", &registry], here).await, 0);
     assert_eq!(exit_code(&["status", "--registry", "http://127.0.0.1:1"], here).await, 1);
-    assert_eq!(exit_code(&["regions", "retire", "no-such-region", "--registry", &registry], here).await, 1);
+    let retire = ["regions", "retire", "no-such-region", "--registry", &registry];
+    assert_eq!(exit_code(&[&retire[..], &["--confirm", "no-such-region"]].concat(), here).await, 1);
+    assert_eq!(exit_code(&retire, here).await, 2, "--confirm is required");
     assert_eq!(exit_code(&["no-such-command"], here).await, 2);
     assert_eq!(exit_code(&["decode", "not-an-id"], here).await, 2);
     // A registry over plain HTTP beyond loopback: refused before anything is sent (a token or

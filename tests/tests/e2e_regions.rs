@@ -214,15 +214,26 @@ async fn e2e_operator_commands_against_the_registry() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         idgen_e2e::idgen(&args).await.unwrap()
     };
+    // `idgen regions ARGS…` against this registry, its output or its failure.
+    let regions = |args: Vec<&str>| {
+        let mut full = vec!["regions".to_owned()];
+        full.extend(run(args));
+        async move {
+            let full: Vec<&str> = full.iter().map(String::as_str).collect();
+            idgen_e2e::idgen(&full).await.map_err(|error| error.to_string())
+        }
+    };
     let mut args = vec!["regions".to_owned()];
     args.extend(run(vec!["add", "us-east-1"]));
     assert!(idgen(args).await.contains("number 0"));
     let mut args = vec!["regions".to_owned()];
     args.extend(run(vec!["add", "eu-west-1"]));
     assert!(idgen(args).await.contains("number 1"));
-    let mut args = vec!["regions".to_owned()];
-    args.extend(run(vec!["retire", "eu-west-1"]));
-    assert!(idgen(args).await.contains("never be reused"));
+    // The home region, while v1 (no region bits: only it issues) is in force: refused.
+    let refused = regions(vec!["retire", "us-east-1", "--confirm", "us-east-1"]).await.unwrap_err();
+    assert!(refused.contains("409") && refused.contains("home region") && refused.contains("v1"), "{refused}");
+    let retired = regions(vec!["retire", "eu-west-1", "--confirm", "eu-west-1", "--now"]).await.unwrap();
+    assert!(retired.contains("never be reused"), "{retired}");
     let mut args = vec!["regions".to_owned()];
     args.extend(run(vec!["add", "eu-west-1"]));
     assert!(idgen(args).await.contains("number 2"), "a retired number is not handed out again");
@@ -230,6 +241,23 @@ async fn e2e_operator_commands_against_the_registry() {
     args.extend(run(vec!["--json", "list"]));
     let listed: serde_json::Value = serde_json::from_str(&idgen(args).await).unwrap();
     assert_eq!(listed["numbers_left"], 5);
+
+    // A retirement a grace ahead (24 h, the default): shown, refused with a typo, cancelled.
+    regions(vec!["add", "ap-south-1"]).await.unwrap();
+    let typo = regions(vec!["retire", "ap-south-1", "--confirm", "ap-south-2"]).await.unwrap_err();
+    assert!(typo.contains("400") && typo.contains("must be the same"), "{typo}");
+    let scheduled = regions(vec!["retire", "ap-south-1", "--confirm", "ap-south-1"]).await.unwrap();
+    assert!(scheduled.contains("retires at") && scheduled.contains("cancel-retire ap-south-1"), "{scheduled}");
+    let listed: serde_json::Value = serde_json::from_str(&regions(vec!["--json", "list"]).await.unwrap()).unwrap();
+    let retires_at = listed["regions"][3]["retires_at"].as_str().unwrap().to_owned();
+    assert_eq!(listed["regions"][3]["status"], "active", "{listed}");
+    let listed = regions(vec!["list"]).await.unwrap();
+    let row = listed.lines().find(|l| l.ends_with("ap-south-1")).unwrap();
+    assert!(listed.lines().next().unwrap().contains("RETIRES") && row.contains(&retires_at), "{listed}");
+    let cancelled = regions(vec!["cancel-retire", "ap-south-1", "--confirm", "ap-south-1"]).await.unwrap();
+    assert!(cancelled.contains("cancelled"), "{cancelled}");
+    let listed: serde_json::Value = serde_json::from_str(&regions(vec!["--json", "list"]).await.unwrap()).unwrap();
+    assert!(listed["regions"][3].get("retires_at").is_none(), "{listed}");
 
     let mut args = vec!["layouts".to_owned()];
     args.extend(run(vec![
@@ -269,7 +297,10 @@ async fn e2e_operator_commands_against_the_registry() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
-    println!("operator commands: regions add/retire/list, layouts schedule/show and decode --registry all worked");
+    println!(
+        "operator commands: regions add/retire (home refused, typo refused, a grace ahead, at once)/cancel-retire/list, \
+         layouts schedule/show and decode --registry all worked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

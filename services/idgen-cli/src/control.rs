@@ -34,8 +34,29 @@ pub enum RegionsCommand {
     List,
     /// Register a region: it gets the lowest number never used.
     Add { name: String },
-    /// Retire a region. Its number is never handed out again.
-    Retire { name: String },
+    /// Retire a region: its workers stop issuing at a time no earlier than the registry's grace
+    /// from now (24 h in production), cancellable until then; its number is never handed out
+    /// again.
+    Retire {
+        name: String,
+        /// The region's name once more: a typo in either is refused.
+        #[arg(long, value_name = "NAME")]
+        confirm: String,
+        /// When it takes effect, UTC, e.g. 2030-01-01T00:00:00Z: later than the grace if wanted,
+        /// never earlier.
+        #[arg(long, value_name = "TIME", conflicts_with = "now")]
+        at: Option<String>,
+        /// At once: only for a region that is already dead (no worker of it issues).
+        #[arg(long)]
+        now: bool,
+    },
+    /// Cancel a region's scheduled retirement, while its time is ahead.
+    CancelRetire {
+        name: String,
+        /// The region's name once more: a typo in either is refused.
+        #[arg(long, value_name = "NAME")]
+        confirm: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -112,8 +133,19 @@ impl Registry {
             RegionsCommand::Add { name } => {
                 self.call(reqwest::Method::POST, "/v1/regions", Some(json!({ "name": name }))).await?
             }
-            RegionsCommand::Retire { name } => {
-                self.call(reqwest::Method::POST, &format!("/v1/regions/{name}:retire"), None).await?
+            RegionsCommand::Retire { name, confirm, at, now } => {
+                let mut request = json!({ "confirm": confirm });
+                if let Some(at) = at {
+                    request["at"] = json!(at);
+                }
+                if *now {
+                    request["now"] = json!(true);
+                }
+                self.call(reqwest::Method::POST, &format!("/v1/regions/{name}:retire"), Some(request)).await?
+            }
+            RegionsCommand::CancelRetire { name, confirm } => {
+                let request = json!({ "confirm": confirm });
+                self.call(reqwest::Method::POST, &format!("/v1/regions/{name}:cancel-retire"), Some(request)).await?
             }
         };
         if self.json {
@@ -122,12 +154,14 @@ impl Registry {
         }
         match command {
             RegionsCommand::List => {
-                let mut table = Table::new(&["NUMBER", "STATUS", "CREATED", "NAME"]).right(&[0]);
+                let mut table = Table::new(&["NUMBER", "STATUS", "CREATED", "RETIRES", "NAME"]).right(&[0]);
                 for region in body["regions"].as_array().into_iter().flatten() {
                     table.row([
                         text(&region["number"]),
                         text(&region["status"]),
                         text(&region["created_at"]),
+                        // A dash, not an empty cell: the columns stay readable (and parseable) by eye.
+                        region["retires_at"].as_str().unwrap_or("-").to_owned(),
                         text(&region["name"]),
                     ]);
                 }
@@ -141,11 +175,19 @@ impl Registry {
                 println!("region {} has number {}", body["name"].as_str().unwrap_or(""), body["number"])
             }
             RegionsCommand::Retire { .. } => {
-                println!(
-                    "region {} retired; number {} will never be reused",
-                    body["name"].as_str().unwrap_or(""),
-                    body["number"]
-                )
+                let name = body["name"].as_str().unwrap_or("");
+                match body["retires_at"].as_str() {
+                    Some(at) => println!(
+                        "region {name} retires at {at}: its workers issue until then and stop at that time; \
+                         number {} will never be reused. Until then: idgen regions cancel-retire {name} --confirm {name}",
+                        body["number"]
+                    ),
+                    None => println!("region {name} retired; number {} will never be reused", body["number"]),
+                }
+            }
+            RegionsCommand::CancelRetire { .. } => {
+                let name = body["name"].as_str().unwrap_or("");
+                println!("region {name}: retirement cancelled; it stays active (number {})", body["number"])
             }
         }
         Ok(())

@@ -113,7 +113,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The registry's regions: list, add, retire.
+    /// The registry's regions: list, add, retire, cancel-retire.
     Regions {
         #[command(flatten)]
         registry: control::Registry,

@@ -132,7 +132,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<bool> {
             table.row([
                 text(&region["number"]),
                 name,
-                text(&region["status"]),
+                match region["retires_at"].as_str() {
+                    Some(at) => format!("{}, retires {at}", text(&region["status"])),
+                    None => text(&region["status"]),
+                },
                 mine.len().to_string(),
                 issuing.to_string(),
             ]);

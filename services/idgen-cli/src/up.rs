@@ -257,7 +257,8 @@ async fn start_all(
 ) -> anyhow::Result<()> {
     let registry_config = dir.join("registry.toml");
     let mut registry_toml = format!(
-        "# Written by `idgen up`; rewritten on every start.\ndevelopment = true\nlisten = {listen}\ndatabase_url = {db}\nhome_region = {home}\noperator_token_file = {token_file}\n",
+        "# Written by `idgen up`; rewritten on every start.\ndevelopment = true\nlisten = {listen}\ndatabase_url = {db}\nhome_region = {home}\noperator_token_file = {token_file}\n\
+         # A retirement takes effect a minute after it is asked for here (production: 24 h).\nretire_grace_ms = 60000\n",
         listen = toml_string(&format!("127.0.0.1:{}", args.base_port)),
         db = toml_string(&format!("sqlite://{}", registry_db.display())),
         home = toml_string(&args.regions[0]),

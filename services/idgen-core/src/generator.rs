@@ -194,6 +194,8 @@ pub struct Generator {
     home_region: bool,
     clock_unsynchronized: Option<String>,
     region_retired: Option<String>,
+    /// When the registry retires this region (Unix ms): nothing is issued from then on.
+    region_retires_at: Option<i64>,
     leases: Vec<HeldLease>,
     last_unix_ms: Option<i64>,
     next_sequence: u32,
@@ -224,6 +226,7 @@ impl Generator {
             home_region,
             clock_unsynchronized: None,
             region_retired: None,
+            region_retires_at: None,
             leases: Vec::new(),
             last_unix_ms: None,
             next_sequence: 0,
@@ -267,6 +270,17 @@ impl Generator {
     /// The region no longer issues (`Some(reason)`), or issues again (`None`).
     pub fn set_region_retired(&mut self, reason: Option<String>) {
         self.region_retired = reason;
+    }
+
+    /// The region retires at `at` (Unix ms; `None`: no retirement scheduled): from that
+    /// millisecond on nothing is issued, whether or not anyone says so again.
+    pub fn set_region_retires_at(&mut self, at_unix_ms: Option<i64>) {
+        self.region_retires_at = at_unix_ms;
+    }
+
+    /// When the region retires, if the registry has scheduled it.
+    pub fn region_retires_at(&self) -> Option<i64> {
+        self.region_retires_at
     }
 
     /// Whether a lease on `machine` under `layout` could be installed: the layout is in the
@@ -382,6 +396,14 @@ impl Generator {
         }
         if let Some(reason) = &self.region_retired {
             return Err(NotNow::Refuse(Refusal::RegionRetired { reason: reason.clone() }));
+        }
+        if let Some(at) = self.region_retires_at.filter(|at| now >= *at) {
+            let reason = format!(
+                "this region (number {}) retired at {}, as the registry scheduled",
+                self.region,
+                crate::time::format_unix_ms(at)
+            );
+            return Err(NotNow::Refuse(Refusal::RegionRetired { reason }));
         }
         if let Some(last) = self.last_unix_ms {
             self.not_behind(now, last)?;
@@ -632,6 +654,24 @@ mod tests {
         assert_eq!(refusal.reason(), "schedule");
         g.set_region_retired(None);
         assert!(g.issue(NOW + 2, 1).is_ok());
+    }
+
+    #[test]
+    fn a_region_issues_until_its_retirement_time_and_not_from_it() {
+        let mut g = generator();
+        g.set_region_retires_at(Some(NOW + 2));
+        assert_eq!(g.region_retires_at(), Some(NOW + 2));
+        assert!(g.issue(NOW, 1).is_ok());
+        assert!(g.issue(NOW + 1, 4096).is_ok(), "the whole last millisecond");
+        for now in [NOW + 2, NOW + 3, NOW + 86_400_000] {
+            let Err(NotNow::Refuse(refusal)) = g.issue(now, 1) else { panic!("issued at {now}") };
+            assert_eq!(refusal.reason(), "schedule");
+            assert!(refusal.to_string().contains("retired at 2026-09-26T12:00:00.002Z"), "{refusal}");
+        }
+        assert!(g.check(NOW + 2).is_err());
+        // Cancelled (the registry says so before the time): issuing again.
+        g.set_region_retires_at(None);
+        assert!(g.issue(NOW + 3, 1).is_ok());
     }
 
     #[test]

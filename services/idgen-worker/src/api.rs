@@ -277,7 +277,7 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response 
         Health::Issuing { leases, clock } => (StatusCode::OK, None, leases, clock),
         Health::Refusing { refusal, leases, clock } => (StatusCode::SERVICE_UNAVAILABLE, Some(refusal), leases, clock),
     };
-    let fence_ms = state.generator.with_core(|core| core.config().fence_ms);
+    let (fence_ms, retires_at) = state.generator.with_core(|core| (core.config().fence_ms, core.region_retires_at()));
     let leases: Vec<Value> = leases
         .iter()
         .map(|lease| {
@@ -310,6 +310,10 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response 
         "leases": leases,
         "clock": clock,
     });
+    // A retirement the registry scheduled: issuing until then (from then on, refusing says so).
+    if let Some(at) = retires_at.filter(|at| now < *at) {
+        body["region_retires_at"] = json!(format_unix_ms(at));
+    }
     if let Some(refusal) = refusal {
         body["reason"] = json!(refusal.reason());
         body["message"] = json!(refusal.to_string());

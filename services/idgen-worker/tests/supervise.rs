@@ -1,5 +1,6 @@
 //! The supervisor while a worker runs: a region the registry retires stops issuing at the next
-//! refresh, and a lease keeper that panicked is started again.
+//! refresh, one whose retirement is scheduled issues until that time and not from it (registry
+//! or no registry), and a lease keeper that panicked is started again.
 
 mod common;
 
@@ -28,8 +29,9 @@ fn now_ms() -> u64 {
 
 type Published = Arc<Mutex<(Value, Value)>>;
 
-/// A stand-in registry publishing `layouts` and `regions` as the test sets them.
-async fn registry(layouts: Value, regions: Value) -> (String, Published) {
+/// A stand-in registry publishing `layouts` and `regions` as the test sets them (until its task is
+/// aborted: then it is unreachable).
+async fn registry(layouts: Value, regions: Value) -> (String, Published, tokio::task::JoinHandle<()>) {
     let shared = Arc::new(Mutex::new((layouts, regions)));
     let app = axum::Router::new()
         .route("/v1/layouts", get(|State(s): State<Published>| async move { Json(s.lock().unwrap().0.clone()) }))
@@ -37,8 +39,26 @@ async fn registry(layouts: Value, regions: Value) -> (String, Published) {
         .with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, shared)
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, shared, serving)
+}
+
+async fn health(state: &api::AppState) -> (u16, Value) {
+    let response = api::healthz(State(state.clone()), idgen_server::Caller::anonymous()).await;
+    let status = response.status().as_u16();
+    let body = serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap()).unwrap();
+    (status, body)
+}
+
+fn layouts() -> Value {
+    json!({
+        "layouts": [
+            {"name": "v1", "region_bits": 0, "machine_bits": 10, "sequence_bits": 12, "from_ms": 0},
+            {"name": "v2", "region_bits": 3, "machine_bits": 9, "sequence_bits": 10, "from_ms": now_ms() - DAY},
+        ],
+        "horizon_ms": now_ms() + 30 * DAY,
+        "home_region": "us-east-1",
+    })
 }
 
 /// The next ID, once the keeper (a task of its own) has claimed.
@@ -53,6 +73,19 @@ async fn first_id(generator: &IdGenerator) -> u64 {
     }
 }
 
+/// A worker of `config` serving until `stop` is sent, its state, and the task serving it.
+async fn serve(
+    config: &WorkerConfig,
+) -> (api::AppState, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let worker = Worker::build(config, 1).await.unwrap();
+    let state = worker.state.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(worker.serve(async move {
+        let _ = stopped.await;
+    }));
+    (state, stop, serving)
+}
+
 fn short_lease(dir: &std::path::Path) -> WorkerConfig {
     let mut config = common::config_in(dir);
     config.registry_refresh_ms = 100;
@@ -64,27 +97,14 @@ fn short_lease(dir: &std::path::Path) -> WorkerConfig {
 async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
     // Before, a retired region's running workers kept issuing under its number until restarted.
     let dir = tempfile::tempdir().unwrap();
-    let layouts = json!({
-        "layouts": [
-            {"name": "v1", "region_bits": 0, "machine_bits": 10, "sequence_bits": 12, "from_ms": 0},
-            {"name": "v2", "region_bits": 3, "machine_bits": 9, "sequence_bits": 10, "from_ms": now_ms() - DAY},
-        ],
-        "horizon_ms": now_ms() + 30 * DAY,
-        "home_region": "us-east-1",
-    });
     let active = json!({"regions": [
         {"name": "us-east-1", "number": 0, "status": "active"},
         {"name": "eu-west-1", "number": 1, "status": "active"},
     ]});
-    let (url, published) = registry(layouts, active.clone()).await;
+    let (url, published, _serving) = registry(layouts(), active.clone()).await;
     let mut config = short_lease(dir.path());
     config.registry_url = Some(url);
-    let worker = Worker::build(&config, 1).await.unwrap();
-    let state = worker.state.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(worker.serve(async move {
-        let _ = stopped.await;
-    }));
+    let (state, stop, serving) = serve(&config).await;
     let id = first_id(&state.generator).await;
     assert_eq!((id >> 19) & 0b111, 1, "with region number 1");
 
@@ -97,10 +117,8 @@ async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
         assert!(tokio::time::Instant::now() < deadline, "still issuing under a retired region");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let health = api::healthz(State(state.clone()), idgen_server::Caller::anonymous()).await;
-    assert_eq!(health.status(), 503);
-    let body: Value =
-        serde_json::from_slice(&axum::body::to_bytes(health.into_body(), 1 << 16).await.unwrap()).unwrap();
+    let (status, body) = health(&state).await;
+    assert_eq!(status, 503);
     assert_eq!(body["reason"], "schedule", "{body}");
     assert!(body["message"].as_str().unwrap().contains("retired"), "{body}");
 
@@ -124,6 +142,73 @@ async fn a_region_retired_in_the_registry_stops_issuing_at_the_next_refresh() {
     }
     let _ = stop.send(());
     serving.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_retiring_in_the_registry_issues_through_the_grace_and_stops_at_its_time() {
+    // The registry schedules a retirement a grace ahead: the region's workers keep issuing until
+    // that time (its callers move elsewhere meanwhile) and stop at it on their own, with the
+    // registry gone by then, and a restart from the copy on disk does not issue either.
+    let dir = tempfile::tempdir().unwrap();
+    let regions = |retires_at: Option<String>| {
+        json!({"regions": [
+            {"name": "us-east-1", "number": 0, "status": "active"},
+            {"name": "eu-west-1", "number": 1, "status": "active", "retires_at": retires_at},
+        ]})
+    };
+    let (url, published, serving) = registry(layouts(), regions(None)).await;
+    let mut config = short_lease(dir.path());
+    config.registry_url = Some(url);
+    let (state, stop, serving_worker) = serve(&config).await;
+    first_id(&state.generator).await;
+    assert!(health(&state).await.1.get("region_retires_at").is_none());
+
+    let retires_at = idgen::system_unix_ms() + 2_000;
+    let text = idgen::core::format_unix_ms(retires_at);
+    published.lock().unwrap().1 = regions(Some(text.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = health(&state).await;
+        if body["region_retires_at"] == text.as_str() {
+            assert_eq!((status, body["status"].as_str()), (200, Some("ok")), "{body}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the refresh never brought the retirement: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The registry is gone from here on: the time the worker holds is what stops it.
+    serving.abort();
+    let mut ids = Vec::new();
+    let refused_at = loop {
+        match state.generator.next_id().await {
+            Ok(id) => ids.push(id),
+            Err(refusal) => {
+                assert!(refusal.to_string().contains(&format!("retired at {text}")), "{refusal}");
+                break idgen::system_unix_ms();
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still issuing after the retirement");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let unix_ms = |id: &u64| (id >> 22) as i64 + idgen::core::EPOCH_UNIX_MS;
+    let last = ids.iter().map(unix_ms).max().unwrap();
+    assert!(refused_at >= retires_at, "refused at {refused_at}, before {retires_at}");
+    assert!(last < retires_at, "an ID of {last}, at or after the retirement {retires_at}");
+    assert!(last >= retires_at - 1_000, "issuing stopped at {last}, long before the retirement {retires_at}");
+    let (status, body) = health(&state).await;
+    assert_eq!((status, body["reason"].as_str()), (503, Some("schedule")), "{body}");
+    assert!(body.get("region_retires_at").is_none(), "{body}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(state.generator.next_id().await.is_err(), "issuing again");
+    let _ = stop.send(());
+    serving_worker.await.unwrap().unwrap();
+
+    // Restarted while the registry is still unreachable: the copy on disk holds the retirement.
+    let worker = Worker::build(&config, 2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refusal = worker.state.generator.next_id().await.unwrap_err();
+    assert!(refusal.to_string().contains(&format!("retired at {text}")), "{refusal}");
+    worker.serve(async {}).await.unwrap();
 }
 
 /// A lease table whose first handle panics on its first renewal.

@@ -25,6 +25,24 @@ pub struct RegionWire {
     pub name: String,
     pub number: u32,
     pub status: String,
+    /// A retirement the registry has scheduled (RFC 3339, UTC): the region issues until then and
+    /// not from then on. Absent from copies saved before retirements had a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retires_at: Option<String>,
+}
+
+impl RegionWire {
+    /// `retires_at` in Unix ms.
+    pub fn retires_at_ms(&self) -> Result<Option<i64>, RegistryError> {
+        self.retires_at
+            .as_deref()
+            .map(|text| {
+                idgen_core::parse_rfc3339_ms(text).ok_or_else(|| {
+                    RegistryError::Invalid(format!("region {}: retires_at {text:?} is not a UTC time", self.name))
+                })
+            })
+            .transpose()
+    }
 }
 
 /// One consistent copy of what the registry publishes (the wire shapes of SPEC §5).
@@ -132,8 +150,14 @@ impl RegistrySnapshot {
             home_region: layouts.home_region,
             regions: regions.regions,
         };
-        snapshot.schedule()?;
+        snapshot.check()?;
         Ok(snapshot)
+    }
+
+    /// A valid schedule, and a time in every scheduled retirement.
+    fn check(&self) -> Result<(), RegistryError> {
+        self.schedule()?;
+        self.regions.iter().try_for_each(|region| region.retires_at_ms().map(drop))
     }
 
     pub fn schedule(&self) -> Result<Schedule, RegistryError> {
@@ -153,10 +177,14 @@ impl RegistrySnapshot {
 
     /// This region's number, if it is active.
     pub fn region_number(&self, name: &str) -> Result<u32, RegistryError> {
+        self.active_region(name).map(|r| r.number)
+    }
+
+    /// This region's entry, if it is active (in its grace too: it issues until `retires_at`).
+    pub fn active_region(&self, name: &str) -> Result<&RegionWire, RegistryError> {
         self.regions
             .iter()
             .find(|r| r.name == name && r.status == "active")
-            .map(|r| r.number)
             .ok_or_else(|| RegistryError::UnknownRegion(name.to_owned()))
     }
 
@@ -234,7 +262,7 @@ impl RegistrySnapshot {
     pub fn from_cache(bytes: &[u8], path: &Path) -> Result<Self, RegistryError> {
         let snapshot: RegistrySnapshot = serde_json::from_slice(bytes)
             .map_err(|e| RegistryError::Cache { path: path.display().to_string(), error: e.to_string() })?;
-        snapshot.schedule()?;
+        snapshot.check()?;
         Ok(snapshot)
     }
 }
@@ -259,6 +287,10 @@ mod tests {
         }
     }
 
+    fn region(name: &str, number: u32, status: &str) -> RegionWire {
+        RegionWire { name: name.into(), number, status: status.into(), retires_at: None }
+    }
+
     fn snapshot() -> RegistrySnapshot {
         RegistrySnapshot {
             layouts: vec![
@@ -274,9 +306,9 @@ mod tests {
             horizon_ms: 70_000_000_000,
             home_region: "us-east-1".into(),
             regions: vec![
-                RegionWire { name: "us-east-1".into(), number: 0, status: "active".into() },
-                RegionWire { name: "eu-west-1".into(), number: 2, status: "active".into() },
-                RegionWire { name: "old-1".into(), number: 1, status: "retired".into() },
+                region("us-east-1", 0, "active"),
+                region("eu-west-1", 2, "active"),
+                region("old-1", 1, "retired"),
             ],
         }
     }
@@ -307,11 +339,33 @@ mod tests {
     }
 
     #[test]
+    fn a_scheduled_retirement_is_read_from_the_registry_and_from_an_older_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("schedule.json");
+        // A copy saved before retirements had a time loads, with none scheduled.
+        let old = r#"{"layouts":[{"name":"v1","region_bits":0,"machine_bits":10,"sequence_bits":12,"from_ms":0}],
+            "horizon_ms":5,"home_region":"us-east-1","regions":[{"name":"eu-west-1","number":2,"status":"active"}]}"#;
+        let loaded = RegistrySnapshot::from_cache(old.as_bytes(), &path).unwrap();
+        assert_eq!(loaded.active_region("eu-west-1").unwrap().retires_at_ms().unwrap(), None);
+
+        let layouts = br#"{"layouts":[{"name":"v1","region_bits":0,"machine_bits":10,"sequence_bits":12,"from_ms":0}],"horizon_ms":5,"home_region":"us-east-1"}"#;
+        let regions = br#"{"regions":[{"name":"eu-west-1","number":2,"status":"active","retires_at":"2026-11-19T11:06:40.000Z"}]}"#;
+        let fetched = RegistrySnapshot::from_responses(layouts, regions).unwrap();
+        let retires_at = fetched.active_region("eu-west-1").unwrap().retires_at_ms().unwrap();
+        assert_eq!(retires_at, Some(1_795_086_400_000));
+        fetched.save(&path).unwrap();
+        assert_eq!(RegistrySnapshot::load(&path).unwrap(), fetched, "kept in the copy on disk");
+
+        let garbled = br#"{"regions":[{"name":"eu-west-1","number":2,"status":"active","retires_at":"tomorrow"}]}"#;
+        assert!(matches!(RegistrySnapshot::from_responses(layouts, garbled), Err(RegistryError::Invalid(_))));
+    }
+
+    #[test]
     fn a_newer_copy_may_only_move_forward() {
         let held = snapshot();
         let mut later = snapshot();
         later.horizon_ms += 86_400_000;
-        later.regions.push(RegionWire { name: "ap-south-1".into(), number: 3, status: "active".into() });
+        later.regions.push(region("ap-south-1", 3, "active"));
         later.may_replace(&held, "eu-west-1").unwrap();
 
         // A registry restored from an old backup: the horizon is back where it was a day ago.
@@ -326,7 +380,7 @@ mod tests {
         assert!(renumbered.may_replace(&held, "eu-west-1").unwrap_err().to_string().contains("was number 2, now 4"));
         // Retired and added again: the old number is listed as retired, the new one is new.
         let mut re_added = renumbered.clone();
-        re_added.regions.push(RegionWire { name: "eu-west-1".into(), number: 2, status: "retired".into() });
+        re_added.regions.push(region("eu-west-1", 2, "retired"));
         re_added.may_replace(&held, "eu-west-1").unwrap();
         let mut rehomed = later;
         rehomed.home_region = "eu-west-1".into();

@@ -74,7 +74,7 @@ impl Supervisor {
         let next_refresh = tokio::time::Instant::now() + Duration::from_millis(config.registry_refresh_ms);
         // Checked when the generator started (the first registry answer used the same client).
         let registry_http = registry_http(&config).unwrap_or_default();
-        Supervisor {
+        let supervisor = Supervisor {
             config,
             generator,
             holder,
@@ -87,7 +87,12 @@ impl Supervisor {
             early_failures: HashMap::new(),
             restarts: HashMap::new(),
             kept: Arc::default(),
+        };
+        // A retirement the registry (or the copy on disk) already scheduled holds from the start.
+        if let Some(held) = &supervisor.held {
+            supervisor.follow_region_status(held, supervisor.config.region());
         }
+        supervisor
     }
 
     /// Lease tables opened by `stores` instead of from the configuration.
@@ -256,23 +261,45 @@ impl Supervisor {
     }
 
     /// A region the registry no longer lists as active under the number this generator issues
-    /// with (retired, or retired and added again under a new number) stops issuing at once.
+    /// with (retired, or retired and added again under a new number) stops issuing at once. One
+    /// whose retirement is scheduled issues until that time and not from it: the time is handed
+    /// to the core, which holds it whether or not the registry can be reached again before then.
     fn follow_region_status(&self, snapshot: &RegistrySnapshot, region: &str) {
         let issuing_as = self.generator.with_core(|core| core.region());
-        let retired = match snapshot.region_number(region) {
-            Ok(number) if number == issuing_as => None,
-            Ok(number) => Some(format!(
-                "region {region} now has number {number} in the registry, not {issuing_as}: its old number is \
-                 retired; restart to issue under the new one"
-            )),
-            Err(_) => {
-                Some(format!("region {region} (number {issuing_as}) is not active in the registry: it was retired"))
-            }
+        let (retired, retires_at) = match snapshot.active_region(region) {
+            Ok(entry) if entry.number == issuing_as => (None, entry.retires_at_ms().ok().flatten()),
+            Ok(entry) => (
+                Some(format!(
+                    "region {region} now has number {} in the registry, not {issuing_as}: its old number is \
+                     retired; restart to issue under the new one",
+                    entry.number
+                )),
+                None,
+            ),
+            Err(_) => (
+                Some(format!("region {region} (number {issuing_as}) is not active in the registry: it was retired")),
+                None,
+            ),
         };
         if let Some(reason) = &retired {
             tracing::error!(reason, "no more IDs under this region");
         }
-        self.generator.with_core(|core| core.set_region_retired(retired));
+        let cancelled = retired.is_none() && retires_at.is_none();
+        let was = self.generator.with_core(|core| {
+            let was = core.region_retires_at();
+            core.set_region_retired(retired);
+            core.set_region_retires_at(retires_at);
+            was
+        });
+        match (was, retires_at) {
+            (was, Some(at)) if was != Some(at) => tracing::warn!(
+                region,
+                retires_at = %idgen_core::format_unix_ms(at),
+                "the registry retires this region: it issues until then, and not from then on"
+            ),
+            (Some(_), None) if cancelled => tracing::info!(region, "the region's retirement was cancelled"),
+            _ => {}
+        }
     }
 
     /// Ticks until `shutdown`, then stops every keeper (each releases its number).
