@@ -710,7 +710,7 @@ def main():
                 count += 1
         return f"{count} launch templates"
 
-    @check("the public-ID KMS key: rotation on, only the public-ID role may GenerateDataKey/Decrypt")
+    @check("the public-ID KMS key: rotation on, only the public-ID role may GenerateDataKey/Decrypt/ReEncrypt")
     def _():
         key = global_["Resources"]["PublicIdsKey"]["Properties"]
         require(key.get("EnableKeyRotation") is True, "EnableKeyRotation is not true")
@@ -725,7 +725,8 @@ def main():
             require(attribute and list(attribute) == ["PublicIdsRole", "Arn"],
                     f"statement {statement.get('Sid')} lets {principal!r} use the key ({', '.join(actions)})")
             users.update(actions)
-        require(users == {"kms:GenerateDataKey", "kms:Decrypt"}, f"the public-ID role has {sorted(users)}")
+        require(users == {"kms:GenerateDataKey", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"},
+                f"the public-ID role has {sorted(users)}")
         return "PublicIdsRole: " + ", ".join(sorted(users))
 
     @check("every alarm's description names its runbook page (runbooks/<page>.md)")

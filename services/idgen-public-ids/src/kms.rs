@@ -2,6 +2,7 @@
 //! wrapped, unwrapped with `Decrypt` at start-up — a handful of KMS calls at start-up, none per
 //! request. Plaintext keys live in `Zeroizing` buffers and inside the ciphers, never in logs.
 
+use anyhow::Context;
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,7 +12,7 @@ use prometheus_client::registry::Registry;
 use zeroize::Zeroizing;
 
 use crate::format::Keyring;
-use crate::store::PublicIdStore;
+use crate::store::{PublicIdStore, WrappedKey};
 
 pub async fn client(settings: &idgen::dynamodb::AwsSettings) -> aws_sdk_kms::Client {
     aws_sdk_kms::Client::new(&idgen::dynamodb::sdk_config(settings).await)
@@ -31,14 +32,14 @@ pub struct KmsMetrics {
 
 impl KmsMetrics {
     pub fn register(&self, registry: &mut Registry) {
-        for operation in ["generate_data_key", "decrypt"] {
+        for operation in ["generate_data_key", "decrypt", "re_encrypt"] {
             for outcome in ["ok", "error"] {
                 let _ = self.calls.get_or_create(&KmsCallLabel { operation, outcome });
             }
         }
         registry.register(
             "idgen_public_kms_calls",
-            "Calls to AWS KMS by operation (generate_data_key, decrypt) and outcome (ok, error)",
+            "Calls to AWS KMS by operation (generate_data_key, decrypt, re_encrypt) and outcome (ok, error)",
             self.calls.clone(),
         );
     }
@@ -49,6 +50,14 @@ impl KmsMetrics {
     }
 }
 
+/// The KMS encryption context of data-key `version`: every GenerateDataKey, Decrypt and
+/// ReEncrypt of it names the service and the version, so KMS unwraps a stored key only for what
+/// it was made for (a wrapped key copied into another service's table, or moved to another
+/// version's row, does not unwrap), and CloudTrail shows which one each call was for.
+pub fn encryption_context(version: u8) -> [(&'static str, String); 2] {
+    [("service", "idgen-public-ids".to_owned()), ("key_version", version.to_string())]
+}
+
 /// Generates a new data key under `key_id` and stores its wrapped form as the next version.
 pub async fn add_key_version(
     store: &PublicIdStore,
@@ -56,9 +65,13 @@ pub async fn add_key_version(
     key_id: &str,
     metrics: &KmsMetrics,
 ) -> anyhow::Result<u8> {
-    let next = store.wrapped_keys().await?.iter().map(|(v, _, _)| *v).max().unwrap_or(0).checked_add(1);
+    let next = store.wrapped_keys().await?.iter().map(|k| k.version).max().unwrap_or(0).checked_add(1);
     let next = next.ok_or_else(|| anyhow::anyhow!("all 255 key versions are used"))?;
-    let generated = kms.generate_data_key().key_id(key_id).key_spec(DataKeySpec::Aes256).send().await;
+    let mut request = kms.generate_data_key().key_id(key_id).key_spec(DataKeySpec::Aes256);
+    for (name, value) in encryption_context(next) {
+        request = request.encryption_context(name, value);
+    }
+    let generated = request.send().await;
     metrics.count("generate_data_key", &generated);
     let generated = generated?;
     let wrapped = generated.ciphertext_blob().ok_or_else(|| anyhow::anyhow!("KMS returned no wrapped key"))?;
@@ -68,15 +81,34 @@ pub async fn add_key_version(
     Ok(next)
 }
 
-/// `idgen public init`, and a development start: makes data key version 1 when there is none.
-/// Returns the version made, if it made one. (Two at once: one wins version 1, the other finds it.)
+/// `idgen public init`, and a development start: makes data key version 1 when there is none,
+/// and re-wraps under the encryption context (KMS ReEncrypt, under `key_id`) every version made
+/// before it was used. Returns the version made, if it made one. (Two at once: one wins version
+/// 1, the other finds it.)
 pub async fn init_keys(
     store: &PublicIdStore,
     kms: &aws_sdk_kms::Client,
     key_id: &str,
     metrics: &KmsMetrics,
 ) -> anyhow::Result<Option<u8>> {
-    if !store.wrapped_keys().await?.is_empty() {
+    let stored = store.wrapped_keys().await?;
+    if !stored.is_empty() {
+        for old in stored.iter().filter(|k| !k.with_context) {
+            let mut request = kms
+                .re_encrypt()
+                .ciphertext_blob(Blob::new(old.wrapped.clone()))
+                .source_key_id(&old.kms_key_id)
+                .destination_key_id(key_id);
+            for (name, value) in encryption_context(old.version) {
+                request = request.destination_encryption_context(name, value);
+            }
+            let rewrapped = request.send().await;
+            metrics.count("re_encrypt", &rewrapped);
+            let rewrapped = rewrapped.with_context(|| format!("re-wrapping data key version {}", old.version))?;
+            let blob = rewrapped.ciphertext_blob().ok_or_else(|| anyhow::anyhow!("KMS returned no wrapped key"))?;
+            store.rewrap(old.version, key_id, blob.as_ref()).await?;
+            tracing::info!(version = old.version, "data key re-wrapped under its encryption context");
+        }
         return Ok(None);
     }
     match add_key_version(store, kms, key_id, metrics).await {
@@ -109,7 +141,14 @@ pub async fn load_keyring(
         .into());
     }
     let mut keys = Vec::new();
-    for (version, wrapping_key, wrapped) in stored {
+    for WrappedKey { version, kms_key_id: wrapping_key, wrapped, with_context } in stored {
+        if !with_context {
+            return Err(idgen::config::Refused(format!(
+                "data key version {version} was wrapped without an encryption context (before this release): run \
+                 `idgen public init --config <this file>`, which re-wraps it (the public IDs it made keep resolving)"
+            ))
+            .into());
+        }
         if wrapping_key != key_id && !previous_key_ids.contains(&wrapping_key) {
             return Err(idgen::config::Refused(format!(
                 "data key version {version} is wrapped under KMS key {wrapping_key}, which is neither kms.key_id \
@@ -117,7 +156,11 @@ pub async fn load_keyring(
             ))
             .into());
         }
-        let plain = kms.decrypt().key_id(&wrapping_key).ciphertext_blob(Blob::new(wrapped)).send().await;
+        let mut request = kms.decrypt().key_id(&wrapping_key).ciphertext_blob(Blob::new(wrapped));
+        for (name, value) in encryption_context(version) {
+            request = request.encryption_context(name, value);
+        }
+        let plain = request.send().await;
         metrics.count("decrypt", &plain);
         let plain = plain?;
         let plaintext =
@@ -130,7 +173,6 @@ pub async fn load_keyring(
 /// Development only: the encrypted format's one data key (version 1) from a local file, made
 /// (32 bytes from the OS generator, hex, readable by the owner only) when it does not exist.
 pub fn development_keyring(path: &std::path::Path) -> anyhow::Result<Keyring> {
-    use anyhow::Context;
     if !path.exists() {
         let mut key = Zeroizing::new([0u8; 32]);
         getrandom::fill(key.as_mut()).map_err(|e| anyhow::anyhow!("the OS random source: {e}"))?;

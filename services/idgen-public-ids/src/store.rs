@@ -202,16 +202,26 @@ impl PublicIdStore {
     }
 
     /// Wrapped data keys by version, oldest first.
-    pub async fn wrapped_keys(&self) -> Result<Vec<(u8, String, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query("SELECT version, kms_key_id, wrapped_key FROM public_id_keys ORDER BY version")
-            .fetch_all(&self.pool)
-            .await?;
+    pub async fn wrapped_keys(&self) -> Result<Vec<WrappedKey>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT version, kms_key_id, wrapped_key, encryption_context FROM public_id_keys ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
-            .map(|r| Ok((r.try_get::<i64, _>("version")? as u8, r.try_get("kms_key_id")?, r.try_get("wrapped_key")?)))
+            .map(|r| {
+                Ok(WrappedKey {
+                    version: r.try_get::<i64, _>("version")? as u8,
+                    kms_key_id: r.try_get("kms_key_id")?,
+                    wrapped: r.try_get("wrapped_key")?,
+                    with_context: r.try_get::<i64, _>("encryption_context")? != 0,
+                })
+            })
             .collect()
     }
 
-    /// Stores a wrapped key as the next version. `false` if another instance took that version.
+    /// Stores a wrapped key (made with the encryption context) as the next version. `false` if
+    /// another instance took that version.
     pub async fn add_wrapped_key(
         &self,
         version: u8,
@@ -220,7 +230,8 @@ impl PublicIdStore {
         now_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let inserted = sqlx::query(
-            "INSERT INTO public_id_keys (version, kms_key_id, wrapped_key, created_at_ms) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO public_id_keys (version, kms_key_id, wrapped_key, created_at_ms, encryption_context) \
+             VALUES ($1, $2, $3, $4, 1)",
         )
         .bind(i64::from(version))
         .bind(kms_key_id)
@@ -234,4 +245,31 @@ impl PublicIdStore {
             Err(error) => Err(error),
         }
     }
+
+    /// Replaces a version's wrapped form by one made under the encryption context (by `kms_key_id`),
+    /// where the stored one was made without.
+    pub async fn rewrap(&self, version: u8, kms_key_id: &str, wrapped: &[u8]) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE public_id_keys SET wrapped_key = $1, kms_key_id = $2, encryption_context = 1 \
+             WHERE version = $3 AND encryption_context = 0",
+        )
+        .bind(wrapped.to_vec())
+        .bind(kms_key_id)
+        .bind(i64::from(version))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// One data-key version as stored: only its KMS-wrapped form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrappedKey {
+    pub version: u8,
+    /// The KMS key it is wrapped under.
+    pub kms_key_id: String,
+    pub wrapped: Vec<u8>,
+    /// Wrapped under the encryption context ([`crate::kms::encryption_context`]); false only for
+    /// a version made before it was used, until `idgen public init` re-wraps it.
+    pub with_context: bool,
 }
