@@ -107,16 +107,25 @@ fn keep_the_horizon_ahead(store: Arc<store::RegistryStore>, lead_ms: i64) {
 /// `idgen registry init`: makes the configured database a registry's (migrations, the home
 /// region and the first layouts), or applies the migrations still pending on one that is.
 /// Idempotent; refuses another service's database or one naming another home region.
-pub async fn init(config: &RegistryConfig) -> anyhow::Result<store::Initialized> {
-    store::RegistryStore::initialize(
-        config.database_url(),
+///
+/// With `owner_url` (PostgreSQL), the migrations run as that role (the schema's owner), and the
+/// role `database_url` names, the one the registry runs as, is granted exactly what the registry
+/// uses and nothing more (no DDL, no DELETE).
+pub async fn init(config: &RegistryConfig, owner_url: Option<&str>) -> anyhow::Result<store::Initialized> {
+    let runtime_url = config.database_url();
+    let url = owner_url.unwrap_or(runtime_url);
+    let runtime_role = idgen_server::database::runtime_role(owner_url, runtime_url)?;
+    let done = store::RegistryStore::initialize(
+        url,
         &config.initial_schedule()?,
         std::time::Duration::from_millis(config.sqlite_open_timeout_ms),
     )
     .await
-    .with_context(|| {
-        format!("initializing the registry database {}", idgen::config::redacted_url(config.database_url()))
-    })
+    .with_context(|| format!("initializing the registry database {}", idgen::config::redacted_url(url)))?;
+    if let Some(role) = runtime_role {
+        store::RegistryStore::grant_runtime(url, &role).await?;
+    }
+    Ok(done)
 }
 
 /// Opens the store, binds, prints the address, serves until `shutdown`. In development mode the

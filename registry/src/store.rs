@@ -232,6 +232,15 @@ impl RegistryStore {
         seeded
     }
 
+    /// `idgen registry init --owner-url`: gives the role the registry runs as exactly the
+    /// privileges it uses (`SCHEMA`), connected as the role that owns the schema.
+    pub async fn grant_runtime(owner_url: &str, role: &str) -> Result<(), RegistryError> {
+        let connection = Connection::connect(owner_url).await?;
+        let granted = connection.grant(&SCHEMA, role).await;
+        connection.close().await;
+        granted.map_err(|error| RegistryError::NotARegistry(format!("granting {role} its privileges: {error:#}")))
+    }
+
     /// Opens a registry's database to serve from it. Never initializes: an empty database, one
     /// with migrations pending, another service's, or one naming another home region is refused
     /// ([`RegistryError::NotARegistry`], saying what to run). A registry started on an empty
@@ -627,7 +636,15 @@ pub enum Initialized {
 /// The registry's tables and migrations.
 const SCHEMA: Schema = Schema {
     service: "registry",
-    tables: &["regions", "layouts", "schedule_state", "registry_audit"],
+    // What the running registry does: adds and retires regions, adds layouts, moves the horizon,
+    // appends to the audit. It never deletes, and never changes a layout once added.
+    tables: &[
+        ("regions", "SELECT, INSERT, UPDATE"),
+        ("layouts", "SELECT, INSERT"),
+        ("schedule_state", "SELECT, UPDATE"),
+        ("registry_audit", "SELECT, INSERT"),
+    ],
+    sequences: &["registry_audit_seq_seq"],
     sqlite: &SQLITE,
     postgres: &POSTGRES,
 };

@@ -311,3 +311,56 @@ async fn the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead(db: 
 
 store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead);
 store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead);
+
+/// `idgen registry init --owner-url`: the migrations run as the schema's owner, and the role the
+/// registry runs as can do everything the registry does (open, add and retire regions, add a
+/// layout, move the horizon, write the audit) and nothing more: no DELETE, no TRUNCATE, no
+/// change to a layout, no DDL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_role_does_what_the_registry_does_and_nothing_more() {
+    use sqlx::Connection;
+    let db = postgres().await;
+    let runtime = db.login_role().await;
+    let within = std::time::Duration::from_secs(5);
+    let role = idgen_server::database::user_of(&runtime).unwrap();
+    RegistryStore::initialize(db.url(), &InitialSchedule::spec_default("us-east-1"), within).await.unwrap();
+    RegistryStore::grant_runtime(db.url(), &role).await.unwrap();
+    // Granting again (an upgrade's init) leaves the same set.
+    RegistryStore::grant_runtime(db.url(), &role).await.unwrap();
+
+    let store = RegistryStore::open(&runtime, "us-east-1", within).await.unwrap();
+    store.advance_horizon(NOW, 30 * DAY).await.unwrap();
+    store.add_region("us-east-1", 8, "alice", NOW).await.unwrap();
+    store.add_region("eu-west-1", 8, "alice", NOW).await.unwrap();
+    store.retire_region("eu-west-1", Some(NOW + DAY), "alice", NOW, 30 * DAY).await.unwrap();
+    store.cancel_retire("eu-west-1", "alice", NOW + 1).await.unwrap();
+    store.retire_region("eu-west-1", None, "alice", NOW + 2, 30 * DAY).await.unwrap();
+    let from_ms = (NOW + 400 * DAY - idgen_core::EPOCH_UNIX_MS) as u64 + idgen_core::DEFAULT_V2_FROM;
+    let v3 = ScheduledLayout { layout: Layout::new("v3", 4, 8, 10).unwrap(), from_ms };
+    store.add_layout(v3, "alice", NOW, 30 * DAY).await.unwrap();
+    assert_eq!(store.schedule(NOW, 30 * DAY).await.unwrap().layouts.len(), 3);
+    assert!(store.audit_log(10).await.unwrap().len() >= 5);
+
+    let mut conn = sqlx::PgConnection::connect(&runtime).await.unwrap();
+    for statement in [
+        "DELETE FROM regions",
+        "DELETE FROM registry_audit",
+        "TRUNCATE layouts",
+        "UPDATE layouts SET from_ms = 0",
+        "DROP TABLE schedule_state",
+        "ALTER TABLE regions ADD COLUMN x BIGINT",
+        "CREATE TABLE shadow (a BIGINT)",
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99, 'x', true, '\\x00', 0)",
+    ] {
+        let error = sqlx::query(statement).execute(&mut conn).await.expect_err(statement).to_string();
+        assert!(error.contains("permission denied") || error.contains("must be owner"), "{statement}: {error}");
+    }
+    // Nor can it make or migrate a registry of its own.
+    let initial = InitialSchedule::spec_default("us-east-1");
+    drop(conn);
+    drop(store);
+    let fresh = postgres().await;
+    let own = fresh.url().replacen("://postgres@", &format!("://{role}@"), 1);
+    assert!(RegistryStore::initialize(&own, &initial, within).await.is_err(), "the runtime role created tables");
+}

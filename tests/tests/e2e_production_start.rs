@@ -4,8 +4,10 @@
 //! the command to run; `idgen registry init` / `idgen public init` make a new database theirs,
 //! once, and change nothing when run again; and a public-ID service whose database lost its data
 //! keys refuses rather than make a new version 1 (under which every encrypted public ID already
-//! given out would answer 404). Left out of the configuration, or on SQLite, each is refused
-//! before it opens anything, naming every key (the unit tests of each config, and e2e_infra_config).
+//! given out would answer 404). Each service runs as a role of its own, granted by `init
+//! --owner-url` only what it uses; the schema is the owner's. Left out of the configuration, or
+//! on SQLite, each is refused before it opens anything, naming every key (the unit tests of each
+//! config, and e2e_infra_config).
 
 use std::path::Path;
 use std::process::Output;
@@ -60,7 +62,9 @@ async fn refused(args: &[&str], expected: &[&str]) {
 async fn e2e_a_production_registry_starts_only_on_its_initialized_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = TestDatabase::postgres("registry").await;
-    let config = registry_config(dir.path(), db.url(), "us-east-1");
+    // The registry runs as a role of its own; the schema is the owner's (the server's admin here).
+    let runtime = db.login_role().await;
+    let config = registry_config(dir.path(), &runtime, "us-east-1");
 
     // Empty: refused, the command to run printed, and nothing made in the database.
     refused(&["registry", "--config", &config], &["the database is empty", "idgen registry init"]).await;
@@ -77,15 +81,19 @@ async fn e2e_a_production_registry_starts_only_on_its_initialized_database() {
     };
     assert_eq!(tables, 0, "a refused start created tables");
 
-    // init: once it publishes, again it changes nothing.
-    let out = run(&["registry", "init", "--config", &config, "--json"]).await;
+    // init as the role the registry runs as: it may not create the schema.
+    let out = run(&["registry", "init", "--config", &config]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("permission denied"), "{}", text(&out));
+    // init as the owner, granting the runtime role: once it publishes, again it changes nothing.
+    let out = run(&["registry", "init", "--config", &config, "--owner-url", db.url(), "--json"]).await;
     assert!(out.status.success(), "{}", text(&out));
     let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((said["initialized"].as_bool(), said["home_region"].as_str()), (Some(true), Some("us-east-1")));
-    let out = run(&["registry", "init", "--config", &config]).await;
+    let out = run(&["registry", "init", "--config", &config, "--owner-url", db.url()]).await;
     assert!(out.status.success() && text(&out).contains("already a registry's"), "{}", text(&out));
 
-    // Initialized: it serves (mutual TLS), and its schedule is the one init published.
+    // Initialized: it serves (mutual TLS) as the runtime role, its horizon writer included.
     let (mut child, url) =
         start_idgen(&["registry", "--config", &config], &[], "idgen-registry listening on ").await.unwrap();
     assert!(url.starts_with("https://"), "{url}");
@@ -123,12 +131,13 @@ async fn e2e_a_production_public_id_service_never_makes_a_data_key_itself() {
 
     let dir = tempfile::tempdir().unwrap();
     let db = TestDatabase::postgres("public").await;
+    let runtime = db.login_role().await;
     let config = dir.path().join("public-ids.toml");
     std::fs::write(
         &config,
         format!(
             "listen = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n{}",
-            db.url(),
+            runtime,
             shared_dynamodb_endpoint(),
             tls_section(dir.path())
         ),
@@ -138,10 +147,10 @@ async fn e2e_a_production_public_id_service_never_makes_a_data_key_itself() {
 
     refused(&["public", "serve", "--config", config], &["the database is empty", "idgen public init"]).await;
 
-    let out = run(&["public", "init", "--config", config, "--json"]).await;
+    let out = run(&["public", "init", "--config", config, "--owner-url", db.url(), "--json"]).await;
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["key_version_made"], 1);
-    let out = run(&["public", "init", "--config", config, "--json"]).await;
+    let out = run(&["public", "init", "--config", config, "--owner-url", db.url(), "--json"]).await;
     assert!(out.status.success(), "{}", text(&out));
     assert!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["key_version_made"].is_null());
 
@@ -159,7 +168,7 @@ async fn e2e_a_production_public_id_service_never_makes_a_data_key_itself() {
     refused(&["public", "serve", "--config", config], &["no data key", "idgen public init"]).await;
 
     // A stored key wrapped under a KMS key the configuration does not name: refused, KMS not asked.
-    assert!(run(&["public", "init", "--config", config]).await.status.success());
+    assert!(run(&["public", "init", "--config", config, "--owner-url", db.url()]).await.status.success());
     {
         use sqlx::Connection;
         let mut conn = sqlx::PgConnection::connect(db.url()).await.unwrap();

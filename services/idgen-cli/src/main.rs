@@ -140,9 +140,22 @@ enum RegistryCommand {
         /// The registry's configuration (its database_url and home_region are what init uses).
         #[arg(long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        owner: OwnerUrl,
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--owner-url`: the migrations run as another role than the service's.
+#[derive(clap::Args, Debug)]
+pub struct OwnerUrl {
+    /// PostgreSQL: the same database as database_url, as the role that owns its schema. The
+    /// migrations (and data keys) are written as that role, and database_url's role, the one
+    /// the service runs as, is granted exactly what the service uses (no DDL, no DELETE).
+    /// Without it one role does both. A URL may carry a password: prefer the environment.
+    #[arg(long = "owner-url", env = "IDGEN_OWNER_DATABASE_URL", hide_env_values = true)]
+    pub url: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -156,8 +169,8 @@ fn main() -> ExitCode {
             idgen_registry::RegistryConfig::load(file.as_deref())
                 .and_then(|config| print_check("registry", file, config.check()?))
         }
-        Command::Registry { command: Some(RegistryCommand::Init { config, json }), .. } => {
-            runtime().and_then(|rt| rt.block_on(registry_init(config, json)))
+        Command::Registry { command: Some(RegistryCommand::Init { config, owner, json }), .. } => {
+            runtime().and_then(|rt| rt.block_on(registry_init(config, owner.url.as_deref(), json)))
         }
         Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true }, .. } => {
             idgen_public_ids::PublicIdsConfig::load(file.as_deref())
@@ -227,11 +240,11 @@ fn main() -> ExitCode {
 }
 
 /// `idgen registry init`.
-async fn registry_init(file: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+async fn registry_init(file: Option<PathBuf>, owner_url: Option<&str>, json: bool) -> anyhow::Result<()> {
     use idgen_registry::store::Initialized;
     let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
     let database = idgen::config::redacted_url(config.database_url());
-    let done = idgen_registry::init(&config).await?;
+    let done = idgen_registry::init(&config, owner_url).await?;
     let (initialized, line) = match &done {
         Initialized::Now => (
             true,

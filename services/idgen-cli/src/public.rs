@@ -25,6 +25,8 @@ pub enum PublicCommand {
     Init {
         #[arg(long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        owner: crate::OwnerUrl,
         #[arg(long)]
         json: bool,
     },
@@ -51,6 +53,9 @@ pub enum PublicCommand {
     RotateKey {
         #[arg(long)]
         config: Option<PathBuf>,
+        /// The role that may write data keys (the schema's owner), where the service's may not.
+        #[command(flatten)]
+        owner: crate::OwnerUrl,
         #[arg(long)]
         json: bool,
     },
@@ -92,9 +97,9 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
             }
             Ok(())
         }
-        PublicCommand::Init { config: file, json } => {
+        PublicCommand::Init { config: file, owner, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
-            let key = idgen_public_ids::init(&config).await?;
+            let key = idgen_public_ids::init(&config, owner.url.as_deref()).await?;
             let database = idgen::config::redacted_url(config.database_url());
             if json {
                 println!("{}", json!({"database": database, "key_version_made": key}));
@@ -110,11 +115,12 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
             }
             Ok(())
         }
-        PublicCommand::RotateKey { config, json } => {
+        PublicCommand::RotateKey { config, owner, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
             let kms = config.kms.as_ref().context("no [kms] section: the encrypted format is not configured")?;
             let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
-            let store = idgen_public_ids::store::PublicIdStore::open(config.database_url(), within).await?;
+            let url = owner.url.as_deref().unwrap_or(config.database_url());
+            let store = idgen_public_ids::store::PublicIdStore::open(url, within).await?;
             let client = idgen_public_ids::kms::client(&kms.settings()).await;
             let version =
                 idgen_public_ids::kms::add_key_version(&store, &client, &kms.key_id, &Default::default()).await?;

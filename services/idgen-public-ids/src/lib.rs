@@ -49,15 +49,24 @@ pub fn router(state: AppState) -> Router {
 /// `idgen public init`: makes the configured database the service's (its migrations) and, with
 /// a `[kms]` key and the encrypted format offered, makes data key version 1 if there is none.
 /// Idempotent; refuses another service's database. Returns the key version it made, if any.
-pub async fn init(config: &PublicIdsConfig) -> anyhow::Result<Option<u8>> {
-    init_counting(config, &kms::KmsMetrics::default()).await
+///
+/// With `owner_url` (PostgreSQL), the migrations and the data key are written as that role (the
+/// schema's owner), and the role `database_url` names, the one the service runs as, is granted
+/// exactly what the service uses: mappings read and added, data keys read.
+pub async fn init(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<Option<u8>> {
+    init_counting(config, owner_url, &kms::KmsMetrics::default()).await
 }
 
 /// [`init`], counting its KMS calls in `metrics`.
-async fn init_counting(config: &PublicIdsConfig, metrics: &kms::KmsMetrics) -> anyhow::Result<Option<u8>> {
+async fn init_counting(
+    config: &PublicIdsConfig,
+    owner_url: Option<&str>,
+    metrics: &kms::KmsMetrics,
+) -> anyhow::Result<Option<u8>> {
     let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
-    let url = config.database_url();
-    store::PublicIdStore::initialize(url, within)
+    let url = owner_url.unwrap_or(config.database_url());
+    let runtime_role = idgen_server::database::runtime_role(owner_url, config.database_url())?;
+    store::PublicIdStore::initialize(url, within, runtime_role.as_deref())
         .await
         .with_context(|| format!("initializing the public-ID database {}", idgen::config::redacted_url(url)))?;
     let (Some(kms), true) = (&config.kms, config.offered().contains(&format::Format::Encrypted)) else {
@@ -86,7 +95,7 @@ pub async fn serve(
     kms_metrics.register(&mut registry);
     if config.development {
         tracing::warn!(database = %idgen::config::redacted_url(url), "DEVELOPMENT mode: the public-ID database (and a first data key) is made at start-up");
-        init_counting(&config, &kms_metrics).await?;
+        init_counting(&config, None, &kms_metrics).await?;
     }
     let store = store::PublicIdStore::open(url, within)
         .await

@@ -13,7 +13,11 @@ static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/publ
 /// The service's tables and migrations.
 const SCHEMA: Schema = Schema {
     service: "public-ID service",
-    tables: &["public_ids", "public_id_keys"],
+    // What the running service does: adds mappings and reads them, reads the wrapped data keys.
+    // A mapping is never changed or deleted; data keys are made and re-wrapped by `idgen public
+    // init` and `rotate-key`, under the role that owns the schema.
+    tables: &[("public_ids", "SELECT, INSERT"), ("public_id_keys", "SELECT")],
+    sequences: &[],
     sqlite: &SQLITE,
     postgres: &POSTGRES,
 };
@@ -52,19 +56,23 @@ impl PublicIdStore {
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
     /// file ([`idgen::open_lock`]).
     pub async fn connect_waiting(url: &str, within: std::time::Duration) -> anyhow::Result<Self> {
-        Self::initialize(url, within).await?;
+        Self::initialize(url, within, None).await?;
         Self::open(url, within).await
     }
 
     /// The migrations (`idgen public init`): makes an empty database the service's, or applies
-    /// those still pending; refuses another service's database.
-    pub async fn initialize(url: &str, within: std::time::Duration) -> anyhow::Result<()> {
+    /// those still pending; refuses another service's database. With `runtime_role`
+    /// (PostgreSQL), that role is then granted exactly what the service uses.
+    pub async fn initialize(url: &str, within: std::time::Duration, runtime_role: Option<&str>) -> anyhow::Result<()> {
         // Held until the file is set up.
         let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
         let connection = Connection::connect(url).await?;
-        let migrated = connection.migrate(&SCHEMA).await;
+        let mut done = connection.migrate(&SCHEMA).await;
+        if let (Ok(()), Some(role)) = (&done, runtime_role) {
+            done = connection.grant(&SCHEMA, role).await;
+        }
         connection.close().await;
-        migrated
+        done
     }
 
     /// Opens the service's database to serve from it. Never initializes: an empty database, one

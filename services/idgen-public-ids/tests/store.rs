@@ -86,3 +86,39 @@ async fn a_random_collision_is_retried_not_surfaced(db: Db) {
 
 store_suite!(sqlite: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
 store_suite!(postgres: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
+
+/// `idgen public init --owner-url`: the migrations (and data keys) are written as the schema's
+/// owner, and the role the service runs as can add and read mappings and read the data keys, and
+/// nothing more: no key written, no mapping changed or deleted, no DDL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_role_does_what_the_service_does_and_nothing_more() {
+    use sqlx::Connection;
+    let db = postgres().await;
+    let runtime = db.login_role().await;
+    let within = std::time::Duration::from_secs(5);
+    let role = idgen_server::database::user_of(&runtime).unwrap();
+    PublicIdStore::initialize(db.url(), within, Some(&role)).await.unwrap();
+    let owner = PublicIdStore::open(db.url(), within).await.unwrap();
+    assert!(owner.add_wrapped_key(1, "key", &[7; 40], 0).await.unwrap(), "the owner writes data keys");
+
+    let store = PublicIdStore::open(&runtime, within).await.unwrap();
+    let made = store.create_batch(&[1, 2, 3], Format::Opaque, &|| new_opaque().unwrap(), 0).await.unwrap();
+    assert_eq!(store.resolve(&made[1].public_id).await.unwrap(), Some(2));
+    assert_eq!(store.lookup(3, Format::Opaque).await.unwrap(), Some(made[2].public_id.clone()));
+    assert_eq!(store.wrapped_keys().await.unwrap().len(), 1);
+    assert!(store.add_wrapped_key(2, "key", &[8; 40], 0).await.is_err(), "the runtime role wrote a data key");
+
+    let mut conn = sqlx::PgConnection::connect(&runtime).await.unwrap();
+    for statement in [
+        "DELETE FROM public_ids",
+        "UPDATE public_ids SET internal_id = 9",
+        "DELETE FROM public_id_keys",
+        "UPDATE public_id_keys SET kms_key_id = 'other'",
+        "TRUNCATE public_ids",
+        "DROP TABLE public_id_keys",
+        "CREATE TABLE shadow (a BIGINT)",
+    ] {
+        let error = sqlx::query(statement).execute(&mut conn).await.expect_err(statement).to_string();
+        assert!(error.contains("permission denied") || error.contains("must be owner"), "{statement}: {error}");
+    }
+}

@@ -13,8 +13,12 @@ use sqlx::migrate::Migrator;
 pub struct Schema {
     /// Its name in messages ("registry", "public-ID service").
     pub service: &'static str,
-    /// Its tables (sqlx's `_sqlx_migrations` is always counted as its own).
-    pub tables: &'static [&'static str],
+    /// Its tables, each with the privileges the running service needs on it (PostgreSQL's
+    /// words, e.g. `"SELECT, INSERT"`): all a runtime role is granted ([`Connection::grant`]).
+    /// sqlx's `_sqlx_migrations` is always counted as its own, and readable.
+    pub tables: &'static [(&'static str, &'static str)],
+    /// Sequences the service's inserts draw from (a `BIGSERIAL`'s), granted `USAGE`.
+    pub sequences: &'static [&'static str],
     pub sqlite: &'static Migrator,
     pub postgres: &'static Migrator,
 }
@@ -85,11 +89,8 @@ impl Connection {
         if tables.is_empty() {
             return Ok(Found::Empty);
         }
-        let foreign: Vec<String> = tables
-            .iter()
-            .filter(|t| *t != "_sqlx_migrations" && !schema.tables.contains(&t.as_str()))
-            .cloned()
-            .collect();
+        let own = |table: &String| table == "_sqlx_migrations" || schema.tables.iter().any(|(t, _)| t == table);
+        let foreign: Vec<String> = tables.iter().filter(|t| !own(t)).cloned().collect();
         if !foreign.is_empty() {
             return Ok(Found::Foreign(foreign));
         }
@@ -147,10 +148,84 @@ impl Connection {
         })
     }
 
+    /// PostgreSQL: gives `role` (the one the service runs as, not the one that owns the schema
+    /// and runs the migrations) exactly what the service uses: its tables' privileges from
+    /// `schema`, its sequences, and reading `_sqlx_migrations`; nothing else (whatever it had in
+    /// this schema is revoked first, so running it again after an upgrade leaves exactly the
+    /// new set). No DDL, no DELETE, no TRUNCATE: a compromised or confused service cannot drop
+    /// or empty its tables. SQLite has no roles: nothing to do.
+    pub async fn grant(&self, schema: &Schema, role: &str) -> anyhow::Result<()> {
+        let Connection::Postgres(pool) = self else { return Ok(()) };
+        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(role)
+            .fetch_one(pool)
+            .await?;
+        if !exists {
+            anyhow::bail!(
+                "role {role:?} (database_url's user) does not exist: create it first (CREATE ROLE {} LOGIN)",
+                quoted(role)
+            );
+        }
+        let namespace: String = sqlx::query_scalar("SELECT current_schema()::TEXT").fetch_one(pool).await?;
+        let (role, namespace) = (quoted(role), quoted(&namespace));
+        let mut statements = vec![
+            format!("REVOKE ALL ON ALL TABLES IN SCHEMA {namespace} FROM {role}"),
+            format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {namespace} FROM {role}"),
+            format!("GRANT USAGE ON SCHEMA {namespace} TO {role}"),
+            format!("GRANT SELECT ON {namespace}._sqlx_migrations TO {role}"),
+        ];
+        for (table, privileges) in schema.tables {
+            statements.push(format!("GRANT {privileges} ON {namespace}.{} TO {role}", quoted(table)));
+        }
+        for sequence in schema.sequences {
+            statements.push(format!("GRANT USAGE ON SEQUENCE {namespace}.{} TO {role}", quoted(sequence)));
+        }
+        let mut tx = pool.begin().await?;
+        for statement in &statements {
+            sqlx::query(statement).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     fn migrator(&self, schema: &Schema) -> &'static Migrator {
         match self {
             Connection::Sqlite(_) => schema.sqlite,
             Connection::Postgres(_) => schema.postgres,
         }
     }
+}
+
+/// `init --owner-url`: the role to grant the service's privileges to, the user `runtime_url`
+/// names, where it is not the owner's; `None` with no owner URL (one role does both), or the
+/// same user. The two URLs must name one database.
+pub fn runtime_role(owner_url: Option<&str>, runtime_url: &str) -> anyhow::Result<Option<String>> {
+    let Some(owner_url) = owner_url else { return Ok(None) };
+    let place = |url: &str| {
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, place)| place);
+        rest.split('?').next().unwrap_or_default().to_owned()
+    };
+    if !owner_url.starts_with("postgres") || place(owner_url) != place(runtime_url) {
+        anyhow::bail!(
+            "--owner-url must name the same PostgreSQL database as database_url ({}), as the role that owns it",
+            place(runtime_url)
+        );
+    }
+    let runtime = user_of(runtime_url)
+        .ok_or_else(|| anyhow::anyhow!("database_url names no user: the role the service runs as, to grant"))?;
+    Ok((user_of(owner_url).as_deref() != Some(runtime.as_str())).then_some(runtime))
+}
+
+/// The user a database URL connects as, if it names one (`postgres://user[:password]@host/db`).
+pub fn user_of(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let (credentials, _) = rest.split_once('@')?;
+    let user = credentials.split_once(':').map_or(credentials, |(name, _)| name);
+    (!user.is_empty()).then(|| user.to_owned())
+}
+
+/// A PostgreSQL identifier, quoted.
+fn quoted(identifier: &str) -> String {
+    format!("\"{}\"", identifier.replace('"', "\"\""))
 }

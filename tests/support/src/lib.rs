@@ -14,6 +14,8 @@ pub struct TestDatabase {
     _dir: Option<tempfile::TempDir>,
     /// The server's admin URL and the database's name, to drop it afterwards.
     postgres: Option<(String, String)>,
+    /// Roles made for this database ([`TestDatabase::login_role`]), dropped after it.
+    roles: std::sync::Mutex<Vec<String>>,
 }
 
 impl TestDatabase {
@@ -21,7 +23,7 @@ impl TestDatabase {
     pub fn sqlite(file: &str) -> TestDatabase {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let url = format!("sqlite://{}", dir.path().join(file).display());
-        TestDatabase { url, _dir: Some(dir), postgres: None }
+        TestDatabase { url, _dir: Some(dir), postgres: None, roles: Default::default() }
     }
 
     /// A fresh PostgreSQL database named `idgen_<prefix>_test_<pid>_<random>`.
@@ -32,7 +34,26 @@ impl TestDatabase {
         let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to PostgreSQL");
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("creating a test database");
         let base = admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base);
-        TestDatabase { url: format!("{base}/{name}"), _dir: None, postgres: Some((admin, name)) }
+        TestDatabase {
+            url: format!("{base}/{name}"),
+            _dir: None,
+            postgres: Some((admin, name)),
+            roles: Default::default(),
+        }
+    }
+
+    /// PostgreSQL: a new role that may log in and nothing else (the server trusts loopback), and
+    /// the URL of this database as that role: a service's runtime role, before `init` grants it
+    /// anything. Dropped with the database.
+    pub async fn login_role(&self) -> String {
+        let (admin, _) = self.postgres.as_ref().expect("roles are PostgreSQL's");
+        let role = format!("idgen_test_role_{}_{}", std::process::id(), rand::random::<u32>());
+        let mut conn = sqlx::PgConnection::connect(admin).await.expect("connecting to PostgreSQL");
+        sqlx::query(&format!("CREATE ROLE {role} LOGIN")).execute(&mut conn).await.expect("creating a role");
+        self.roles.lock().unwrap_or_else(|p| p.into_inner()).push(role.clone());
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let place = rest.rsplit_once('@').map_or(rest, |(_, place)| place);
+        format!("{scheme}://{role}@{place}")
     }
 
     pub fn url(&self) -> &str {
@@ -43,6 +64,7 @@ impl TestDatabase {
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         let Some((admin, name)) = self.postgres.take() else { return };
+        let roles = std::mem::take(&mut *self.roles.lock().unwrap_or_else(|p| p.into_inner()));
         // Drop runs inside the test's runtime, which cannot block on itself: a thread of its own
         // with a runtime of its own. FORCE ends the connections a pool may still hold. A failure
         // here is not the test's: ./scripts/test drops leftovers at the start of the next run.
@@ -51,7 +73,15 @@ impl Drop for TestDatabase {
             runtime.block_on(async {
                 let drop = async {
                     let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
-                    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.ok()
+                    let dropped = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut conn)
+                        .await
+                        .ok();
+                    // Its privileges went with the database.
+                    for role in roles {
+                        let _ = sqlx::query(&format!("DROP ROLE IF EXISTS {role}")).execute(&mut conn).await;
+                    }
+                    dropped
                 };
                 // A hung server must not hang the test that already finished.
                 tokio::time::timeout(std::time::Duration::from_secs(10), drop).await.ok().flatten()
