@@ -110,8 +110,13 @@ fn keep_the_horizon_ahead(store: Arc<store::RegistryStore>, lead_ms: i64) {
 ///
 /// With `owner_url` (PostgreSQL), the migrations run as that role (the schema's owner), and the
 /// role `database_url` names, the one the registry runs as, is granted exactly what the registry
-/// uses and nothing more (no DDL, no DELETE).
-pub async fn init(config: &RegistryConfig, owner_url: Option<&str>) -> anyhow::Result<store::Initialized> {
+/// uses and nothing more (no DDL, no DELETE); with `runtime_password`, that role is made if
+/// missing and given that password.
+pub async fn init(
+    config: &RegistryConfig,
+    owner_url: Option<&str>,
+    runtime_password: Option<&str>,
+) -> anyhow::Result<store::Initialized> {
     let runtime_url = config.database_url();
     let url = owner_url.unwrap_or(runtime_url);
     let runtime_role = idgen_server::database::runtime_role(owner_url, runtime_url)?;
@@ -123,7 +128,7 @@ pub async fn init(config: &RegistryConfig, owner_url: Option<&str>) -> anyhow::R
     .await
     .with_context(|| format!("initializing the registry database {}", idgen::config::redacted_url(url)))?;
     if let Some(role) = runtime_role {
-        store::RegistryStore::grant_runtime(url, &role).await?;
+        store::RegistryStore::grant_runtime(url, &role, runtime_password).await?;
     }
     Ok(done)
 }

@@ -234,9 +234,9 @@ impl RegistryStore {
 
     /// `idgen registry init --owner-url`: gives the role the registry runs as exactly the
     /// privileges it uses (`SCHEMA`), connected as the role that owns the schema.
-    pub async fn grant_runtime(owner_url: &str, role: &str) -> Result<(), RegistryError> {
+    pub async fn grant_runtime(owner_url: &str, role: &str, password: Option<&str>) -> Result<(), RegistryError> {
         let connection = Connection::connect(owner_url).await?;
-        let granted = connection.grant(&SCHEMA, role).await;
+        let granted = connection.grant(&SCHEMA, role, password).await;
         connection.close().await;
         granted.map_err(|error| RegistryError::NotARegistry(format!("granting {role} its privileges: {error:#}")))
     }

@@ -324,9 +324,9 @@ async fn a_runtime_role_does_what_the_registry_does_and_nothing_more() {
     let within = std::time::Duration::from_secs(5);
     let role = idgen_server::database::user_of(&runtime).unwrap();
     RegistryStore::initialize(db.url(), &InitialSchedule::spec_default("us-east-1"), within).await.unwrap();
-    RegistryStore::grant_runtime(db.url(), &role).await.unwrap();
+    RegistryStore::grant_runtime(db.url(), &role, None).await.unwrap();
     // Granting again (an upgrade's init) leaves the same set.
-    RegistryStore::grant_runtime(db.url(), &role).await.unwrap();
+    RegistryStore::grant_runtime(db.url(), &role, None).await.unwrap();
 
     let store = RegistryStore::open(&runtime, "us-east-1", within).await.unwrap();
     store.advance_horizon(NOW, 30 * DAY).await.unwrap();
@@ -356,6 +356,23 @@ async fn a_runtime_role_does_what_the_registry_does_and_nothing_more() {
         let error = sqlx::query(statement).execute(&mut conn).await.expect_err(statement).to_string();
         assert!(error.contains("permission denied") || error.contains("must be owner"), "{statement}: {error}");
     }
+    // A role init makes itself, with the password a deployment keeps in its secret (a quote in it
+    // is a literal's, not SQL); a second init sets the password again.
+    let made = format!("idgen_test_role_{}_made", std::process::id());
+    RegistryStore::grant_runtime(db.url(), &made, Some("pass'word")).await.unwrap();
+    RegistryStore::grant_runtime(db.url(), &made, Some("another")).await.unwrap();
+    let mut admin = sqlx::PgConnection::connect(db.url()).await.unwrap();
+    let (login, password): (bool, bool) =
+        sqlx::query_as("SELECT rolcanlogin, rolpassword IS NOT NULL FROM pg_authid WHERE rolname = $1")
+            .bind(&made)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert!(login && password, "the role init made cannot log in with a password");
+    for statement in [format!("DROP OWNED BY {made}"), format!("DROP ROLE {made}")] {
+        sqlx::query(&statement).execute(&mut admin).await.unwrap();
+    }
+
     // Nor can it make or migrate a registry of its own.
     let initial = InitialSchedule::spec_default("us-east-1");
     drop(conn);

@@ -156,6 +156,10 @@ pub struct OwnerUrl {
     /// Without it one role does both. A URL may carry a password: prefer the environment.
     #[arg(long = "owner-url", env = "IDGEN_OWNER_DATABASE_URL", hide_env_values = true)]
     pub url: Option<String>,
+    /// With --owner-url: the password of database_url's role, which init makes (LOGIN, nothing
+    /// else) if missing and sets; from the environment only, never the command line.
+    #[arg(skip = std::env::var("IDGEN_RUNTIME_DATABASE_PASSWORD").ok())]
+    pub runtime_password: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -170,7 +174,7 @@ fn main() -> ExitCode {
                 .and_then(|config| print_check("registry", file, config.check()?))
         }
         Command::Registry { command: Some(RegistryCommand::Init { config, owner, json }), .. } => {
-            runtime().and_then(|rt| rt.block_on(registry_init(config, owner.url.as_deref(), json)))
+            runtime().and_then(|rt| rt.block_on(registry_init(config, &owner, json)))
         }
         Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true }, .. } => {
             idgen_public_ids::PublicIdsConfig::load(file.as_deref())
@@ -240,11 +244,11 @@ fn main() -> ExitCode {
 }
 
 /// `idgen registry init`.
-async fn registry_init(file: Option<PathBuf>, owner_url: Option<&str>, json: bool) -> anyhow::Result<()> {
+async fn registry_init(file: Option<PathBuf>, owner: &OwnerUrl, json: bool) -> anyhow::Result<()> {
     use idgen_registry::store::Initialized;
     let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
     let database = idgen::config::redacted_url(config.database_url());
-    let done = idgen_registry::init(&config, owner_url).await?;
+    let done = idgen_registry::init(&config, owner.url.as_deref(), owner.runtime_password.as_deref()).await?;
     let (initialized, line) = match &done {
         Initialized::Now => (
             true,

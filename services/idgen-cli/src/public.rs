@@ -99,7 +99,7 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
         }
         PublicCommand::Init { config: file, owner, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
-            let key = idgen_public_ids::init(&config, owner.url.as_deref()).await?;
+            let key = idgen_public_ids::init(&config, owner.url.as_deref(), owner.runtime_password.as_deref()).await?;
             let database = idgen::config::redacted_url(config.database_url());
             if json {
                 println!("{}", json!({"database": database, "key_version_made": key}));

@@ -52,21 +52,28 @@ pub fn router(state: AppState) -> Router {
 ///
 /// With `owner_url` (PostgreSQL), the migrations and the data key are written as that role (the
 /// schema's owner), and the role `database_url` names, the one the service runs as, is granted
-/// exactly what the service uses: mappings read and added, data keys read.
-pub async fn init(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<Option<u8>> {
-    init_counting(config, owner_url, &kms::KmsMetrics::default()).await
+/// exactly what the service uses: mappings read and added, data keys read; with
+/// `runtime_password`, that role is made if missing and given that password.
+pub async fn init(
+    config: &PublicIdsConfig,
+    owner_url: Option<&str>,
+    runtime_password: Option<&str>,
+) -> anyhow::Result<Option<u8>> {
+    init_counting(config, owner_url, runtime_password, &kms::KmsMetrics::default()).await
 }
 
 /// [`init`], counting its KMS calls in `metrics`.
 async fn init_counting(
     config: &PublicIdsConfig,
     owner_url: Option<&str>,
+    runtime_password: Option<&str>,
     metrics: &kms::KmsMetrics,
 ) -> anyhow::Result<Option<u8>> {
     let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
     let url = owner_url.unwrap_or(config.database_url());
     let runtime_role = idgen_server::database::runtime_role(owner_url, config.database_url())?;
-    store::PublicIdStore::initialize(url, within, runtime_role.as_deref())
+    let runtime = runtime_role.as_deref().map(|role| (role, runtime_password));
+    store::PublicIdStore::initialize(url, within, runtime)
         .await
         .with_context(|| format!("initializing the public-ID database {}", idgen::config::redacted_url(url)))?;
     let (Some(kms), true) = (&config.kms, config.offered().contains(&format::Format::Encrypted)) else {
@@ -95,7 +102,7 @@ pub async fn serve(
     kms_metrics.register(&mut registry);
     if config.development {
         tracing::warn!(database = %idgen::config::redacted_url(url), "DEVELOPMENT mode: the public-ID database (and a first data key) is made at start-up");
-        init_counting(&config, None, &kms_metrics).await?;
+        init_counting(&config, None, None, &kms_metrics).await?;
     }
     let store = store::PublicIdStore::open(url, within)
         .await

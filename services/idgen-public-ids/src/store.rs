@@ -62,14 +62,19 @@ impl PublicIdStore {
 
     /// The migrations (`idgen public init`): makes an empty database the service's, or applies
     /// those still pending; refuses another service's database. With `runtime_role`
-    /// (PostgreSQL), that role is then granted exactly what the service uses.
-    pub async fn initialize(url: &str, within: std::time::Duration, runtime_role: Option<&str>) -> anyhow::Result<()> {
+    /// (PostgreSQL), that role (made with the password, if one is given) is then granted exactly
+    /// what the service uses.
+    pub async fn initialize(
+        url: &str,
+        within: std::time::Duration,
+        runtime_role: Option<(&str, Option<&str>)>,
+    ) -> anyhow::Result<()> {
         // Held until the file is set up.
         let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
         let connection = Connection::connect(url).await?;
         let mut done = connection.migrate(&SCHEMA).await;
-        if let (Ok(()), Some(role)) = (&done, runtime_role) {
-            done = connection.grant(&SCHEMA, role).await;
+        if let (Ok(()), Some((role, password))) = (&done, runtime_role) {
+            done = connection.grant(&SCHEMA, role, password).await;
         }
         connection.close().await;
         done

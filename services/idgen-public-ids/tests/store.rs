@@ -97,7 +97,7 @@ async fn a_runtime_role_does_what_the_service_does_and_nothing_more() {
     let runtime = db.login_role().await;
     let within = std::time::Duration::from_secs(5);
     let role = idgen_server::database::user_of(&runtime).unwrap();
-    PublicIdStore::initialize(db.url(), within, Some(&role)).await.unwrap();
+    PublicIdStore::initialize(db.url(), within, Some((&role, None))).await.unwrap();
     let owner = PublicIdStore::open(db.url(), within).await.unwrap();
     assert!(owner.add_wrapped_key(1, "key", &[7; 40], 0).await.unwrap(), "the owner writes data keys");
 

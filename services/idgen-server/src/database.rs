@@ -154,26 +154,38 @@ impl Connection {
     /// this schema is revoked first, so running it again after an upgrade leaves exactly the
     /// new set). No DDL, no DELETE, no TRUNCATE: a compromised or confused service cannot drop
     /// or empty its tables. SQLite has no roles: nothing to do.
-    pub async fn grant(&self, schema: &Schema, role: &str) -> anyhow::Result<()> {
+    ///
+    /// With `password`, the role is made (`LOGIN`, nothing else) when it does not exist, and its
+    /// password set to that, so a deployment keeps it in one secret and `init` applies it.
+    pub async fn grant(&self, schema: &Schema, role: &str, password: Option<&str>) -> anyhow::Result<()> {
         let Connection::Postgres(pool) = self else { return Ok(()) };
         let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
             .bind(role)
             .fetch_one(pool)
             .await?;
-        if !exists {
-            anyhow::bail!(
-                "role {role:?} (database_url's user) does not exist: create it first (CREATE ROLE {} LOGIN)",
+        let mut statements = Vec::new();
+        match (exists, password) {
+            (false, None) => anyhow::bail!(
+                "role {role:?} (database_url's user) does not exist: create it first (CREATE ROLE {} LOGIN), or give \
+                 init its password (IDGEN_RUNTIME_DATABASE_PASSWORD)",
                 quoted(role)
-            );
+            ),
+            (false, Some(password)) => {
+                statements.push(format!("CREATE ROLE {} LOGIN PASSWORD {}", quoted(role), literal(password)))
+            }
+            (true, Some(password)) => {
+                statements.push(format!("ALTER ROLE {} WITH LOGIN PASSWORD {}", quoted(role), literal(password)))
+            }
+            (true, None) => {}
         }
         let namespace: String = sqlx::query_scalar("SELECT current_schema()::TEXT").fetch_one(pool).await?;
         let (role, namespace) = (quoted(role), quoted(&namespace));
-        let mut statements = vec![
+        statements.extend([
             format!("REVOKE ALL ON ALL TABLES IN SCHEMA {namespace} FROM {role}"),
             format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {namespace} FROM {role}"),
             format!("GRANT USAGE ON SCHEMA {namespace} TO {role}"),
             format!("GRANT SELECT ON {namespace}._sqlx_migrations TO {role}"),
-        ];
+        ]);
         for (table, privileges) in schema.tables {
             statements.push(format!("GRANT {privileges} ON {namespace}.{} TO {role}", quoted(table)));
         }
@@ -223,6 +235,11 @@ pub fn user_of(url: &str) -> Option<String> {
     let (credentials, _) = rest.split_once('@')?;
     let user = credentials.split_once(':').map_or(credentials, |(name, _)| name);
     (!user.is_empty()).then(|| user.to_owned())
+}
+
+/// A PostgreSQL string literal (DDL takes no parameters), quoted.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }
 
 /// A PostgreSQL identifier, quoted.
