@@ -672,7 +672,15 @@ def main():
             require(0 <= start and init < start and unit in script[start:script.find("\n", start)],
                     f"{launch} starts {unit} before `{command}`")
             require("RestartPreventExitStatus=2" in script, f"{launch}'s unit restarts a refused start (exit 2)")
-            found.append(command.split(" --")[0])
+            # Two roles: init as the master user (the schema's owner), the service as its own.
+            database = {"idgen-registry": "RegistryDb", "idgen-public-ids": "PublicIdsDb"}[unit]
+            master = templates["global.yaml"]["Resources"][database]["Properties"]["MasterUsername"]
+            service_user = re.search(r'^database_url = "postgres://([^@"]+)@', script, re.M)
+            require(service_user and service_user.group(1) != master,
+                    f"{launch}: the service connects as the master user {master}, not a role of its own")
+            owner = re.search(r"IDGEN_OWNER_DATABASE_URL='postgres://([^@']+)@", script[:init])
+            require(owner and owner.group(1) == master, f"{launch}: init does not run as the master user {master}")
+            found.append(f"{command.split(' --')[0]} as {master}, the service as {service_user.group(1)}")
         return ", ".join(found)
 
     for template_name, launch, marker, file in CONFIGS:
