@@ -115,20 +115,11 @@ impl RegistryConfig {
             return Vec::new();
         }
         let mut missing = Vec::new();
-        match self.database_url.as_deref() {
-            None => missing.push("database_url (postgres://…: the registry's own PostgreSQL database)".to_owned()),
-            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => missing.push(format!(
-                "database_url as postgres://… (not {}: SQLite is for development only)",
-                idgen::config::redacted_url(url)
-            )),
-            Some(_) => {}
-        }
+        missing.extend(idgen_server::database::missing_postgres_url(self.database_url.as_deref(), "the registry's"));
         if self.home_region.is_none() {
             missing.push("home_region (the one region issuing under v1; checked against the database)".into());
         }
-        if !self.tls.mutual() || self.tls.cert.is_none() || self.tls.key.is_none() {
-            missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".into());
-        }
+        missing.extend(self.tls.missing_for_production());
         if self.operators.is_empty() && self.operator_token_file.is_none() && self.certificate_operators.is_empty() {
             missing.push(
                 "operators: certificate_operators, [operators] or operator_token_file (writes need an operator)".into(),

@@ -32,11 +32,5 @@ async fn main() -> ExitCode {
         }
         idgen_registry::serve(config, file, idgen::shutdown_signal()).await
     };
-    match result.await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("idgen-registry: {error:#}");
-            ExitCode::from(idgen::config::exit_status(&error))
-        }
-    }
+    idgen::config::exit("idgen-registry", result.await)
 }

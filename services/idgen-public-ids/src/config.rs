@@ -127,17 +127,8 @@ impl PublicIdsConfig {
             return Vec::new();
         }
         let mut missing = Vec::new();
-        match self.database_url.as_deref() {
-            None => missing.push("database_url (postgres://…: the service's own PostgreSQL database)".to_owned()),
-            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => missing.push(format!(
-                "database_url as postgres://… (not {}: SQLite is for development only)",
-                idgen::config::redacted_url(url)
-            )),
-            Some(_) => {}
-        }
-        if !self.tls.mutual() || self.tls.cert.is_none() || self.tls.key.is_none() {
-            missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".into());
-        }
+        missing.extend(idgen_server::database::missing_postgres_url(self.database_url.as_deref(), "the service's"));
+        missing.extend(self.tls.missing_for_production());
         if self.offered().contains(&Format::Encrypted) && self.kms.is_none() {
             missing.push("[kms] key_id (the encrypted format's data keys), or formats without \"encrypted\"".into());
         }

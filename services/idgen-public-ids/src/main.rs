@@ -21,11 +21,5 @@ async fn main() -> ExitCode {
         let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
         idgen_public_ids::serve(config, file, idgen::shutdown_signal()).await
     };
-    match result.await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("idgen-public-ids: {error:#}");
-            ExitCode::from(idgen::config::exit_status(&error))
-        }
-    }
+    idgen::config::exit("idgen-public-ids", result.await)
 }

@@ -208,6 +208,19 @@ impl Connection {
     }
 }
 
+/// What a production service's `database_url` lacks, if anything: it must be PostgreSQL (SQLite
+/// is for development only). `whose` names the database in the message ("the registry's").
+pub fn missing_postgres_url(url: Option<&str>, whose: &str) -> Option<String> {
+    match url {
+        None => Some(format!("database_url (postgres://…: {whose} own PostgreSQL database)")),
+        Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => Some(format!(
+            "database_url as postgres://… (not {}: SQLite is for development only)",
+            idgen::config::redacted_url(url)
+        )),
+        Some(_) => None,
+    }
+}
+
 /// `init --owner-url`: the role to grant the service's privileges to, the user `runtime_url`
 /// names, where it is not the owner's; `None` with no owner URL (one role does both), or the
 /// same user. The two URLs must name one database.

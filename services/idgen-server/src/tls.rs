@@ -39,6 +39,12 @@ impl TlsSection {
         self.client_ca.is_some()
     }
 
+    /// What a production listener lacks of mutual TLS, if anything (every listener's rule).
+    pub fn missing_for_production(&self) -> Option<String> {
+        let complete = self.cert.is_some() && self.key.is_some() && self.client_ca.is_some();
+        (!complete).then(|| "tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".to_owned())
+    }
+
     /// For `--check-config`: loads the files (as a start would) and says what the listener asks
     /// of its callers.
     pub fn check(&self) -> anyhow::Result<&'static str> {

@@ -126,9 +126,8 @@ impl WorkerConfig {
     /// TLS on the listener. Empty in development mode.
     pub fn missing_for_production(&self) -> Vec<String> {
         let mut missing = self.generator.missing_for_production();
-        let mutual_tls = self.tls.cert.is_some() && self.tls.key.is_some() && self.tls.client_ca.is_some();
-        if !self.development && !mutual_tls {
-            missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".into());
+        if !self.development {
+            missing.extend(self.tls.missing_for_production());
         }
         missing
     }

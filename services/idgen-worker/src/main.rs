@@ -31,11 +31,5 @@ async fn main() -> std::process::ExitCode {
         }
         main_with(config, args.config).await
     };
-    match result.await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("idgen-worker: {error:#}");
-            std::process::ExitCode::from(idgen::config::exit_status(&error))
-        }
-    }
+    idgen::config::exit("idgen-worker", result.await)
 }

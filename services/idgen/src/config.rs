@@ -49,6 +49,17 @@ pub fn exit_status(error: &anyhow::Error) -> u8 {
     if error.chain().any(|cause| cause.is::<Refused>()) { 2 } else { 1 }
 }
 
+/// How a service binary ends: 0, or the error on stderr after `program` and [`exit_status`].
+pub fn exit(program: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{program}: {error:#}");
+            std::process::ExitCode::from(exit_status(&error))
+        }
+    }
+}
+
 /// One error naming everything a production generator was not told.
 pub fn refuse_missing(missing: Vec<String>) -> anyhow::Result<()> {
     refuse_missing_for("generator", missing)
