@@ -10,12 +10,15 @@ use std::time::{Duration, Instant};
 
 use idgen_client::{Client, ClientConfig};
 
+/// The worker's health if it issues (200 `"ok"`; before the cutover region b answers 200
+/// `"standby"`, refusing every ID).
 async fn healthy(http: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
     let response = http.get(format!("{url}/healthz")).send().await.ok()?;
     if response.status() != 200 {
         return None;
     }
-    response.json().await.ok()
+    let body: serde_json::Value = response.json().await.ok()?;
+    (body["status"] == "ok").then_some(body)
 }
 
 /// The PID in a holder, `<host>/pid-<pid>/<start>/<nonce>`.

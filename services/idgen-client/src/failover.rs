@@ -1,5 +1,5 @@
 //! Which endpoint requests go to: the local region's fleet while it answers, else the first
-//! backup that does, and back to a more preferred one once its health probe answers 200.
+//! backup that does, and back to a more preferred one once its health probe answers 200 `"ok"`.
 //!
 //! Pure state, no I/O: the client reports what happened and acts on the [`Move`] it gets back.
 

@@ -11,7 +11,8 @@
 //! - **Failover**: a connection error, a timeout or a 5xx from the endpoint in use moves the
 //!   request, and the ones after it, to the next endpoint that answers, at once: the caller sees
 //!   no error while any endpoint answers. A background probe of the more preferred endpoints'
-//!   `/healthz` moves requests back once one answers 200. Moves are logged and counted. A 429 is
+//!   `/healthz` moves requests back once one answers 200 `"status": "ok"` (not a region on
+//!   standby, which answers 200 `"standby"` and refuses every ID). Moves are logged and counted. A 429 is
 //!   not a reason to move: it is returned, with its `Retry-After`.
 //!
 //! Ordering: IDs from one endpoint are increasing; after a move they come from another region's
@@ -524,9 +525,17 @@ impl Inner {
         self.metrics.moved(moved);
     }
 
+    /// Whether the endpoint issues: `/healthz` answers 200 with `"status": "ok"`. A region on
+    /// standby answers 200 `"standby"` (its load balancer's health check must pass) while it
+    /// refuses every ID: moving back to it would fail the next request over again.
     async fn healthy(&self, index: usize) -> bool {
         let url = format!("{}/healthz", self.endpoints[index]);
-        matches!(self.http.get(url).send().await, Ok(response) if response.status() == reqwest::StatusCode::OK)
+        match self.http.get(url).send().await {
+            Ok(response) if response.status() == reqwest::StatusCode::OK => {
+                response.json::<serde_json::Value>().await.is_ok_and(|body| body["status"] == "ok")
+            }
+            _ => false,
+        }
     }
 
     async fn refresh_schedule(&self) {
@@ -561,7 +570,7 @@ fn transport_failure(error: &reqwest::Error) -> String {
 }
 
 /// While a backup is in use, probes the preferred endpoints' `/healthz` every probe interval
-/// and moves requests back to the first that answers 200.
+/// and moves requests back to the first that answers 200 `"status": "ok"`.
 async fn probe(inner: Weak<Inner>) {
     loop {
         let Some(interval) = inner.upgrade().map(|i| Duration::from_millis(i.config.probe_interval_ms)) else {
@@ -574,7 +583,7 @@ async fn probe(inner: Weak<Inner>) {
             if inner.healthy(index).await {
                 let moved = inner.route.lock().unwrap_or_else(|p| p.into_inner()).probe_answered(index);
                 if let Some(moved) = moved {
-                    inner.record(&moved, "health probe answered 200");
+                    inner.record(&moved, "health probe answered 200 ok");
                 }
                 break;
             }

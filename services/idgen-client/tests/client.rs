@@ -39,6 +39,8 @@ enum Mode {
     Refuse,
     Hang,
     OverQuota,
+    /// A region on standby: every ID refused (503 `schedule`), its health check 200 `standby`.
+    Standby,
 }
 
 struct Fleet {
@@ -75,6 +77,14 @@ async fn refusal(fleet: &Fleet) -> Option<Response> {
                 StatusCode::SERVICE_UNAVAILABLE,
                 [("retry-after", "1")],
                 Json(json!({"error": {"code": "lease", "message": "no lease"}})),
+            )
+                .into_response(),
+        ),
+        Mode::Standby => Some(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("retry-after", "1")],
+                Json(json!({"error": {"code": "schedule", "message": "not the home region"}})),
             )
                 .into_response(),
         ),
@@ -122,10 +132,11 @@ async fn uuids(State(fleet): State<Shared>, Json(body): Json<Value>) -> Response
     Json(json!({ "ids": ids })).into_response()
 }
 
-async fn healthz(State(fleet): State<Shared>) -> StatusCode {
+async fn healthz(State(fleet): State<Shared>) -> Response {
     match fleet.mode() {
-        Mode::Serve => StatusCode::OK,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+        Mode::Serve => Json(json!({"status": "ok"})).into_response(),
+        Mode::Standby => Json(json!({"status": "standby", "reason": "schedule"})).into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "refusing"}))).into_response(),
     }
 }
 
@@ -241,6 +252,43 @@ async fn a_refill_that_fails_falls_over_like_a_request_and_the_probe_brings_it_b
     all.dedup();
     assert_eq!(all.len(), 210, "no ID handed out twice");
     assert!(backup.requests() > 0);
+}
+
+/// A local region on standby (its workers refuse every ID by design, its health check answers
+/// 200 `standby`): requests fail over once and stay on the backup, probe after probe, until the
+/// region issues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_on_standby_is_failed_over_from_and_not_probed_back_to() {
+    let clock = ManualInstant::new();
+    let (local_url, local) = fleet(LOCAL, &clock).await;
+    let (backup_url, _) = fleet(BACKUP, &clock).await;
+    local.set(Mode::Standby);
+    let mut config = ClientConfig::new(local_url.clone());
+    config.backups = vec![backup_url.clone()];
+    config.probe_interval_ms = 20;
+    config.prefetch.batch = 0;
+    let client = client(config, &clock).await;
+    assert!(from(BACKUP, client.next_id().await.unwrap()));
+    assert_eq!(client.endpoint(), backup_url);
+    let refused = local.requests();
+    // Twenty probe intervals: every probe reads 200 "standby", none moves back.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for _ in 0..20 {
+        assert!(from(BACKUP, client.next_id().await.unwrap()));
+    }
+    assert_eq!(client.endpoint(), backup_url);
+    assert_eq!(client.metrics().moves_between(&backup_url, &local_url), 0, "moved back to a region on standby");
+    assert_eq!(client.metrics().moves_between(&local_url, &backup_url), 1);
+    assert_eq!(local.requests(), refused, "no ID request went to the region on standby again");
+
+    // Its layout starts: it issues, the probe brings requests back.
+    local.set(Mode::Serve);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while client.endpoint() != local_url {
+        assert!(Instant::now() < deadline, "never moved back once the region issued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(from(LOCAL, client.next_id().await.unwrap()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

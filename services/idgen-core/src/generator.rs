@@ -99,8 +99,11 @@ pub enum Refusal {
     PastHorizon { horizon_unix_ms: i64 },
     #[error("no lease held for layout {layout}")]
     NoLease { layout: String },
-    #[error("layout {layout} has no region field and this is not the home region")]
-    NotHomeRegion { layout: String },
+    /// Outside the home region, a layout without region bits (v1) is not this region's to issue
+    /// under: the region waits for the first layout with a region field (`issues_from_unix_ms`,
+    /// `None` if the schedule has none after now). By design, not a fault: [`Refusal::standby_until`].
+    #[error("layout {layout} has no region field and this is not the home region{}", issues_from(*issues_from_unix_ms))]
+    NotHomeRegion { layout: String, issues_from_unix_ms: Option<i64> },
     #[error("inside the fence: lease on machine {machine} expires at {expiry_unix_ms} Unix ms, fence {fence_ms} ms")]
     PastFence { machine: u32, expiry_unix_ms: i64, fence_ms: i64 },
     /// The registry no longer lists this generator's region number as active (retired, or the
@@ -123,6 +126,24 @@ impl Refusal {
             Refusal::NoLease { .. } | Refusal::PastFence { .. } => "lease",
         }
     }
+
+    /// When this refusal is the region's *standby*, the time (Unix ms) the schedule first lets the
+    /// region issue: a region other than the home region, before the first layout with a region
+    /// field, refuses every ID by design (v1 has no region bits, so only the home region issues
+    /// under it). `None` for every other refusal, which is a fault: a clock, a lease, a horizon or
+    /// a retired region. The refusal order of [`Generator::issue`] puts the clock and a retired
+    /// region first, so a standby region with a bad clock is refusing, not on standby.
+    pub fn standby_until(&self) -> Option<i64> {
+        match self {
+            Refusal::NotHomeRegion { issues_from_unix_ms, .. } => *issues_from_unix_ms,
+            _ => None,
+        }
+    }
+}
+
+/// The tail of the not-home-region message: when the region issues.
+fn issues_from(unix_ms: Option<i64>) -> String {
+    unix_ms.map_or_else(String::new, |ms| format!("; this region issues from {}", crate::time::format_unix_ms(ms)))
 }
 
 /// Why the caller has to come back later.
@@ -415,7 +436,16 @@ impl Generator {
         }
         let layout = &self.schedule.entry_at(timestamp).layout;
         if layout.region_bits() == 0 && !self.home_region {
-            return Err(NotNow::Refuse(Refusal::NotHomeRegion { layout: layout.name().to_owned() }));
+            let issues_from_unix_ms = self
+                .schedule
+                .entries()
+                .iter()
+                .find(|e| e.from > timestamp && e.layout.region_bits() > 0)
+                .map(|e| e.from.unix_ms());
+            return Err(NotNow::Refuse(Refusal::NotHomeRegion {
+                layout: layout.name().to_owned(),
+                issues_from_unix_ms,
+            }));
         }
         let lease = self
             .leases
@@ -470,7 +500,7 @@ fn view(held: &HeldLease) -> LeaseView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::OPEN_HORIZON;
+    use crate::schedule::{DEFAULT_V2_FROM, OPEN_HORIZON};
     use crate::time::EPOCH_UNIX_MS;
 
     const NOW: i64 = 1_790_424_000_000; // 2026-09-26T12:00:00Z
@@ -570,6 +600,62 @@ mod tests {
         let mut other = Generator::new(GeneratorConfig::default(), schedule, 3, false).unwrap();
         other.install_lease(lease(1, 1, EPOCH_UNIX_MS, EPOCH_UNIX_MS + 300_000)).unwrap();
         assert!(matches!(other.issue(EPOCH_UNIX_MS + 10, 1), Err(NotNow::Refuse(Refusal::NotHomeRegion { .. }))));
+    }
+
+    /// Outside the home region, before the first layout with a region field, the refusal is the
+    /// region's standby, naming when it issues; from that layout on, a refusal is a fault again.
+    #[test]
+    fn a_region_other_than_the_home_region_is_on_standby_until_its_layout() {
+        let v2_from = DEFAULT_V2_FROM as i64 + EPOCH_UNIX_MS;
+        let mut other =
+            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 3, false)
+                .unwrap();
+        let Err(NotNow::Refuse(refusal)) = other.check(NOW) else { panic!("a non-home region issued under v1") };
+        assert_eq!(refusal, Refusal::NotHomeRegion { layout: "v1".into(), issues_from_unix_ms: Some(v2_from) });
+        assert_eq!(refusal.standby_until(), Some(v2_from));
+        assert_eq!(refusal.reason(), "schedule", "requests get the same 503 as before");
+        assert!(refusal.to_string().ends_with("this region issues from 2028-01-01T00:00:00.000Z"), "{refusal}");
+
+        // A preclaimed v2 lease changes nothing before the cutover.
+        let v2 = Lease {
+            layout: "v2".into(),
+            machine: 5,
+            epoch: 1,
+            expiry_unix_ms: v2_from + 300_000,
+            floor_unix_ms: v2_from - 60_000,
+        };
+        other.install_lease(v2).unwrap();
+        let Err(NotNow::Refuse(refusal)) = other.check(v2_from - 1) else { panic!("issued before the cutover") };
+        assert_eq!(refusal.standby_until(), Some(v2_from));
+        // From the cutover it issues; and a refusal then (no lease) is a fault, not standby.
+        assert!(other.issue(v2_from, 1).is_ok());
+        other.drop_lease("v2");
+        let Err(NotNow::Refuse(refusal)) = other.check(v2_from + 10) else { panic!("issued without a lease") };
+        assert_eq!((refusal.reason(), refusal.standby_until()), ("lease", None));
+
+        // A clock problem or a retired region is a fault even on standby.
+        let mut other =
+            Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 3, false)
+                .unwrap();
+        other.set_clock_unsynchronized(Some("STA_UNSYNC".into()));
+        let Err(NotNow::Refuse(refusal)) = other.check(NOW) else { panic!() };
+        assert_eq!(refusal.standby_until(), None);
+        other.set_clock_unsynchronized(None);
+        other.set_region_retired(Some("region 3 is retired".into()));
+        let Err(NotNow::Refuse(refusal)) = other.check(NOW) else { panic!() };
+        assert_eq!(refusal.standby_until(), None);
+        // The home region is never on standby; nor is a region whose schedule has no layout with
+        // a region field ahead (it would never issue: a fault to look at).
+        let Err(NotNow::Refuse(refusal)) = generator().check(NOW - 10_000) else { panic!() };
+        assert_eq!(refusal.standby_until(), None);
+        let v1_only = Schedule::new(
+            vec![crate::schedule::ScheduleEntry { layout: crate::Layout::v1(), from: Timestamp::ZERO }],
+            OPEN_HORIZON,
+        )
+        .unwrap();
+        let stuck = Generator::new(GeneratorConfig::default(), v1_only, 3, false).unwrap();
+        let Err(NotNow::Refuse(refusal)) = stuck.check(NOW) else { panic!() };
+        assert_eq!((refusal.reason(), refusal.standby_until()), ("schedule", None));
     }
 
     #[test]

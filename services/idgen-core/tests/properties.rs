@@ -478,7 +478,7 @@ impl Model {
                         *horizon_unix_ms == self.horizon_unix_ms && now >= self.horizon_unix_ms
                     }
                     Refusal::NoLease { layout: name } => lease.is_none() && name == LAYOUTS[layout],
-                    Refusal::NotHomeRegion { layout: name } => layout == 0 && !self.home && name == "v1",
+                    Refusal::NotHomeRegion { layout: name, .. } => layout == 0 && !self.home && name == "v1",
                     Refusal::PastFence { machine, expiry_unix_ms, fence_ms } => lease.is_some_and(|l| {
                         l.machine == *machine
                             && l.expiry == *expiry_unix_ms

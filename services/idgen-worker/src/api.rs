@@ -300,8 +300,18 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response 
         }
         SyncStatus::NotChecked => json!({"sync_check": "disabled (development only)"}),
     };
+    // On standby (not the home region, before its first layout with a region field) the worker
+    // refuses every ID by design: 200, so the load balancer's health check and its alarms stay
+    // quiet, with the reason and when the region issues. ID requests still get 503 `schedule`,
+    // and clients fail over on it (and move back only to an endpoint whose health says "ok").
+    let standby = refusal.as_ref().and_then(|r| r.standby_until());
+    let status = if standby.is_some() { StatusCode::OK } else { status };
     let mut body = json!({
-        "status": if refusal.is_none() { "ok" } else { "refusing" },
+        "status": match (&refusal, standby) {
+            (None, _) => "ok",
+            (Some(_), Some(_)) => "standby",
+            (Some(_), None) => "refusing",
+        },
         "mode": if state.development { "development" } else { "production" },
         "caller": caller.name(),
         "region": &*state.region,
@@ -317,11 +327,16 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response 
     if let Some(refusal) = refusal {
         body["reason"] = json!(refusal.reason());
         body["message"] = json!(refusal.to_string());
-        let mut response = (status, Json(body)).into_response();
-        response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1u64));
-        return response;
     }
-    (status, Json(body)).into_response()
+    if let Some(issues_from) = standby {
+        body["issues_from"] = json!(format_unix_ms(issues_from));
+        body["issues_from_ms"] = json!(issues_from);
+    }
+    let mut response = (status, Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1u64));
+    }
+    response
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Response {

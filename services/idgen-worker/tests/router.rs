@@ -21,9 +21,15 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_in(true)
+}
+
+/// A worker of region 2, `home` or not, at `NOW` with a v1 lease (which only the home region
+/// can use).
+fn fixture_in(home: bool) -> Fixture {
     let clock = Arc::new(ManualClock::new(NOW));
     let mut core =
-        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, true)
+        Generator::new(GeneratorConfig::default(), Schedule::default_with_horizon(OPEN_HORIZON).unwrap(), 2, home)
             .unwrap();
     core.install_lease(Lease {
         layout: "v1".into(),
@@ -273,6 +279,53 @@ async fn refusals_are_503_with_reason_and_retry_after() {
     });
     let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", "").await;
     assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "lease");
+}
+
+/// Outside the home region before v2 (2028-01-01), every ID is refused by design: `/healthz`
+/// answers 200 `standby` with when the region issues, ID requests get the 503 `schedule` they
+/// always got, and `/metrics` says so. After the cutover, the same refusal is a fault again.
+#[tokio::test]
+async fn a_region_on_standby_answers_its_health_check_and_says_until_when() {
+    let f = fixture_in(false);
+    let (status, headers, body, _) = call(&f, Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "standby", "{body}");
+    assert_eq!(body["reason"], "schedule", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("not the home region"), "{body}");
+    assert_eq!(body["issues_from"], "2028-01-01T00:00:00.000Z", "{body}");
+    let v2_from = body["issues_from_ms"].as_i64().unwrap();
+    assert_eq!(v2_from, 1_830_297_600_000);
+    assert!(!headers.contains_key("retry-after"), "a healthy answer asks nobody to come back");
+    let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", "").await;
+    assert_error(status, &body, StatusCode::SERVICE_UNAVAILABLE, "schedule");
+    let (_, _, _, text) = call(&f, Method::GET, "/metrics", "").await;
+    assert!(text.contains("idgen_region_standby 1\n"), "{text}");
+    assert!(text.contains(r#"idgen_refusals_total{reason="schedule"} 1"#), "{text}");
+
+    // A clock problem is a fault on standby too: 503 refusing.
+    f.clock.set_sync_status(SyncStatus::Unsynchronized("STA_UNSYNC".into()));
+    f.state.generator.with_core(|core| core.set_clock_unsynchronized(f.clock.sync_status().refusal()));
+    let (status, _, body, _) = call(&f, Method::GET, "/healthz", "").await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("refusing")), "{body}");
+    assert_eq!(body["reason"], "clock_unsynchronized", "{body}");
+    let (_, _, _, text) = call(&f, Method::GET, "/metrics", "").await;
+    assert!(text.contains("idgen_region_standby 0\n"), "{text}");
+    f.clock.set_sync_status(SyncStatus::NotChecked);
+    f.state.generator.with_core(|core| core.set_clock_unsynchronized(None));
+
+    // Past the cutover with no v2 lease: refusing, the load balancer takes it out, alerts fire.
+    f.clock.set(v2_from + 10);
+    let (status, headers, body, _) = call(&f, Method::GET, "/healthz", "").await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("refusing")), "{body}");
+    assert_eq!(body["reason"], "lease", "{body}");
+    assert!(body.get("issues_from").is_none(), "{body}");
+    assert!(headers.contains_key("retry-after"));
+    let (_, _, _, text) = call(&f, Method::GET, "/metrics", "").await;
+    assert!(text.contains("idgen_region_standby 0\n"), "{text}");
+
+    // The home region is never on standby.
+    let (_, _, _, text) = call(&fixture(), Method::GET, "/metrics", "").await;
+    assert!(text.contains("idgen_region_standby 0\n"), "{text}");
 }
 
 #[tokio::test]

@@ -289,8 +289,9 @@ impl IdGenerator {
 
     /// Brings the gauges up to date; call before a scrape.
     pub fn refresh_gauges(&self) {
-        let now = self.clock.unix_ms();
         let locked = self.lock();
+        // Read under the lock, as a request does: a millisecond issued meanwhile is not "ahead".
+        let now = self.clock.unix_ms();
         // Count what the live run has handed out (the next request opens a new one).
         self.close_run();
         let core = &locked.generator;
@@ -315,6 +316,8 @@ impl IdGenerator {
             SyncStatus::NotChecked => -1,
         };
         self.metrics.clock_synchronized.set(synchronized);
+        let standby = matches!(core.check(now), Err(NotNow::Refuse(refusal)) if refusal.standby_until().is_some());
+        self.metrics.region_standby.set(i64::from(standby));
         let discipline = self.clock.discipline();
         let (offset, error) =
             discipline.map_or((f64::NAN, f64::NAN), |d| (d.offset_seconds, d.estimated_error_seconds));

@@ -62,6 +62,9 @@ pub struct GeneratorMetrics {
     /// The kernel's clock offset and estimated error (NaN: nothing to read).
     pub clock_offset_seconds: Gauge<f64, AtomicU64>,
     pub clock_estimated_error_seconds: Gauge<f64, AtomicU64>,
+    /// 1 while the region is on standby (not the home region, before its first layout with a
+    /// region field: every ID refused by design), else 0.
+    pub region_standby: Gauge,
 }
 
 impl GeneratorMetrics {
@@ -113,6 +116,11 @@ impl GeneratorMetrics {
             "idgen_clock_estimated_error_seconds",
             "The kernel's estimated clock error (adjtimex esterror); NaN if unknown",
             self.clock_estimated_error_seconds.clone(),
+        );
+        registry.register(
+            "idgen_region_standby",
+            "1 while this region is on standby: not the home region, before its first layout with a region field (every ID refused by design); else 0",
+            self.region_standby.clone(),
         );
         let spool = audit_spool();
         registry.register(
