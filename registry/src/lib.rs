@@ -38,6 +38,11 @@ pub const ROUTES: [&str; 10] = [
     "/console/console.css",
 ];
 
+/// The route a path of the OpenAPI document is served under.
+pub fn documented_route(path: &str) -> String {
+    path.replace("{name}:retire", "{action}")
+}
+
 pub fn router(state: AppState) -> Router {
     use idgen_server::not_allowed;
     let [regions, region_action, layouts, audit, healthz, _, openapi, page, script, style] = ROUTES;
@@ -187,6 +192,8 @@ pub async fn serve(
     let mut registry = prometheus_client::registry::Registry::default();
     let quota_metrics = Arc::new(idgen_server::QuotaMetrics::default());
     quota_metrics.register(&mut registry);
+    let server_metrics = Arc::new(idgen_server::ServerMetrics::default());
+    server_metrics.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
     let (reload_tls, reload_quotas) = (tls.clone(), quotas.clone());
     idgen_server::reload_on_sighup(move || {
@@ -202,8 +209,9 @@ pub async fn serve(
     let store = state.store.clone();
     let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
     let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
+    metrics.http.create_documented(api::OPENAPI, documented_route);
     let router = idgen_server::http_metrics::with_metrics(with_quotas(router(state), quotas), metrics);
     let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
     let grace = std::time::Duration::from_secs(10);
-    idgen_server::serve(listener, tls, make, shutdown, grace, Arc::default()).await
+    idgen_server::serve(listener, tls, make, shutdown, grace, server_metrics).await
 }

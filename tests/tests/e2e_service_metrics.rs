@@ -1,8 +1,11 @@
 //! The registry and the public-ID service serve `/metrics` like the worker: requests by method,
 //! route and status (the route axum matched, never the caller's raw path), latency by route, and
-//! their database pool; the public-ID service also its per-caller quota counters.
+//! their database pool; the public-ID service also its per-caller quota counters. And on every
+//! service's first scrape, right after start-up, each labelled counter whose label values are
+//! known up front is there at 0 (refusals, lease events, TLS handshake failures, quotas, requests
+//! by route and documented status, KMS calls), so an alert's `increase()` sees a first event.
 
-use idgen_e2e::{RegistryProcess, start_idgen};
+use idgen_e2e::{RegistryProcess, WorkerProcess, WorkerSpec, start_idgen};
 
 async fn scrape(client: &reqwest::Client, url: &str) -> String {
     let response = client.get(format!("{url}/metrics")).send().await.unwrap();
@@ -16,6 +19,95 @@ fn assert_has(text: &str, lines: &[&str]) {
     for line in lines {
         assert!(text.contains(line), "{line} missing from /metrics:\n{text}");
     }
+}
+
+/// Each series is on the scrape with the value 0.
+fn assert_at_zero(text: &str, series: &[&str]) {
+    for one in series {
+        assert!(text.contains(&format!("{one} 0\n")), "{one} is not at 0 on /metrics:\n{text}");
+    }
+}
+
+/// What every listener exports from its start: each TLS handshake failure reason and the
+/// quota counters of callers not listed.
+const LISTENER_SERIES: [&str; 5] = [
+    r#"idgen_tls_handshake_failures_total{reason="no_client_certificate"}"#,
+    r#"idgen_tls_handshake_failures_total{reason="unknown_issuer"}"#,
+    r#"idgen_tls_handshake_failures_total{reason="certificate_expired"}"#,
+    r#"idgen_tls_handshake_failures_total{reason="timeout"}"#,
+    r#"idgen_caller_requests_throttled_total{caller="other"}"#,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_every_services_labelled_counters_are_at_zero_on_the_first_scrape() {
+    let client = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+
+    let worker = WorkerProcess::start(&WorkerSpec::short_lease("zeros", &dir.path().join("leases.db"))).await.unwrap();
+    let text = scrape(&client, &worker.url).await;
+    assert_at_zero(&text, &LISTENER_SERIES);
+    assert_at_zero(
+        &text,
+        &[
+            r#"idgen_refusals_total{reason="lease"}"#,
+            r#"idgen_refusals_total{reason="clock_behind"}"#,
+            r#"idgen_refusals_total{reason="clock_unsynchronized"}"#,
+            r#"idgen_refusals_total{reason="schedule"}"#,
+            r#"idgen_lease_events_total{layout="v1",event="claim_all_taken"}"#,
+            r#"idgen_lease_events_total{layout="v1",event="store_unavailable"}"#,
+            r#"idgen_lease_events_total{layout="v1",event="table_refused"}"#,
+            r#"idgen_lease_events_total{layout="v2",event="claim"}"#,
+            r#"idgen_http_requests_total{method="POST",route="/v1/ids",status="503"}"#,
+            r#"idgen_http_requests_total{method="POST",route="/v1/ids:batch",status="429"}"#,
+            r#"idgen_http_requests_total{method="GET",route="/healthz",status="503"}"#,
+            r#"idgen_caller_ids_served_total{caller="other"}"#,
+            "idgen_region_standby",
+        ],
+    );
+    for event in idgen::metrics::LEASE_EVENTS {
+        assert_has(&text, &[&format!(r#"idgen_lease_events_total{{layout="v1",event="{event}"}} "#)]);
+    }
+    worker.stop().await.unwrap();
+
+    let registry = RegistryProcess::start("").await.unwrap();
+    let text = scrape(&client, &registry.url).await;
+    assert_at_zero(&text, &LISTENER_SERIES);
+    assert_at_zero(
+        &text,
+        &[
+            r#"idgen_http_requests_total{method="GET",route="/healthz",status="503"}"#,
+            r#"idgen_http_requests_total{method="POST",route="/v1/regions",status="409"}"#,
+            r#"idgen_http_requests_total{method="POST",route="/v1/regions/{action}",status="404"}"#,
+            r#"idgen_http_requests_total{method="GET",route="/v1/layouts",status="200"}"#,
+            r#"idgen_http_request_duration_seconds_count{route="/v1/layouts"}"#,
+        ],
+    );
+
+    let config = dir.path().join("public-ids.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n",
+            dir.path().join("p.db").display()
+        ),
+    )
+    .unwrap();
+    let (mut child, url) =
+        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
+            .await
+            .unwrap();
+    let text = scrape(&client, &url).await;
+    assert_at_zero(&text, &LISTENER_SERIES);
+    assert_at_zero(
+        &text,
+        &[
+            r#"idgen_http_requests_total{method="POST",route="/v1/public-ids",status="503"}"#,
+            r#"idgen_http_requests_total{method="GET",route="/v1/public-ids/{public_id}",status="404"}"#,
+            r#"idgen_public_kms_calls_total{operation="decrypt",outcome="error"}"#,
+            r#"idgen_caller_ids_served_total{caller="other"}"#,
+        ],
+    );
+    child.kill().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

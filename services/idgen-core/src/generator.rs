@@ -127,6 +127,9 @@ impl Refusal {
         }
     }
 
+    /// Every word [`Refusal::reason`] gives, so metrics can show each from the start.
+    pub const REASONS: [&'static str; 4] = ["lease", "clock_behind", "clock_unsynchronized", "schedule"];
+
     /// When this refusal is the region's *standby*, the time (Unix ms) the schedule first lets the
     /// region issue: a region other than the home region, before the first layout with a region
     /// field, refuses every ID by design (v1 has no region bits, so only the home region issues

@@ -130,6 +130,8 @@ pub async fn serve(
     };
     let quota_metrics = Arc::new(idgen_server::QuotaMetrics::default());
     quota_metrics.register(&mut registry);
+    let server_metrics = Arc::new(idgen_server::ServerMetrics::default());
+    server_metrics.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
     let tls = match config.tls.enabled() {
         true => Some(Arc::new(idgen_server::Tls::load(&config.tls).context("loading the listener's TLS files")?)),
@@ -150,7 +152,8 @@ pub async fn serve(
     let store = state.store.clone();
     let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
     let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
+    metrics.http.create_documented(api::OPENAPI, str::to_owned);
     let router = idgen_server::http_metrics::with_metrics(router(state), metrics);
     let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
-    idgen_server::serve(listener, tls, make, shutdown, std::time::Duration::from_secs(10), Arc::default()).await
+    idgen_server::serve(listener, tls, make, shutdown, std::time::Duration::from_secs(10), server_metrics).await
 }

@@ -72,6 +72,32 @@ impl HttpMetrics {
         metrics
     }
 
+    /// Creates at 0 the request counter of every operation `openapi` (the service's OpenAPI
+    /// document, held to its router by a test) documents, each status it answers but 405 (what
+    /// the *other* methods get), and each such route's latency histogram: the series an alert or
+    /// a dashboard reads exist from start-up, so the first 503 is an increase like any other.
+    /// `route_of` maps a documented path to the route it is served under (one of `routes`).
+    pub fn create_documented(&self, openapi: &str, route_of: impl Fn(&str) -> String) {
+        let document: serde_json::Value =
+            serde_json::from_str(openapi).expect("the service's OpenAPI document is JSON (its router test reads it)");
+        for (path, item) in document["paths"].as_object().into_iter().flatten() {
+            let route = route_of(path);
+            let Some(handles) = self.routes.iter().find(|handles| handles.route == route) else {
+                continue;
+            };
+            let _ = self.latency.get_or_create(&RouteLabel { route: route.clone() });
+            for (method, operation) in item.as_object().into_iter().flatten() {
+                let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else { continue };
+                let statuses = operation["responses"].as_object().into_iter().flatten();
+                for status in statuses.filter_map(|(status, _)| status.parse::<u16>().ok()).filter(|s| *s != 405) {
+                    let labels =
+                        RequestLabels { method: label(&method).to_owned(), route: handles.route.to_owned(), status };
+                    let _ = self.requests.get_or_create(&labels);
+                }
+            }
+        }
+    }
+
     /// Counts one request of `route` and observes its latency.
     pub fn record(&self, route: &'static str, method: &Method, status: u16, elapsed_seconds: f64) {
         let Some(handles) = self.routes.iter().find(|handles| handles.route == route) else {

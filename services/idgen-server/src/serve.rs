@@ -38,8 +38,27 @@ pub struct ServerMetrics {
     handshake_failures: Family<ReasonLabel, Counter>,
 }
 
+/// Every reason a handshake is counted under, so each series exists at 0 from the start.
+const HANDSHAKE_FAILURES: [&str; 12] = [
+    "no_client_certificate",
+    "certificate_expired",
+    "certificate_not_yet_valid",
+    "unknown_issuer",
+    "certificate_revoked",
+    "invalid_certificate",
+    "alert_from_client",
+    "incompatible",
+    "tls_error",
+    "io",
+    "timeout",
+    "certificate_names_nobody",
+];
+
 impl ServerMetrics {
     pub fn register(self: &Arc<Self>, registry: &mut Registry) {
+        for reason in HANDSHAKE_FAILURES {
+            let _ = self.handshake_failures.get_or_create(&ReasonLabel { reason });
+        }
         registry.register("idgen_tls_handshakes", "TLS handshakes completed", self.handshakes.clone());
         registry.register(
             "idgen_tls_handshake_failures",
@@ -49,6 +68,7 @@ impl ServerMetrics {
     }
 
     fn failed(&self, reason: &'static str) {
+        debug_assert!(HANDSHAKE_FAILURES.contains(&reason), "handshake failure {reason} is not in HANDSHAKE_FAILURES");
         self.handshake_failures.get_or_create(&ReasonLabel { reason }).inc();
     }
 }

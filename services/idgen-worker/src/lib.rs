@@ -141,6 +141,14 @@ pub async fn run(
 
 pub use idgen::open_lease_store;
 
+/// The request counters and latency of [`ROUTES`], registered in `registry`, with the series of
+/// every operation the OpenAPI document names at 0.
+pub fn request_metrics(registry: &mut Registry) -> Arc<http_metrics::HttpMetrics> {
+    let metrics = http_metrics::HttpMetrics::register(registry, &ROUTES);
+    metrics.create_documented(api::OPENAPI, str::to_owned);
+    metrics
+}
+
 /// Everything a running worker is made of, built from its configuration.
 pub struct Worker {
     pub state: AppState,
@@ -166,7 +174,7 @@ impl Worker {
     ) -> anyhow::Result<Worker> {
         config.validate()?;
         let mut registry = Registry::default();
-        let http_metrics = http_metrics::HttpMetrics::register(&mut registry, &ROUTES);
+        let http_metrics = request_metrics(&mut registry);
         let quota_metrics = Arc::new(QuotaMetrics::default());
         quota_metrics.register(&mut registry);
         let quotas = Arc::new(Quotas::new(&config.quotas, quota_metrics)?);

@@ -8,7 +8,7 @@ use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use idgen::core::{Generator, GeneratorConfig, Lease, OPEN_HORIZON, Schedule};
 use idgen::{Clock, GeneratorMetrics, IdGenerator, ManualClock, SyncStatus};
-use idgen_worker::{AppState, http_metrics::HttpMetrics, router};
+use idgen_worker::{AppState, router};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -42,7 +42,7 @@ fn fixture_in(home: bool) -> Fixture {
     let mut registry = Registry::default();
     let metrics = Arc::new(GeneratorMetrics::default());
     metrics.register(&mut registry);
-    let http_metrics = HttpMetrics::register(&mut registry, &idgen_worker::ROUTES);
+    let http_metrics = idgen_worker::request_metrics(&mut registry);
     let generator = Arc::new(IdGenerator::new(core, clock.clone(), metrics));
     let state = AppState::new(idgen_worker::api::Shared {
         generator,
@@ -326,6 +326,41 @@ async fn a_region_on_standby_answers_its_health_check_and_says_until_when() {
     // The home region is never on standby.
     let (_, _, _, text) = call(&fixture(), Method::GET, "/metrics", "").await;
     assert!(text.contains("idgen_region_standby 0\n"), "{text}");
+}
+
+/// Every labelled counter an alert or the dashboard reads is on the first scrape, at 0: refusals
+/// by reason, each layout's lease events, and requests by route and status for every status the
+/// OpenAPI document gives the route's method.
+#[tokio::test]
+async fn labelled_counters_are_at_zero_from_the_first_scrape() {
+    let f = fixture();
+    let (_, _, _, text) = call(&f, Method::GET, "/metrics", "").await;
+    for reason in ["lease", "clock_behind", "clock_unsynchronized", "schedule"] {
+        let series = format!("idgen_refusals_total{{reason=\"{reason}\"}} 0\n");
+        assert!(text.contains(&series), "{series} missing from\n{text}");
+    }
+    for layout in ["v1", "v2"] {
+        for event in idgen::metrics::LEASE_EVENTS {
+            let series = format!("idgen_lease_events_total{{layout=\"{layout}\",event=\"{event}\"}} 0\n");
+            assert!(text.contains(&series), "{series} missing from\n{text}");
+        }
+    }
+    for (method, route, status) in [
+        ("POST", "/v1/ids", 200),
+        ("POST", "/v1/ids", 503),
+        ("POST", "/v1/ids:batch", 429),
+        ("GET", "/v1/ids/{id}/decode", 400),
+        ("POST", "/v1/uuids", 503),
+        ("GET", "/healthz", 200),
+        ("GET", "/healthz", 503),
+    ] {
+        let series =
+            format!("idgen_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} 0\n");
+        assert!(text.contains(&series), "{series} missing from\n{text}");
+    }
+    assert!(text.contains("idgen_http_request_duration_seconds_count{route=\"/healthz\"} 0\n"), "{text}");
+    // 405 is what the other methods get: no series for the route's own method.
+    assert!(!text.contains(r#"method="POST",route="/v1/ids",status="405""#), "{text}");
 }
 
 #[tokio::test]

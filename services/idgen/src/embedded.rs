@@ -126,6 +126,8 @@ impl EmbeddedGenerator {
             Info::new(vec![("version", env!("CARGO_PKG_VERSION")), ("role", role)]),
         );
         let generator = Arc::new(IdGenerator::new(core, clock, generator_metrics));
+        // Every series the schedule's layouts have, at 0, before the first scrape.
+        generator.refresh_gauges();
         if generator.checks_cpu_counter() {
             tracing::info!(
                 "the clock is kept on the CPU's counter (clocksource tsc): the request path checks the counter"

@@ -318,6 +318,12 @@ impl IdGenerator {
         self.metrics.clock_synchronized.set(synchronized);
         let standby = matches!(core.check(now), Err(NotNow::Refuse(refusal)) if refusal.standby_until().is_some());
         self.metrics.region_standby.set(i64::from(standby));
+        let layouts: Vec<String> = core.schedule().entries().iter().map(|e| e.layout.name().to_owned()).collect();
+        drop(locked);
+        // Outside the core's lock: the request path takes it.
+        for layout in layouts {
+            self.metrics.layout_known(&layout);
+        }
         let discipline = self.clock.discipline();
         let (offset, error) =
             discipline.map_or((f64::NAN, f64::NAN), |d| (d.offset_seconds, d.estimated_error_seconds));

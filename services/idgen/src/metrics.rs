@@ -67,8 +67,28 @@ pub struct GeneratorMetrics {
     pub region_standby: Gauge,
 }
 
+/// Every lease keeper event ([`GeneratorMetrics::lease_event`]), so each layout's series exist at
+/// 0 from the start: an alert's `increase()` then sees a first event as it sees any other.
+pub const LEASE_EVENTS: [&str; 12] = [
+    "claim",
+    "claim_adopted",
+    "claim_all_taken",
+    "claim_unusable",
+    "renew",
+    "renew_lost",
+    "renew_not_forward",
+    "store_unavailable",
+    "release",
+    "keeper_restarted",
+    "table_refused",
+    "table_went_back",
+];
+
 impl GeneratorMetrics {
     pub fn register(&self, registry: &mut Registry) {
+        for reason in idgen_core::Refusal::REASONS {
+            let _ = self.refusals.get_or_create(&ReasonLabel { reason });
+        }
         registry.register("idgen_ids_issued", "64-bit IDs issued", self.ids_issued.clone());
         registry.register("idgen_uuids_issued", "UUIDv7s issued", self.uuids_issued.clone());
         registry.register("idgen_refusals", "Requests refused, by reason", self.refusals.clone());
@@ -84,7 +104,7 @@ impl GeneratorMetrics {
         );
         registry.register(
             "idgen_lease_events",
-            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, store_unavailable, release, keeper_restarted",
+            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, store_unavailable, release, keeper_restarted, table_refused, table_went_back",
             self.lease_events.clone(),
         );
         registry.register(
@@ -145,7 +165,16 @@ impl GeneratorMetrics {
         );
     }
 
+    /// Creates a layout's lease event series at 0 (the layouts come from the schedule, which can
+    /// gain one while the process runs).
+    pub fn layout_known(&self, layout: &str) {
+        for event in LEASE_EVENTS {
+            let _ = self.lease_events.get_or_create(&LeaseEventLabel { layout: layout.to_owned(), event });
+        }
+    }
+
     pub fn lease_event(&self, layout: &str, event: &'static str) {
+        debug_assert!(LEASE_EVENTS.contains(&event), "lease event {event} is not in LEASE_EVENTS");
         self.lease_events.get_or_create(&LeaseEventLabel { layout: layout.to_owned(), event }).inc();
     }
 }
