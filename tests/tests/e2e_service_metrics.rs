@@ -104,9 +104,12 @@ async fn e2e_every_services_labelled_counters_are_at_zero_on_the_first_scrape() 
             r#"idgen_http_requests_total{method="POST",route="/v1/public-ids",status="503"}"#,
             r#"idgen_http_requests_total{method="GET",route="/v1/public-ids/{public_id}",status="404"}"#,
             r#"idgen_public_kms_calls_total{operation="decrypt",outcome="error"}"#,
+            r#"idgen_public_storage_errors_total{operation="create"}"#,
+            r#"idgen_public_storage_errors_total{operation="resolve"}"#,
             r#"idgen_caller_ids_served_total{caller="other"}"#,
         ],
     );
+    assert_has(&text, &["idgen_public_database_up 1\n"]);
     child.kill().await.unwrap();
 }
 

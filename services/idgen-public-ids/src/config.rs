@@ -36,7 +36,15 @@ pub struct PublicIdsConfig {
     pub tls: idgen_server::TlsSection,
     /// Public IDs created or resolved per second, per caller; re-read on SIGHUP.
     pub quotas: idgen_server::QuotaSection,
+    /// How often the database is probed (`SELECT 1`, `idgen_public_database_up`), in ms.
+    pub database_probe_ms: u64,
+    /// How often KMS is probed (`Decrypt` of every stored data key version, as a start does;
+    /// `idgen_public_kms_up`), in ms. Only with a `[kms]` key.
+    pub kms_probe_ms: u64,
 }
+
+/// The shortest probe interval either probe takes: a probe is a health check, not load.
+pub const MIN_PROBE_MS: u64 = 1_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +75,8 @@ impl Default for PublicIdsConfig {
             development_key_file: None,
             tls: idgen_server::TlsSection::default(),
             quotas: idgen_server::QuotaSection::default(),
+            database_probe_ms: 15_000,
+            kms_probe_ms: 300_000,
         }
     }
 }
@@ -148,6 +158,11 @@ impl PublicIdsConfig {
         }
         if self.kms.is_some() && self.development_key_file.is_some() {
             anyhow::bail!("[kms] and development_key_file both name a data key: keep one");
+        }
+        for (key, ms) in [("database_probe_ms", self.database_probe_ms), ("kms_probe_ms", self.kms_probe_ms)] {
+            if ms < MIN_PROBE_MS {
+                anyhow::bail!("{key} must be at least {MIN_PROBE_MS} (ms), not {ms}");
+            }
         }
         self.tls.validate()?;
         self.quotas.validate()

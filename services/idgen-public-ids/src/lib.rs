@@ -84,6 +84,48 @@ async fn init_counting(
     kms::init_keys(&store, &client, &kms.key_id, metrics).await
 }
 
+/// The database and KMS probes, ended when the service ends (dropped with `serve`'s frame).
+struct Probes(Vec<tokio::task::JoinHandle<()>>);
+
+impl Probes {
+    /// Probes the database once (so the first scrape shows it), then every `database_probe_ms`;
+    /// KMS, when a key is configured, every `kms_probe_ms` (the start just asked it).
+    async fn start(
+        config: &PublicIdsConfig,
+        store: Arc<store::PublicIdStore>,
+        kms: Option<(kms::KmsProbe, kms::KmsMetrics)>,
+    ) -> Probes {
+        let every = std::time::Duration::from_millis(config.database_probe_ms);
+        // A probe that takes longer than 5 s is a database that is not serving.
+        let within = every.min(std::time::Duration::from_secs(5));
+        store.probe(within).await;
+        let mut tasks = vec![tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                store.probe(within).await;
+            }
+        })];
+        if let Some((probe, metrics)) = kms {
+            let every = std::time::Duration::from_millis(config.kms_probe_ms);
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    probe.check(&metrics).await;
+                }
+            }));
+        }
+        Probes(tasks)
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// Opens the store, unwraps the data keys (when KMS is configured), binds and serves. In
 /// development mode the database (and a first data key) is made first; in production it must
 /// have been (`idgen public init`): an empty or foreign database, or one without a data key while
@@ -107,7 +149,9 @@ pub async fn serve(
     let store = store::PublicIdStore::open(url, within)
         .await
         .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?;
+    store.metrics().register(&mut registry);
     let offered = config.offered();
+    let mut kms_probe = None;
     let keyring = match (&config.kms, &config.development_key_file) {
         _ if !offered.contains(&format::Format::Encrypted) => None,
         (Some(kms), _) => {
@@ -116,6 +160,9 @@ pub async fn serve(
                 .await
                 .context("unwrapping the data keys with KMS")?;
             tracing::info!(versions = ?keyring.versions(), "encrypted format ready");
+            kms_metrics.register_probe(&mut registry);
+            kms_metrics.up.set(1);
+            kms_probe = Some(kms::KmsProbe::new(client, store.wrapped_keys().await?));
             Some(Arc::new(keyring))
         }
         (None, Some(file)) => {
@@ -146,6 +193,7 @@ pub async fn serve(
         reload_quotas.reload(&fresh.quotas).context("[quotas]")
     });
     let state = AppState { store: Arc::new(store), keyring, quotas, formats: offered.into() };
+    let _probes = Probes::start(&config, state.store.clone(), kms_probe.map(|probe| (probe, kms_metrics))).await;
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("idgen-public-ids listening on {scheme}://{}", listener.local_addr()?);

@@ -1,7 +1,15 @@
 //! Mappings and wrapped data keys, in PostgreSQL (production) or SQLite (embedded default): one
 //! implementation over sqlx `Any`, the same suite run on both.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use idgen_server::database::{Connection, Schema};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 
@@ -31,10 +39,46 @@ pub struct Mapping {
     pub created: bool,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorageOperationLabel {
+    pub operation: &'static str,
+}
+
+/// Every operation a failed database call is counted under: the API's (create, resolve,
+/// lookup), the data keys' (read_keys at start-up, add_key by `rotate-key`) and the probe's.
+pub const STORAGE_OPERATIONS: [&str; 6] = ["create", "resolve", "lookup", "read_keys", "add_key", "probe"];
+
+/// The database as `/metrics` shows it: whether the last probe reached it, and failed calls.
+#[derive(Default)]
+pub struct StoreMetrics {
+    /// 1 if the last probe (`SELECT 1`) answered within its time, 0 if not.
+    pub up: Gauge,
+    pub errors: Family<StorageOperationLabel, Counter>,
+}
+
+impl StoreMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        for operation in STORAGE_OPERATIONS {
+            let _ = self.errors.get_or_create(&StorageOperationLabel { operation });
+        }
+        registry.register(
+            "idgen_public_database_up",
+            "1 if the last probe of the public-ID database (SELECT 1) answered in time, else 0",
+            self.up.clone(),
+        );
+        registry.register(
+            "idgen_public_storage_errors",
+            "Failed calls to the public-ID database, by operation (create, resolve, lookup, read_keys, add_key, probe)",
+            self.errors.clone(),
+        );
+    }
+}
+
 #[derive(Clone)]
 pub struct PublicIdStore {
     pool: AnyPool,
     postgres: bool,
+    metrics: Arc<StoreMetrics>,
 }
 
 fn is_unique_violation(error: &sqlx::Error) -> bool {
@@ -45,6 +89,37 @@ impl PublicIdStore {
     /// The database pool's open connections and how many of them are idle (for `/metrics`).
     pub fn pool_connections(&self) -> (u32, usize) {
         (self.pool.size(), self.pool.num_idle())
+    }
+
+    /// What `/metrics` shows of the database: register it once.
+    pub fn metrics(&self) -> &Arc<StoreMetrics> {
+        &self.metrics
+    }
+
+    /// Counts a failed call under `operation`.
+    fn counted<T>(&self, operation: &'static str, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        debug_assert!(STORAGE_OPERATIONS.contains(&operation), "{operation} is not in STORAGE_OPERATIONS");
+        if result.is_err() {
+            self.metrics.errors.get_or_create(&StorageOperationLabel { operation }).inc();
+        }
+        result
+    }
+
+    /// One probe of the database: `SELECT 1` through the pool (what a request would wait for),
+    /// within `within`. Sets `idgen_public_database_up` and returns whether it answered; a
+    /// failure is counted (`probe`) and logged.
+    pub async fn probe(&self, within: Duration) -> bool {
+        let asked = sqlx::query("SELECT 1").fetch_one(&self.pool);
+        let answer = match tokio::time::timeout(within, asked).await {
+            Ok(answer) => answer.map(|_| ()),
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
+        };
+        if let Err(error) = &answer {
+            tracing::error!(%error, "public-ID storage: the database probe failed");
+        }
+        let up = self.counted("probe", answer).is_ok();
+        self.metrics.up.set(i64::from(up));
+        up
     }
 
     /// Development: initializes the database if it is new ([`Self::initialize`]) and opens it.
@@ -100,7 +175,8 @@ impl PublicIdStore {
         }
         let postgres = url.starts_with("postgres");
         let connections = if postgres { 16 } else { 1 };
-        Ok(PublicIdStore { pool: AnyPoolOptions::new().max_connections(connections).connect(url).await?, postgres })
+        let pool = AnyPoolOptions::new().max_connections(connections).connect(url).await?;
+        Ok(PublicIdStore { pool, postgres, metrics: Arc::default() })
     }
 
     /// The mapping of each internal ID in `format`, creating the missing ones with `make()`,
@@ -120,7 +196,7 @@ impl PublicIdStore {
                 break;
             }
             let offered: Vec<(u64, String)> = pending.iter().map(|&i| (internal_ids[i], make())).collect();
-            let found = self.insert_and_read(&offered, format, now_ms).await?;
+            let found = self.counted("create", self.insert_and_read(&offered, format, now_ms).await)?;
             for &i in &pending {
                 let id = internal_ids[i];
                 if let Some(public_id) = found.get(&id) {
@@ -200,7 +276,8 @@ impl PublicIdStore {
         let row = sqlx::query("SELECT internal_id FROM public_ids WHERE public_id = $1")
             .bind(public_id)
             .fetch_optional(&self.pool)
-            .await?;
+            .await;
+        let row = self.counted("resolve", row)?;
         row.map(|r| r.try_get::<i64, _>("internal_id").map(|id| id as u64)).transpose()
     }
 
@@ -210,7 +287,8 @@ impl PublicIdStore {
             .bind(internal_id as i64)
             .bind(format.as_str())
             .fetch_optional(&self.pool)
-            .await?;
+            .await;
+        let row = self.counted("lookup", row)?;
         row.map(|r| r.try_get("public_id")).transpose()
     }
 
@@ -220,7 +298,8 @@ impl PublicIdStore {
             "SELECT version, kms_key_id, wrapped_key, encryption_context FROM public_id_keys ORDER BY version",
         )
         .fetch_all(&self.pool)
-        .await?;
+        .await;
+        let rows = self.counted("read_keys", rows)?;
         rows.iter()
             .map(|r| {
                 Ok(WrappedKey {
@@ -255,7 +334,7 @@ impl PublicIdStore {
         match inserted {
             Ok(_) => Ok(true),
             Err(error) if is_unique_violation(&error) => Ok(false),
-            Err(error) => Err(error),
+            Err(error) => self.counted("add_key", Err(error)),
         }
     }
 

@@ -92,6 +92,24 @@ async fn data_keys_are_generated_wrapped_unwrapped_and_rotated() {
             format!("idgen_public_kms_calls_total{{operation=\"{operation}\",outcome=\"{outcome}\"}} {count}\n");
         assert!(text.contains(&series), "{series} missing from\n{text}");
     }
+
+    // The probe asks what a start asks: Decrypt of every stored version. It succeeds while KMS
+    // answers, and fails (counted, idgen_public_kms_up 0) when a version's key cannot decrypt.
+    metrics.register_probe(&mut registry);
+    let probe = kms::KmsProbe::new(client.clone(), store.wrapped_keys().await.unwrap());
+    assert!(probe.check(&metrics).await);
+    let mut gone = store.wrapped_keys().await.unwrap();
+    gone[0].kms_key_id = "11111111-2222-3333-4444-555555555555".into();
+    assert!(!kms::KmsProbe::new(client.clone(), gone).check(&metrics).await, "a key KMS does not know decrypted");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for series in [
+        "idgen_public_kms_up 0\n",
+        "idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"ok\"} 9\n",
+        "idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"error\"} 1\n",
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
     println!("kms: key {key_id}: version 1 generated and unwrapped across a restart, version 2 added, both resolve");
 }
 

@@ -122,3 +122,37 @@ async fn a_runtime_role_does_what_the_service_does_and_nothing_more() {
         assert!(error.contains("permission denied") || error.contains("must be owner"), "{statement}: {error}");
     }
 }
+
+/// The probe answers while the database does; once it is gone (dropped, its connections ended),
+/// the probe and every call fail, each counted under its operation, and `/metrics` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_and_failed_calls_show_a_database_that_is_gone() {
+    let db = postgres().await;
+    let store = PublicIdStore::connect(db.url()).await.unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    store.metrics().register(&mut registry);
+    let scrape = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    };
+    let within = std::time::Duration::from_secs(5);
+    assert!(store.probe(within).await);
+    let text = scrape();
+    assert!(text.contains("idgen_public_database_up 1\n"), "{text}");
+    for operation in ["create", "resolve", "lookup", "read_keys", "add_key", "probe"] {
+        let series = format!("idgen_public_storage_errors_total{{operation=\"{operation}\"}} 0\n");
+        assert!(text.contains(&series), "{series} missing from\n{text}");
+    }
+
+    drop(db);
+    assert!(!store.probe(within).await, "a probe of a dropped database answered");
+    assert!(store.resolve(&opaque()).await.is_err());
+    assert!(store.create_batch(&[9], Format::Opaque, &opaque, 1).await.is_err());
+    let text = scrape();
+    assert!(text.contains("idgen_public_database_up 0\n"), "{text}");
+    for (operation, count) in [("probe", 1), ("resolve", 1), ("create", 1), ("lookup", 0)] {
+        let series = format!("idgen_public_storage_errors_total{{operation=\"{operation}\"}} {count}\n");
+        assert!(text.contains(&series), "{series} missing from\n{text}");
+    }
+}

@@ -1,0 +1,120 @@
+//! The public-ID service's probes through the real binary, as Prometheus sees them: its database
+//! (PostgreSQL, dropped under it) and KMS (a moto of the test's own, stopped under it), each
+//! probed every second here (`database_probe_ms`, `kms_probe_ms`). Up at the first scrape; once
+//! the backend is gone, `idgen_public_database_up` / `idgen_public_kms_up` read 0 and the failed
+//! calls are counted, which is what `IdgenPublicIdDatabaseDown` and `IdgenPublicIdKmsUnavailable`
+//! read.
+
+use std::time::{Duration, Instant};
+
+use idgen_e2e::{MotoServer, start_idgen};
+use idgen_test_support::TestDatabase;
+
+async fn scrape(client: &reqwest::Client, url: &str) -> String {
+    client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+/// Scrapes until every line is on `/metrics` (within 15 s), and returns that scrape.
+async fn until_shown(client: &reqwest::Client, url: &str, lines: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = scrape(client, url).await;
+        if lines.iter().all(|line| text.contains(line)) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{lines:?} never all shown on /metrics:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The value of the one series `name` on the scrape.
+fn value(text: &str, name: &str) -> f64 {
+    let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_database_that_goes_away_shows_on_metrics() {
+    let db = TestDatabase::postgres("public_probe").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("public-ids.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nformats = [\"opaque\"]\ndatabase_probe_ms = 1000\n",
+            db.url()
+        ),
+    )
+    .unwrap();
+    let (mut child, url) =
+        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
+            .await
+            .unwrap();
+    let client = reqwest::Client::new();
+    let text = scrape(&client, &url).await;
+    for line in ["idgen_public_database_up 1\n", "idgen_public_storage_errors_total{operation=\"create\"} 0\n"] {
+        assert!(text.contains(line), "{line} not on the first scrape:\n{text}");
+    }
+    assert!(!text.contains("idgen_public_kms_up"), "no [kms] key, no KMS probe:\n{text}");
+
+    drop(db); // DROP DATABASE … WITH (FORCE): its connections end, and it is gone.
+    let created = client
+        .post(format!("{url}/v1/public-ids"))
+        .json(&serde_json::json!({"internal_id": "683244571854022659"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 503);
+    let body: serde_json::Value = created.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "storage_unavailable", "{body}");
+    let text = until_shown(&client, &url, &["idgen_public_database_up 0\n"]).await;
+    assert!(value(&text, "idgen_public_storage_errors_total{operation=\"create\"}") >= 1.0, "{text}");
+    assert!(value(&text, "idgen_public_storage_errors_total{operation=\"probe\"}") >= 1.0, "{text}");
+    child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
+    let moto = MotoServer::start().await.unwrap();
+    let settings =
+        idgen::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
+    let kms = idgen_public_ids::kms::client(&settings).await;
+    let key = kms.create_key().description("idgen e2e probe").send().await.unwrap();
+    let key_id = key.key_metadata().unwrap().key_id().to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("public-ids.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+            dir.path().join("p.db").display(),
+            moto.endpoint
+        ),
+    )
+    .unwrap();
+    let (mut child, url) =
+        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
+            .await
+            .unwrap();
+    let client = reqwest::Client::new();
+    let text = scrape(&client, &url).await;
+    assert!(text.contains("idgen_public_kms_up 1\n"), "{text}");
+    // The start's Decrypt, then the probe's, every second.
+    let text =
+        until_shown(&client, &url, &["idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"ok\"} 2\n"]).await;
+    assert!(text.contains("idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"error\"} 0\n"), "{text}");
+
+    drop(moto); // killed: KMS refuses connections
+    let text = until_shown(&client, &url, &["idgen_public_kms_up 0\n"]).await;
+    assert!(value(&text, "idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"error\"}") >= 1.0, "{text}");
+    // The running service keeps its keys: the encrypted format still works.
+    let created = client
+        .post(format!("{url}/v1/public-ids"))
+        .json(&serde_json::json!({"internal_id": "683244571854022659", "format": "encrypted"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 200);
+    child.kill().await.unwrap();
+}
