@@ -1,7 +1,8 @@
 //! `idgen duplicates` through the binary: planted duplicates among a million IDs in a file (merged
 //! from spilled runs) and in a PostgreSQL table (one GROUP BY), exactly those reported; a 100 MB
-//! file within a stated memory bound; and the holders of a duplicate's machine number read from
-//! a real audit table on the DynamoDB-protocol server.
+//! file within a stated memory bound; the holders of a duplicate's machine number read from a
+//! real audit table on the DynamoDB-protocol server; and `--metrics-file`, what a daily job leaves
+//! for the node exporter (and the alerts read) after runs that find, fail and find nothing.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -80,15 +81,114 @@ fn planted_duplicates_in_a_postgres_column_found_by_the_database() {
         "CREATE TABLE {table} (id bigint); INSERT INTO {table} SELECT 7400000000000000000 + g FROM generate_series(1, 1000000) g;
          INSERT INTO {table} VALUES (7400000000000000017), (7400000000000500000), (7400000000000500000), (NULL), (NULL);"
     ));
-    let out = duplicates(&["--postgres", &url, "--table", &table, "--column", "id", "--json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("idgen-duplicates-orders.prom");
+    let out = duplicates(&[
+        "--postgres",
+        &url,
+        "--table",
+        &table,
+        "--column",
+        "id",
+        "--json",
+        "--metrics-file",
+        metrics.to_str().unwrap(),
+    ]);
     psql(&format!("DROP TABLE {table}"));
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(reported(&out), BTreeMap::from([(7_400_000_000_000_000_017, 2), (7_400_000_000_000_500_000, 3)]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 duplicated IDs among 1000003 IDs in the column"));
+    // The rows holding an ID (NULLs aside), counted in the same query.
+    let written = samples(&metrics);
+    assert_eq!(written["idgen_duplicates_found"], 2.0);
+    assert_eq!(written["idgen_duplicates_ids_checked"], 1_000_003.0);
 
     // A table name that is not a plain identifier never reaches SQL.
     let out = duplicates(&["--postgres", &url, "--table", "x; DROP TABLE y", "--column", "id"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a plain identifier"));
+}
+
+/// The samples of a textfile-collector file, by metric name (each with `check` = the file's name).
+fn samples(path: &Path) -> BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let check = path.file_stem().unwrap().to_str().unwrap();
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("not a sample: {line}"));
+            let (name, labels) = series.split_once('{').unwrap_or_else(|| panic!("no labels: {line}"));
+            assert_eq!(labels, format!("check=\"{check}\"}}"), "{line}");
+            (name.to_owned(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as f64
+}
+
+/// A daily run's file: replaced whole each time, readable by the collector, the run's outcome
+/// (found, checked, when, succeeded); a failed run keeps the last success's figures and time, so
+/// the page stays up and the staleness ticket sees how old the last success is.
+#[test]
+fn each_run_leaves_its_outcome_for_the_node_exporter() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("ids.txt");
+    let metrics = dir.path().join("idgen-duplicates-export.prom");
+    let run = |ids: &Path| duplicates(&[ids.to_str().unwrap(), "--metrics-file", metrics.to_str().unwrap()]);
+
+    write_ids(&ids, [5, 6, 7, 5, 8, 7, 7].into_iter());
+    let before = unix_now();
+    assert_eq!(run(&ids).status.code(), Some(3));
+    let found = samples(&metrics);
+    assert_eq!(
+        (
+            found["idgen_duplicates_found"],
+            found["idgen_duplicates_ids_checked"],
+            found["idgen_duplicates_last_run_success"]
+        ),
+        (2.0, 7.0, 1.0)
+    );
+    let success_at = found["idgen_duplicates_last_success_timestamp_seconds"];
+    assert!(success_at >= before && success_at <= unix_now(), "{found:?}");
+    assert_eq!(found["idgen_duplicates_last_run_timestamp_seconds"], success_at);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&metrics).unwrap().permissions().mode() & 0o777, 0o644);
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    for name in found.keys() {
+        assert!(text.contains(&format!("# TYPE {name} gauge\n")), "{text}");
+    }
+
+    // A run that fails (a line that is no ID): success 0, the last success's figures kept.
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    std::fs::write(&ids, "1\nnot-an-id\n").unwrap();
+    assert_eq!(run(&ids).status.code(), Some(1));
+    let failed = samples(&metrics);
+    assert_eq!(failed["idgen_duplicates_last_run_success"], 0.0);
+    assert_eq!(failed["idgen_duplicates_found"], 2.0, "the page stays up through a failed run");
+    assert_eq!(failed["idgen_duplicates_last_success_timestamp_seconds"], success_at);
+    assert!(failed["idgen_duplicates_last_run_timestamp_seconds"] > success_at);
+
+    // The duplicates repaired: the next run finds none.
+    write_ids(&ids, [5, 6, 7, 8].into_iter());
+    assert_eq!(run(&ids).status.code(), Some(0));
+    let clean = samples(&metrics);
+    assert_eq!((clean["idgen_duplicates_found"], clean["idgen_duplicates_ids_checked"]), (0.0, 4.0));
+    assert_eq!(clean["idgen_duplicates_last_run_success"], 1.0);
+    assert!(clean["idgen_duplicates_last_success_timestamp_seconds"] > success_at);
+    // Only the file itself is left in the collector's directory (no temporary file).
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    // A failed first run (no file yet): success 0, never succeeded (0), nothing found.
+    let first = dir.path().join("idgen-duplicates-new.prom");
+    let out =
+        duplicates(&[dir.path().join("missing.txt").to_str().unwrap(), "--metrics-file", first.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let never = samples(&first);
+    assert_eq!(never["idgen_duplicates_last_success_timestamp_seconds"], 0.0);
+    assert_eq!((never["idgen_duplicates_found"], never["idgen_duplicates_last_run_success"]), (0.0, 0.0));
 }
 
 #[test]

@@ -5,18 +5,27 @@
 //! A file is read in bounded memory: runs of at most `--memory-ids` IDs are sorted and spilled
 //! to temporary files, then merged (an external merge sort), so a file of any size needs
 //! `--memory-ids` × 8 bytes and a small buffer per run. A table is asked one
-//! `GROUP BY … HAVING count(*) > 1`, so the database does the work and nothing is loaded.
+//! `GROUP BY` of the column (its groups of more than one, and how many rows it counted), so the
+//! database does the work and nothing is loaded.
+//!
+//! With `--metrics-file`, each run leaves its outcome for the node exporter's textfile collector,
+//! which is what the `IdgenDuplicateIdsFound` and `IdgenDuplicateCheckStale` alerts read: a daily
+//! job (`infra/systemd/idgen-duplicates@.timer`) turns "someone ran the check" into a page.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use idgen::core::Schedule;
 use idgen_worker::WorkerConfig;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::table::{Table, text};
@@ -56,6 +65,12 @@ pub struct DuplicatesArgs {
     /// One JSON object per duplicate (NDJSON), then none: the summary goes to stderr.
     #[arg(long)]
     json: bool,
+    /// Leave the run's outcome in this file, in the node exporter's textfile format (replaced
+    /// atomically, readable by all): duplicated IDs found, IDs checked, when the run ended and
+    /// whether it succeeded; a failed run keeps the last successful one's figures. The file's
+    /// name without `.prom` is the `check` label.
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<PathBuf>,
     #[command(flatten)]
     tls: tls::ClientTls,
 }
@@ -66,12 +81,31 @@ struct Duplicate {
     count: u64,
 }
 
+/// Finds and prints the duplicates; `Ok(true)` when there is none. With `--metrics-file`, the
+/// outcome (a failure too) is written there first.
 pub async fn run(args: DuplicatesArgs) -> anyhow::Result<bool> {
+    let outcome = find(&args).await;
+    if let Some(path) = &args.metrics_file {
+        let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let written = write_metrics(path, outcome.as_ref().ok().copied(), ended as i64);
+        match (&outcome, written) {
+            (_, Ok(())) => {}
+            (Ok(_), Err(error)) => return Err(error),
+            // The run's own error is the one to report; the file's is logged beside it.
+            (Err(_), Err(error)) => eprintln!("idgen: {error:#}"),
+        }
+    }
+    outcome.map(|(found, _)| found == 0)
+}
+
+/// Finds and prints every duplicate: (how many IDs are duplicated, how many IDs were checked).
+async fn find(args: &DuplicatesArgs) -> anyhow::Result<(u64, u64)> {
     let (duplicates, scanned) = match (&args.postgres, &args.file) {
         (Some(url), _) => {
             let (table, column) =
                 (args.table.as_deref().unwrap_or_default(), args.column.as_deref().unwrap_or_default());
-            (from_postgres(url, table, column).await?, None)
+            let (duplicates, rows) = from_postgres(url, table, column).await?;
+            (duplicates, Some(rows))
         }
         (None, Some(file)) => {
             let column = match (args.csv, &args.column) {
@@ -87,7 +121,7 @@ pub async fn run(args: DuplicatesArgs) -> anyhow::Result<bool> {
         (None, None) => bail!("give a file of IDs (or -) or --postgres URL --table T --column C"),
     };
 
-    let (schedule, names) = schedule(&args).await?;
+    let (schedule, names) = schedule(args).await?;
     let leases = match &args.leases {
         Some(file) => Some(WorkerConfig::load(Some(file))?),
         None => None,
@@ -106,9 +140,111 @@ pub async fn run(args: DuplicatesArgs) -> anyhow::Result<bool> {
         };
         print(duplicate, &decoded, holders.as_ref(), args.json);
     }
-    let in_what = scanned.map_or("in the column".to_owned(), |n| format!("among {n} IDs"));
+    let checked = scanned.unwrap_or_default();
+    let in_what = match (&args.postgres, checked) {
+        (Some(_), n) => format!("among {n} IDs in the column"),
+        (None, n) => format!("among {n} IDs"),
+    };
     eprintln!("{} duplicated IDs {in_what}", duplicates.len());
-    Ok(duplicates.is_empty())
+    Ok((duplicates.len() as u64, checked))
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabel {
+    check: String,
+}
+
+/// What a run leaves for the node exporter, per check (one file each).
+#[derive(Default)]
+struct RunMetrics {
+    found: Family<CheckLabel, Gauge>,
+    checked: Family<CheckLabel, Gauge>,
+    last_success: Family<CheckLabel, Gauge>,
+    last_run: Family<CheckLabel, Gauge>,
+    succeeded: Family<CheckLabel, Gauge>,
+}
+
+impl RunMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "idgen_duplicates_found",
+            "IDs seen more than once by the last successful idgen duplicates run",
+            self.found.clone(),
+        );
+        registry.register(
+            "idgen_duplicates_ids_checked",
+            "IDs (rows, for a table) the last successful idgen duplicates run read",
+            self.checked.clone(),
+        );
+        registry.register(
+            "idgen_duplicates_last_success_timestamp_seconds",
+            "When the last successful idgen duplicates run ended, Unix seconds (0: none yet)",
+            self.last_success.clone(),
+        );
+        registry.register(
+            "idgen_duplicates_last_run_timestamp_seconds",
+            "When the last idgen duplicates run ended, successful or not, Unix seconds",
+            self.last_run.clone(),
+        );
+        registry.register(
+            "idgen_duplicates_last_run_success",
+            "1 if the last idgen duplicates run succeeded (duplicates found or not), 0 if it failed",
+            self.succeeded.clone(),
+        );
+    }
+}
+
+/// Replaces `path` with this run's outcome: `found` (duplicated IDs, IDs checked) for a
+/// successful run, `None` for a failed one, which keeps the figures and the success time the
+/// file held. Written to a temporary file beside it and renamed, so the collector never reads
+/// half a file; made readable by all (the node exporter runs as its own user).
+fn write_metrics(path: &Path, found: Option<(u64, u64)>, ended_unix_s: i64) -> anyhow::Result<()> {
+    let check = path.file_stem().map(|s| s.to_string_lossy().into_owned()).context("--metrics-file: no file name")?;
+    let label = CheckLabel { check };
+    let previous = std::fs::read_to_string(path).unwrap_or_default();
+    let kept = |name: &str| -> i64 {
+        previous
+            .lines()
+            .find(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse::<f64>().ok())
+            .map_or(0, |value| value as i64)
+    };
+    let (duplicates, checked, last_success) = match found {
+        Some((duplicates, checked)) => (duplicates as i64, checked as i64, ended_unix_s),
+        None => (
+            kept("idgen_duplicates_found"),
+            kept("idgen_duplicates_ids_checked"),
+            kept("idgen_duplicates_last_success_timestamp_seconds"),
+        ),
+    };
+    let metrics = RunMetrics::default();
+    metrics.found.get_or_create(&label).set(duplicates);
+    metrics.checked.get_or_create(&label).set(checked);
+    metrics.last_success.get_or_create(&label).set(last_success);
+    metrics.last_run.get_or_create(&label).set(ended_unix_s);
+    metrics.succeeded.get_or_create(&label).set(i64::from(found.is_some()));
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).context("encoding the run's metrics")?;
+
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // A dot-file without `.prom`: the collector reads only `*.prom`.
+    let mut file = tempfile::Builder::new()
+        .prefix(".idgen-duplicates-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .with_context(|| format!("--metrics-file: a temporary file in {}", dir.display()))?;
+    file.write_all(text.as_bytes()).context("--metrics-file: writing")?;
+    file.as_file().sync_all().context("--metrics-file: writing")?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file().set_permissions(std::fs::Permissions::from_mode(0o644)).context("--metrics-file: mode")?;
+    }
+    file.persist(path).with_context(|| format!("--metrics-file: replacing {}", path.display()))?;
+    Ok(())
 }
 
 async fn schedule(args: &DuplicatesArgs) -> anyhow::Result<(Schedule, HashMap<u32, String>)> {
@@ -186,24 +322,33 @@ fn print(duplicate: &Duplicate, decoded: &Value, holders: Option<&Value>, json: 
     }
 }
 
-/// The column's duplicates, counted by the database.
-async fn from_postgres(url: &str, table: &str, column: &str) -> anyhow::Result<Vec<Duplicate>> {
+/// The column's duplicates, counted by the database, and how many rows hold an ID: one scan
+/// (the groups are made once and read twice: those of more than one, and the sum of all).
+async fn from_postgres(url: &str, table: &str, column: &str) -> anyhow::Result<(Vec<Duplicate>, u64)> {
     let table = quoted_identifier(table, true)?;
     let column = quoted_identifier(column, false)?;
     let mut connection: sqlx::PgConnection = sqlx::Connection::connect(url)
         .await
         .with_context(|| format!("connecting to {}", idgen::config::redacted_url(url)))?;
     let query = format!(
-        "SELECT {column}::text, count(*) FROM {table} WHERE {column} IS NOT NULL GROUP BY {column} HAVING count(*) > 1 ORDER BY {column}"
+        "WITH counted AS (SELECT {column} AS id, count(*) AS n FROM {table} WHERE {column} IS NOT NULL GROUP BY {column}) \
+         SELECT id::text, n FROM counted WHERE n > 1 \
+         UNION ALL SELECT NULL, coalesce(sum(n), 0)::bigint FROM counted"
     );
-    let rows: Vec<(String, i64)> =
+    let rows: Vec<(Option<String>, i64)> =
         sqlx::query_as(&query).fetch_all(&mut connection).await.context("the duplicate query")?;
-    rows.into_iter()
-        .map(|(text, count)| {
-            let id = text.trim().parse::<u64>().with_context(|| format!("the column holds {text:?}, not an ID"))?;
-            Ok(Duplicate { id, count: count as u64 })
-        })
-        .collect()
+    let mut rows_with_an_id = 0;
+    let mut duplicates = Vec::new();
+    for (text, count) in rows {
+        let Some(text) = text else {
+            rows_with_an_id = count as u64;
+            continue;
+        };
+        let id = text.trim().parse::<u64>().with_context(|| format!("the column holds {text:?}, not an ID"))?;
+        duplicates.push(Duplicate { id, count: count as u64 });
+    }
+    duplicates.sort_unstable_by_key(|d| d.id);
+    Ok((duplicates, rows_with_an_id))
 }
 
 /// `name` (or `schema.name` where allowed) as a quoted SQL identifier: letters, digits and
