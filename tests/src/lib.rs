@@ -213,6 +213,15 @@ impl WorkerProcess {
     }
 }
 
+/// `idgen public serve` with `config` (TOML), written to `public-ids.toml` in `dir`; waits until
+/// it listens, and returns it with its URL.
+pub async fn start_public_ids(dir: &Path, config: &str) -> anyhow::Result<(Child, String)> {
+    let path = dir.join("public-ids.toml");
+    std::fs::write(&path, config)?;
+    let path = path.to_str().context("config path")?;
+    start_idgen(&["public", "serve", "--config", path], &[], "idgen-public-ids listening on ").await
+}
+
 /// Starts `idgen <args>` and waits for the line `<ready><url> …` on its stdout.
 pub async fn start_idgen(args: &[&str], env: &[(String, String)], ready: &str) -> anyhow::Result<(Child, String)> {
     let mut child = Command::new(idgen_bin())

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idgen_e2e::{idgen, shared_dynamodb_endpoint, start_idgen};
+use idgen_e2e::{idgen, shared_dynamodb_endpoint, start_public_ids};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_public_ids_through_the_binary() {
@@ -14,20 +14,13 @@ async fn e2e_public_ids_through_the_binary() {
     let key_id = key.key_metadata().unwrap().key_id().to_owned();
 
     let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+        dir.path().join("p.db").display(),
+        shared_dynamodb_endpoint()
+    );
+    let (mut child, url) = start_public_ids(dir.path(), &text).await.unwrap();
     let config = dir.path().join("public-ids.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
-            dir.path().join("p.db").display(),
-            shared_dynamodb_endpoint()
-        ),
-    )
-    .unwrap();
-    let (mut child, url) =
-        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
-            .await
-            .unwrap();
 
     for format in ["opaque", "uuidv7", "encrypted"] {
         let public =

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use idgen_e2e::{MotoServer, start_idgen};
+use idgen_e2e::{MotoServer, start_public_ids};
 use idgen_test_support::TestDatabase;
 
 async fn scrape(client: &reqwest::Client, url: &str) -> String {
@@ -37,19 +37,11 @@ fn value(text: &str, name: &str) -> f64 {
 async fn e2e_a_database_that_goes_away_shows_on_metrics() {
     let db = TestDatabase::postgres("public_probe").await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("public-ids.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nformats = [\"opaque\"]\ndatabase_probe_ms = 1000\n",
-            db.url()
-        ),
-    )
-    .unwrap();
-    let (mut child, url) =
-        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
-            .await
-            .unwrap();
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nformats = [\"opaque\"]\ndatabase_probe_ms = 1000\n",
+        db.url()
+    );
+    let (mut child, url) = start_public_ids(dir.path(), &config).await.unwrap();
     let client = reqwest::Client::new();
     let text = scrape(&client, &url).await;
     for line in ["idgen_public_database_up 1\n", "idgen_public_storage_errors_total{operation=\"create\"} 0\n"] {
@@ -83,20 +75,12 @@ async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
     let key_id = key.key_metadata().unwrap().key_id().to_owned();
 
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("public-ids.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
-            dir.path().join("p.db").display(),
-            moto.endpoint
-        ),
-    )
-    .unwrap();
-    let (mut child, url) =
-        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
-            .await
-            .unwrap();
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+        dir.path().join("p.db").display(),
+        moto.endpoint
+    );
+    let (mut child, url) = start_public_ids(dir.path(), &config).await.unwrap();
     let client = reqwest::Client::new();
     let text = scrape(&client, &url).await;
     assert!(text.contains("idgen_public_kms_up 1\n"), "{text}");

@@ -5,7 +5,7 @@
 //! known up front is there at 0 (refusals, lease events, TLS handshake failures, quotas, requests
 //! by route and documented status, KMS calls), so an alert's `increase()` sees a first event.
 
-use idgen_e2e::{RegistryProcess, WorkerProcess, WorkerSpec, start_idgen};
+use idgen_e2e::{RegistryProcess, WorkerProcess, WorkerSpec, start_public_ids};
 
 async fn scrape(client: &reqwest::Client, url: &str) -> String {
     let response = client.get(format!("{url}/metrics")).send().await.unwrap();
@@ -83,19 +83,11 @@ async fn e2e_every_services_labelled_counters_are_at_zero_on_the_first_scrape() 
         ],
     );
 
-    let config = dir.path().join("public-ids.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n",
-            dir.path().join("p.db").display()
-        ),
-    )
-    .unwrap();
-    let (mut child, url) =
-        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
-            .await
-            .unwrap();
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n",
+        dir.path().join("p.db").display()
+    );
+    let (mut child, url) = start_public_ids(dir.path(), &config).await.unwrap();
     let text = scrape(&client, &url).await;
     assert_at_zero(&text, &LISTENER_SERIES);
     assert_at_zero(
@@ -142,17 +134,11 @@ async fn e2e_the_registry_counts_its_requests_and_its_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_the_public_id_service_counts_its_requests_pool_and_callers() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("public-ids.toml");
-    let db = dir.path().join("p.db");
-    std::fs::write(
-        &config,
-        format!("development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n", db.display()),
-    )
-    .unwrap();
-    let (mut child, url) =
-        start_idgen(&["public", "serve", "--config", config.to_str().unwrap()], &[], "idgen-public-ids listening on ")
-            .await
-            .unwrap();
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n",
+        dir.path().join("p.db").display()
+    );
+    let (mut child, url) = start_public_ids(dir.path(), &config).await.unwrap();
     let client = reqwest::Client::new();
     let created = client
         .post(format!("{url}/v1/public-ids"))
