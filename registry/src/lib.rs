@@ -91,14 +91,15 @@ async fn admit(
     }
 }
 
-/// The horizon writer: [`store::RegistryStore::advance_horizon`] now, and then every minute (or
+/// The horizon writer: [`store::RegistryStore::advance_horizon`] every minute (or
 /// every quarter of a lead shorter than four minutes), so no read has to write. A failed write is
 /// logged and tried again at the next turn; reads move the horizon themselves only once it has
 /// fallen half a lead behind.
 fn keep_the_horizon_ahead(store: Arc<store::RegistryStore>, lead_ms: i64) {
     let every = std::time::Duration::from_millis((lead_ms / 4).clamp(250, 60_000) as u64);
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(every);
+        // The first turn one interval on: `serve` has just moved it, before its first request.
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;

@@ -285,11 +285,7 @@ impl RegistryStore {
             .await?
             .try_get("home_region")?;
         if home != initial.home_region {
-            return Err(RegistryError::NotARegistry(format!(
-                "this registry's database has home region {home}, and the configuration says {}: the home region \
-                 never changes once published (is database_url the right database?)",
-                initial.home_region
-            )));
+            return Err(RegistryError::NotARegistry(another_home_region(&home, &initial.home_region)));
         }
         let regions: i64 = sqlx::query("SELECT COUNT(*) AS n FROM regions").fetch_one(&mut *tx).await?.try_get("n")?;
         Ok(Initialized::Already { home_region: home, regions: regions as u64 })
@@ -660,6 +656,15 @@ async fn open_lock(
 
 /// What [`RegistryStore::open`] needs: a registry's tables and no others, every migration
 /// applied, the schedule published, with this home region.
+/// Why a database that published `stored` as the home region is not the registry of a
+/// configuration naming `configured` (`init` and `open` alike refuse it).
+fn another_home_region(stored: &str, configured: &str) -> String {
+    format!(
+        "this registry's database has home region {stored}, and the configuration says {configured}: the home \
+         region never changes once published (is database_url the right database?)"
+    )
+}
+
 async fn check_initialized(connection: &Connection, home_region: &str) -> Result<(), RegistryError> {
     const INIT: &str = "idgen registry init --config <this file>";
     let refuse = |what: String| Err(RegistryError::NotARegistry(format!("refusing to start: {what}")));
@@ -673,10 +678,7 @@ async fn check_initialized(connection: &Connection, home_region: &str) -> Result
     };
     match home {
         None => refuse(format!("the registry's tables exist but no schedule was ever published: run `{INIT}`")),
-        Some(home) if home != home_region => refuse(format!(
-            "this registry's database has home region {home}, the configuration says {home_region} (the home \
-             region never changes once published: is database_url the right database?)"
-        )),
+        Some(home) if home != home_region => refuse(another_home_region(&home, home_region)),
         Some(_) => Ok(()),
     }
 }
