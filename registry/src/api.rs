@@ -1,7 +1,6 @@
 //! The registry's HTTP/JSON endpoints (SPEC §5). Reads are open; writes need an operator token
 //! (`Authorization: Bearer …`) and are recorded with the operator's name.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -21,8 +20,8 @@ const MAX_BODY_BYTES: usize = 4 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<RegistryStore>,
-    /// Operator tokens → operator names.
-    pub operators: Arc<HashMap<String, String>>,
+    /// The operators known by bearer token (by the token's hash).
+    pub operators: Arc<crate::operators::OperatorTokens>,
     /// Callers whose client certificate makes them operators.
     pub certificate_operators: Arc<std::collections::BTreeSet<String>>,
     pub horizon_lead_ms: i64,
@@ -130,16 +129,7 @@ fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<St
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(unauthorized)?;
-    // Compare against every token in full, so timing does not reveal a matching prefix.
-    let mut found = None;
-    for (candidate, name) in state.operators.iter() {
-        let same = candidate.len() == token.len()
-            && candidate.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-        if same {
-            found = Some(name.clone());
-        }
-    }
-    found.ok_or_else(unauthorized)
+    state.operators.operator(token).ok_or_else(unauthorized)
 }
 
 async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {

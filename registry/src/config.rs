@@ -1,6 +1,6 @@
 //! The registry's configuration: a TOML file plus `IDGEN_REGISTRY_…` environment variables.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use idgen_core::{DEFAULT_V2_FROM, Layout, MAX_TIMESTAMP};
 use serde::Deserialize;
 
+use crate::operators::{OperatorTokens, TokenHash};
 use crate::store::{InitialSchedule, ScheduledLayout};
 
 /// The longest `retire_grace_ms`: a year.
@@ -35,9 +36,12 @@ pub struct RegistryConfig {
     /// A retirement takes effect no sooner than this after it is asked for (ms): the time to
     /// notice a wrong one and cancel it, and for the region's callers to move elsewhere.
     pub retire_grace_ms: i64,
-    /// Operator name → bearer token, for writes.
+    /// Operator name → the SHA-256 of their bearer token, `sha256:<64 hex digits>`, as
+    /// `idgen registry token --name NAME` prints it (with the token, shown once). A token in
+    /// clear is refused, and so are two names with one token.
     pub operators: BTreeMap<String, String>,
-    /// A file holding one more token (for the operator named `operator`), e.g. the one `idgen up` writes.
+    /// A file holding one more token in clear (for the operator named `operator`), e.g. the one
+    /// `idgen up` writes next to the CLI that uses it; only its hash is kept in memory.
     pub operator_token_file: Option<PathBuf>,
     /// For a new registry only: when v2 starts (ms since the epoch). Default: SPEC's 2028-01-01.
     pub initial_v2_from_ms: Option<u64>,
@@ -156,9 +160,7 @@ impl RegistryConfig {
                 self.retire_grace_ms
             );
         }
-        if self.operators.values().any(|t| t.len() < 16) {
-            bail!("operator tokens must be at least 16 characters");
-        }
+        self.operator_hashes()?;
         Ok(())
     }
 
@@ -193,18 +195,33 @@ impl RegistryConfig {
         ])
     }
 
-    /// token → operator name.
-    pub fn operator_tokens(&self) -> anyhow::Result<HashMap<String, String>> {
-        let mut tokens: HashMap<String, String> =
-            self.operators.iter().map(|(name, token)| (token.clone(), name.clone())).collect();
+    /// `[operators]` as (name, hash), every value a token hash.
+    fn operator_hashes(&self) -> anyhow::Result<Vec<(String, TokenHash)>> {
+        self.operators
+            .iter()
+            .map(|(name, value)| match TokenHash::parse(value) {
+                Some(hash) => Ok((name.clone(), hash)),
+                None => bail!(
+                    "operators.{name} is not a token hash (sha256: and 64 hex digits): the configuration keeps only \
+                     the SHA-256 of a token, never the token; `idgen registry token --name {name}` makes a new \
+                     token and prints the line for [operators]"
+                ),
+            })
+            .collect()
+    }
+
+    /// The operators known by token: `[operators]` and the token file's `operator`.
+    pub fn operator_tokens(&self) -> anyhow::Result<OperatorTokens> {
+        let mut hashes = self.operator_hashes()?;
         if let Some(file) = &self.operator_token_file {
             let token = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
             let token = token.trim();
             if token.len() < 16 {
                 bail!("the token in {} is shorter than 16 characters", file.display());
             }
-            tokens.insert(token.to_owned(), "operator".into());
+            hashes.push(("operator".into(), TokenHash::of(token)));
         }
+        let tokens = OperatorTokens::new(hashes)?;
         if tokens.is_empty() && self.certificate_operators.is_empty() {
             tracing::warn!("no operator configured (token or certificate): every write will be refused (401)");
         }
@@ -277,5 +294,45 @@ mod tests {
         // Development mode needs none of it.
         let config = load(dir.path(), "development = true\n").unwrap();
         assert_eq!((config.database_url(), config.home_region()), ("sqlite://.idgen/registry.db", "us-east-1"));
+    }
+
+    #[test]
+    fn operators_are_token_hashes_and_no_two_share_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = |token: &str| TokenHash::of(token).to_string();
+        let config = load(
+            dir.path(),
+            &format!("development = true\n[operators]\nalice = \"{}\"\nbob = \"{}\"\n", hash("a"), hash("b")),
+        )
+        .unwrap();
+        let tokens = config.operator_tokens().unwrap();
+        assert_eq!(
+            (tokens.operator("a").as_deref(), tokens.operator("b").as_deref(), tokens.len()),
+            (Some("alice"), Some("bob"), 2)
+        );
+
+        // A token in clear, as configurations held them before, is refused with what to do instead.
+        let said =
+            format!("{:#}", load(dir.path(), "development = true\n[operators]\nalice = \"0123456789abcdef0123\"\n").unwrap_err());
+        assert!(said.contains("operators.alice is not a token hash") && said.contains("idgen registry token"), "{said}");
+
+        // One token for two operators: refused at load, naming both.
+        let said = format!(
+            "{:#}",
+            load(dir.path(), &format!("development = true\n[operators]\nalice = \"{0}\"\nbob = \"{0}\"\n", hash("a")))
+                .unwrap_err()
+        );
+        assert!(said.contains("\"alice\" and \"bob\" have the same token"), "{said}");
+
+        // The token file's token is one of them too.
+        let file = dir.path().join("operator-token");
+        std::fs::write(&file, "the-token-in-the-file\n").unwrap();
+        let text = format!(
+            "development = true\noperator_token_file = \"{}\"\n[operators]\nalice = \"{}\"\n",
+            file.display(),
+            hash("the-token-in-the-file")
+        );
+        let said = format!("{:#}", load(dir.path(), &text).unwrap().operator_tokens().unwrap_err());
+        assert!(said.contains("have the same token"), "{said}");
     }
 }

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod config;
 pub mod console;
+pub mod operators;
 pub mod store;
 
 use std::future::Future;
@@ -196,13 +197,16 @@ pub async fn serve(
     let server_metrics = Arc::new(idgen_server::ServerMetrics::default());
     server_metrics.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
-    let (reload_tls, reload_quotas) = (tls.clone(), quotas.clone());
+    let (reload_tls, reload_quotas, reload_operators) = (tls.clone(), quotas.clone(), state.operators.clone());
     idgen_server::reload_on_sighup(move || {
         let fresh = RegistryConfig::load(config_file.as_deref())?;
+        let operators = fresh.operator_tokens().context("[operators]")?;
         if let Some(tls) = &reload_tls {
             tls.reload(&fresh.tls).context("the [tls] files")?;
         }
-        reload_quotas.reload(&fresh.quotas).context("[quotas]")
+        reload_quotas.reload(&fresh.quotas).context("[quotas]")?;
+        reload_operators.replace(operators);
+        Ok(())
     });
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let scheme = if tls.is_some() { "https" } else { "http" };

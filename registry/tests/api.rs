@@ -1,13 +1,13 @@
 //! The registry's endpoints in-process: every write path with good and bad input (400, 401, 404,
 //! 409), and proof that a refused request changed nothing.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use idgen_registry::store::{InitialSchedule, RegistryStore};
+use idgen_registry::operators::{OperatorTokens, TokenHash};
 use idgen_registry::{AppState, router};
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -26,7 +26,7 @@ async fn state() -> (AppState, tempfile::TempDir) {
     let store = RegistryStore::connect(&url, &InitialSchedule::spec_default("us-east-1")).await.unwrap();
     let state = AppState {
         store: Arc::new(store),
-        operators: Arc::new(HashMap::from([(TOKEN.to_owned(), "alice".to_owned())])),
+        operators: Arc::new(OperatorTokens::new([("alice".to_owned(), TokenHash::of(TOKEN))]).unwrap()),
         certificate_operators: Arc::new(std::collections::BTreeSet::from(["ops-bot".to_owned()])),
         horizon_lead_ms: 30 * DAY,
         retire_grace_ms: DAY,

@@ -266,12 +266,15 @@ impl RegistryProcess {
     /// A registry on a fresh SQLite file; `extra` adds TOML lines (e.g. `initial_v2_from_ms`).
     pub async fn start(extra: &str) -> anyhow::Result<RegistryProcess> {
         let dir = tempfile::tempdir()?;
-        let token = "e2e-operator-token-0123456789abcdef".to_owned();
+        // The operator's token as an operator gets one: from `idgen registry token`, its hash in
+        // the configuration.
+        let made: Value = serde_json::from_str(&idgen(&["registry", "token", "--name", "e2e", "--json"]).await?)?;
+        let (token, line) = (made["token"].as_str().context("token")?.to_owned(), made["config"].as_str().context("config")?);
         let config = tempfile::Builder::new().suffix(".toml").tempfile()?;
         std::fs::write(
             config.path(),
             format!(
-                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\ne2e = \"{token}\"\n",
+                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\n{line}\n",
                 dir.path().join("registry.db").display()
             ),
         )?;

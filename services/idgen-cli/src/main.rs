@@ -145,6 +145,16 @@ enum RegistryCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Make a new operator token: prints the token once, for the operator to keep (the CLI
+    /// reads it from --token-file), and the line for the registry's [operators], which holds only
+    /// the token's SHA-256. Nothing is written anywhere; run it again to replace a lost token.
+    Token {
+        /// The operator's name, as the audit will show it (letters, digits, `.`, `_`, `-`).
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `--owner-url`: the migrations run as another role than the service's.
@@ -176,6 +186,7 @@ fn main() -> ExitCode {
         Command::Registry { command: Some(RegistryCommand::Init { config, owner, json }), .. } => {
             runtime().and_then(|rt| rt.block_on(registry_init(config, &owner, json)))
         }
+        Command::Registry { command: Some(RegistryCommand::Token { name, json }), .. } => operator_token(&name, json),
         Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true }, .. } => {
             idgen_public_ids::PublicIdsConfig::load(file.as_deref())
                 .and_then(|config| print_check("public-ID service", file, config.check()?))
@@ -295,6 +306,31 @@ pub fn registry_url(text: &str) -> Result<String, String> {
 }
 
 /// What `--check-config` prints for a configuration that would start.
+/// `idgen registry token`: a new token and its hash for the configuration.
+fn operator_token(name: &str, json: bool) -> anyhow::Result<()> {
+    // The name becomes a TOML key as written; a bare key keeps that line copyable as printed.
+    let bare = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !bare || name.contains('.') && name.split('.').any(str::is_empty) || name.len() > 64 {
+        return Err(Usage(format!(
+            "--name {name:?}: an operator's name is 1 to 64 letters, digits, `.`, `_` or `-`"
+        ))
+        .into());
+    }
+    let token = idgen_registry::operators::new_token()?;
+    let hash = idgen_registry::operators::TokenHash::of(&token);
+    // A dotted name is a nested key in TOML: quote it.
+    let key = if name.contains('.') { format!("\"{name}\"") } else { name.to_owned() };
+    if json {
+        println!("{}", serde_json::json!({"name": name, "token": token, "hash": hash.to_string(), "config": format!("{key} = \"{hash}\"")}));
+        return Ok(());
+    }
+    println!("token for {name} (shown once; give it to {name}, who keeps it in a file only they can read):");
+    println!("  {token}");
+    println!("the line for the registry's [operators] (it holds only the token's SHA-256), then SIGHUP or restart it:");
+    println!("  {key} = \"{hash}\"");
+    Ok(())
+}
+
 fn print_check(service: &str, file: Option<PathBuf>, lines: Vec<String>) -> anyhow::Result<()> {
     let source = file.map_or("defaults and environment".to_owned(), |f| f.display().to_string());
     println!("{service} configuration OK: {source}");
