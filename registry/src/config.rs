@@ -160,7 +160,7 @@ impl RegistryConfig {
                 self.retire_grace_ms
             );
         }
-        self.operator_hashes()?;
+        OperatorTokens::new(self.operator_hashes()?)?;
         Ok(())
     }
 
@@ -312,9 +312,14 @@ mod tests {
         );
 
         // A token in clear, as configurations held them before, is refused with what to do instead.
-        let said =
-            format!("{:#}", load(dir.path(), "development = true\n[operators]\nalice = \"0123456789abcdef0123\"\n").unwrap_err());
-        assert!(said.contains("operators.alice is not a token hash") && said.contains("idgen registry token"), "{said}");
+        let said = format!(
+            "{:#}",
+            load(dir.path(), "development = true\n[operators]\nalice = \"0123456789abcdef0123\"\n").unwrap_err()
+        );
+        assert!(
+            said.contains("operators.alice is not a token hash") && said.contains("idgen registry token"),
+            "{said}"
+        );
 
         // One token for two operators: refused at load, naming both.
         let said = format!(

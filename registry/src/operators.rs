@@ -117,8 +117,8 @@ impl OperatorTokens {
     /// matches, so the time taken says nothing about which.
     pub fn operator(&self, token: &str) -> Option<String> {
         let presented = TokenHash::of(token);
-        let mut found = None;
-        for (hash, name) in self.operators.load().iter() {
+        let (operators, mut found) = (self.operators.load(), None);
+        for (hash, name) in operators.iter() {
             if hash.same(&presented) {
                 found = Some(name);
             }

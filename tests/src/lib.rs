@@ -269,7 +269,8 @@ impl RegistryProcess {
         // The operator's token as an operator gets one: from `idgen registry token`, its hash in
         // the configuration.
         let made: Value = serde_json::from_str(&idgen(&["registry", "token", "--name", "e2e", "--json"]).await?)?;
-        let (token, line) = (made["token"].as_str().context("token")?.to_owned(), made["config"].as_str().context("config")?);
+        let (token, line) =
+            (made["token"].as_str().context("token")?.to_owned(), made["config"].as_str().context("config")?);
         let config = tempfile::Builder::new().suffix(".toml").tempfile()?;
         std::fs::write(
             config.path(),

@@ -16,7 +16,8 @@ struct Made {
 }
 
 async fn token(name: &str) -> Made {
-    let made: Value = serde_json::from_str(&idgen(&["registry", "token", "--name", name, "--json"]).await.unwrap()).unwrap();
+    let made: Value =
+        serde_json::from_str(&idgen(&["registry", "token", "--name", name, "--json"]).await.unwrap()).unwrap();
     assert_eq!(made["name"], name);
     let (token, hash) = (made["token"].as_str().unwrap(), made["hash"].as_str().unwrap());
     assert!(token.starts_with("idgen_op_") && token.len() == 9 + 64, "{made}");
@@ -55,12 +56,15 @@ async fn the_configuration_holds_hashes_a_removed_token_stops_at_sighup_and_a_sh
     // The human-readable form prints the token once and the line for [operators].
     let text = idgen(&["registry", "token", "--name", "carol"]).await.unwrap();
     assert!(text.contains("idgen_op_") && text.contains("carol = \"sha256:"), "{text}");
-    let bad_name = std::process::Command::new(idgen_bin()).args(["registry", "token", "--name", "a b"]).output().unwrap();
+    let bad_name =
+        std::process::Command::new(idgen_bin()).args(["registry", "token", "--name", "a b"]).output().unwrap();
     assert_eq!(bad_name.status.code(), Some(2), "{bad_name:?}");
 
     std::fs::write(&path, config(dir.path(), &[&alice.line])).unwrap();
     let (mut registry, url) =
-        start_idgen(&["registry", "--config", path.to_str().unwrap()], &[], "idgen-registry listening on ").await.unwrap();
+        start_idgen(&["registry", "--config", path.to_str().unwrap()], &[], "idgen-registry listening on ")
+            .await
+            .unwrap();
     let client = reqwest::Client::new();
     assert_eq!(add_region(&client, &url, &alice.token, "us-east-1").await, 201);
     assert_eq!(add_region(&client, &url, &bob.token, "eu-west-1").await, 401, "bob is not configured yet");

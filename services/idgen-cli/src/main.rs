@@ -311,17 +311,19 @@ fn operator_token(name: &str, json: bool) -> anyhow::Result<()> {
     // The name becomes a TOML key as written; a bare key keeps that line copyable as printed.
     let bare = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if !bare || name.contains('.') && name.split('.').any(str::is_empty) || name.len() > 64 {
-        return Err(Usage(format!(
-            "--name {name:?}: an operator's name is 1 to 64 letters, digits, `.`, `_` or `-`"
-        ))
-        .into());
+        return Err(
+            Usage(format!("--name {name:?}: an operator's name is 1 to 64 letters, digits, `.`, `_` or `-`")).into()
+        );
     }
     let token = idgen_registry::operators::new_token()?;
     let hash = idgen_registry::operators::TokenHash::of(&token);
     // A dotted name is a nested key in TOML: quote it.
     let key = if name.contains('.') { format!("\"{name}\"") } else { name.to_owned() };
     if json {
-        println!("{}", serde_json::json!({"name": name, "token": token, "hash": hash.to_string(), "config": format!("{key} = \"{hash}\"")}));
+        println!(
+            "{}",
+            serde_json::json!({"name": name, "token": token, "hash": hash.to_string(), "config": format!("{key} = \"{hash}\"")})
+        );
         return Ok(());
     }
     println!("token for {name} (shown once; give it to {name}, who keeps it in a file only they can read):");
