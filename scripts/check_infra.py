@@ -102,7 +102,16 @@ CONFIGS = [  # (template, launch template, heredoc marker, repository file)
     ("global.yaml", "RegistryLaunchTemplate", "IDGEN_EOF_CONFIG", "infra/config/registry.toml"),
     ("global.yaml", "PublicIdsLaunchTemplate", "IDGEN_EOF_CONFIG", "infra/config/public-ids.toml"),
 ]
-SHARED_SCRIPTS = ["IDGEN_EOF_HEALTH_PROXY", "IDGEN_EOF_TLS_FETCH"]
+SHARED_SCRIPTS = ["IDGEN_EOF_TLS_FETCH"]
+# The unit each launch template writes, in its IDGEN_EOF_UNIT heredoc, beside its configuration.
+UNITS = [  # (template, launch template)
+    ("regional.yaml", "WorkerLaunchTemplate"),
+    ("global.yaml", "RegistryLaunchTemplate"),
+    ("global.yaml", "PublicIdsLaunchTemplate"),
+]
+# What a unit's LimitNOFILE must leave beyond the two listeners' connections (service port and
+# health port, each up to [limits] max_connections): the database pool, the lease store, logs.
+OTHER_FILES = 1024
 
 
 class Failed(Exception):
@@ -311,6 +320,13 @@ def code_facts(root):
     grace = re.search(r"impl Default for ListenerSection.*?shutdown_grace_ms:\s*([\d_]+)", worker, re.S)
     require(grace, "idgen-worker config.rs: no shutdown_grace_ms default")
     facts["shutdown_grace_ms"] = rust_number(grace.group(1))
+
+    limits_rs = root / "services/idgen-server/src/limits.rs"
+    require(limits_rs.exists(), "services/idgen-server/src/limits.rs is missing: no connection cap to size LimitNOFILE by")
+    limits = limits_rs.read_text()
+    cap = re.search(r"impl Default for LimitsSection.*?max_connections:\s*([\d_]+)", limits, re.S)
+    require(cap, "idgen-server limits.rs: no max_connections default")
+    facts["max_connections"] = rust_number(cap.group(1))
     return facts
 
 
@@ -696,7 +712,55 @@ def main():
             require(ours == theirs, "they differ: " + diff(ours, theirs))
             return f"{sum(1 for _ in leaves(theirs))} settings"
 
-    @check("the health proxy and the TLS fetcher are the same on every host")
+    def rendered_config(template_name, launch):
+        text = embedded_file(templates[template_name], template_name, launch, "IDGEN_EOF_CONFIG")
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise Failed(f"{launch}: its configuration is not TOML: {error}")
+
+    def port_of(address, what):
+        match = re.fullmatch(r"[^\s]+:(\d+)", str(address))
+        require(match, f"{what} {address!r} is not host:port")
+        return int(match.group(1))
+
+    @check("every NLB health check reaches its service's own plain health listener (health_listen), and no host runs a health proxy")
+    def _():
+        found = []
+        for template_name, launch, _marker, _file in CONFIGS:
+            template = templates[template_name]
+            config = rendered_config(template_name, launch)
+            listen = port_of(config.get("listen"), f"{launch} listen")
+            require("health_listen" in config, f"{launch}: the configuration sets no health_listen, the NLB's health check has nothing to reach")
+            health = port_of(config["health_listen"], f"{launch} health_listen")
+            require(health != listen, f"{launch}: health_listen shares the service's port {listen}")
+            groups = [(name, body["Properties"]) for name, body in resources(template, "AWS::ElasticLoadBalancingV2::TargetGroup").items()
+                      if number(template, body["Properties"]["Port"]) == listen]
+            require(len(groups) == 1, f"{launch}: {len(groups)} target groups forward to port {listen} (expected one)")
+            (name, props), = groups
+            checked = number(template, props.get("HealthCheckPort", props["Port"]))
+            require(checked == health, f"{name}: health checks port {checked}, {launch}'s health_listen is {health}")
+            script = user_data(template, launch)
+            require("health-proxy" not in script and "HEALTH_PROXY" not in script, f"{launch}: the user data still installs a health proxy")
+            found.append(f"{name} -> {health}")
+        return ", ".join(found)
+
+    @check("every service unit's LimitNOFILE is above twice its [limits] max_connections plus its other files")
+    def _():
+        default_cap = facts["max_connections"]
+        found = []
+        for template_name, launch in UNITS:
+            unit = embedded_file(templates[template_name], template_name, launch, "IDGEN_EOF_UNIT")
+            limit = re.search(r"^LimitNOFILE=(\d+)$", unit, re.M)
+            require(limit, f"{launch}: its unit sets no LimitNOFILE (the default soft limit, 1024, is below the connection cap)")
+            config = rendered_config(template_name, launch)
+            cap = int(config.get("limits", {}).get("max_connections", default_cap))
+            need = 2 * cap + OTHER_FILES
+            require(int(limit.group(1)) >= need, f"{launch}: LimitNOFILE={limit.group(1)} < 2 x {cap} + {OTHER_FILES}")
+            found.append(f"{launch} {limit.group(1)} >= {need}")
+        return ", ".join(found)
+
+    @check("the TLS fetcher is the same on every host")
     def _():
         for marker in SHARED_SCRIPTS:
             copies = {(n, lt): heredoc(user_data(t, lt), marker)

@@ -23,6 +23,10 @@ pub struct RegistryConfig {
     /// ([`RegistryConfig::missing_for_production`]), and never initializes a database itself.
     pub development: bool,
     pub listen: SocketAddr,
+    /// The plain health listener, if any: its own port, no TLS, only `GET /healthz` (the same
+    /// answer as the registry's own `/healthz`), for a load balancer that cannot present a
+    /// client certificate.
+    pub health_listen: Option<SocketAddr>,
     /// `postgres://…` in production; unset in development: `sqlite://.idgen/registry.db`.
     pub database_url: Option<String>,
     /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
@@ -53,6 +57,8 @@ pub struct RegistryConfig {
     /// Callers whose client certificate makes them operators (by the identity it names), as an
     /// alternative to a bearer token. Needs `tls.client_ca`.
     pub certificate_operators: std::collections::BTreeSet<String>,
+    /// What a peer may hold of each listener: a connection cap and the deadlines.
+    pub limits: idgen_server::LimitsSection,
 }
 
 impl Default for RegistryConfig {
@@ -60,6 +66,7 @@ impl Default for RegistryConfig {
         RegistryConfig {
             development: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
+            health_listen: None,
             database_url: None,
             sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             home_region: None,
@@ -71,6 +78,7 @@ impl Default for RegistryConfig {
             tls: idgen_server::TlsSection::default(),
             quotas: idgen_server::QuotaSection::default(),
             certificate_operators: std::collections::BTreeSet::new(),
+            limits: idgen_server::LimitsSection::default(),
         }
     }
 }
@@ -136,6 +144,8 @@ impl RegistryConfig {
         idgen::config::refuse_missing_for("registry", self.missing_for_production())?;
         self.tls.validate()?;
         self.quotas.validate()?;
+        self.limits.validate()?;
+        idgen_server::limits::validate_health_listen(self.listen, self.health_listen)?;
         if !self.certificate_operators.is_empty() && !self.tls.mutual() {
             bail!("certificate_operators needs tls.client_ca: without mutual TLS no caller is identified");
         }
@@ -192,6 +202,8 @@ impl RegistryConfig {
             ),
             format!("operators: {tokens} by bearer token, {} by client certificate", self.certificate_operators.len()),
             format!("listener: {listener} on {}", self.listen),
+            idgen_server::limits::describe_health_listen(self.health_listen),
+            self.limits.describe(),
         ])
     }
 

@@ -136,6 +136,8 @@ impl WorkerSpec {
 pub struct WorkerProcess {
     pub name: String,
     pub url: String,
+    /// The plain health listener's URL, with `health_listen` set.
+    pub health_url: Option<String>,
     pub child: Child,
     _config: tempfile::NamedTempFile,
 }
@@ -144,13 +146,14 @@ impl WorkerProcess {
     pub async fn start(spec: &WorkerSpec) -> anyhow::Result<WorkerProcess> {
         let config = tempfile::Builder::new().suffix(".toml").tempfile()?;
         std::fs::write(config.path(), spec.toml())?;
-        let (child, url) = start_idgen(
+        let (child, line) = start_idgen_line(
             &["worker", "--config", config.path().to_str().context("config path")?],
             &spec.env,
             "idgen-worker listening on ",
         )
         .await?;
-        Ok(WorkerProcess { name: spec.name.clone(), url, child, _config: config })
+        let (url, health_url) = urls_of(&line)?;
+        Ok(WorkerProcess { name: spec.name.clone(), url, health_url, child, _config: config })
     }
 
     pub fn pid(&self) -> i32 {
@@ -224,6 +227,20 @@ pub async fn start_public_ids(dir: &Path, config: &str) -> anyhow::Result<(Child
 
 /// Starts `idgen <args>` and waits for the line `<ready><url> …` on its stdout.
 pub async fn start_idgen(args: &[&str], env: &[(String, String)], ready: &str) -> anyhow::Result<(Child, String)> {
+    let (child, line) = start_idgen_line(args, env, ready).await?;
+    Ok((child, urls_of(&line)?.0))
+}
+
+/// The service's URL and its health listener's (` health=<url>`), from the rest of its start-up line.
+pub fn urls_of(line: &str) -> anyhow::Result<(String, Option<String>)> {
+    let url = line.split_whitespace().next().context("no URL on the start-up line")?.to_owned();
+    let health = line.split_whitespace().find_map(|word| word.strip_prefix("health=")).map(str::to_owned);
+    Ok((url, health))
+}
+
+/// Starts `idgen <args>`, waits for the line `<ready>…` on its stdout, and returns what follows
+/// `<ready>` on it.
+pub async fn start_idgen_line(args: &[&str], env: &[(String, String)], ready: &str) -> anyhow::Result<(Child, String)> {
     let mut child = Command::new(idgen_bin())
         .args(args)
         .env("RUST_LOG", "warn")
@@ -237,10 +254,10 @@ pub async fn start_idgen(args: &[&str], env: &[(String, String)], ready: &str) -
     let stdout = child.stdout.take().context("stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let ready = ready.to_owned();
-    let url = tokio::time::timeout(Duration::from_secs(30), async {
+    let line = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await? {
             if let Some(rest) = line.strip_prefix(&ready) {
-                return Ok::<_, std::io::Error>(rest.split_whitespace().next().map(str::to_owned));
+                return Ok::<_, std::io::Error>(Some(rest.to_owned()));
             }
         }
         Ok(None)
@@ -250,12 +267,14 @@ pub async fn start_idgen(args: &[&str], env: &[(String, String)], ready: &str) -
     .with_context(|| format!("idgen {args:?} exited before listening"))?;
     // Keep draining stdout so the process never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, url))
+    Ok((child, line))
 }
 
 /// A running `idgen registry` process.
 pub struct RegistryProcess {
     pub url: String,
+    /// The plain health listener's URL, with `health_listen` set.
+    pub health_url: Option<String>,
     pub child: Child,
     pub token: String,
     _config: tempfile::NamedTempFile,
@@ -279,13 +298,14 @@ impl RegistryProcess {
                 dir.path().join("registry.db").display()
             ),
         )?;
-        let (child, url) = start_idgen(
+        let (child, line) = start_idgen_line(
             &["registry", "--config", config.path().to_str().context("path")?],
             &[],
             "idgen-registry listening on ",
         )
         .await?;
-        Ok(RegistryProcess { url, child, token, _config: config, _dir: dir })
+        let (url, health_url) = urls_of(&line)?;
+        Ok(RegistryProcess { url, health_url, child, token, _config: config, _dir: dir })
     }
 
     pub async fn add_region(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<u32> {

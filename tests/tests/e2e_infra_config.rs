@@ -70,6 +70,8 @@ fn every_production_example_passes_check_config() {
         "DynamoDB in eu-west-1",
         "mutual TLS on 0.0.0.0:8080",
         "must be synchronized",
+        "health listener: plain HTTP on 0.0.0.0:8081, GET /healthz only",
+        "limits: at most 4096 connections per listener; deadlines: TLS handshake 5000 ms, headers 5000 ms, body 10000 ms, idle 75000 ms",
     ] {
         assert!(said.contains(expected), "worker check does not say {expected:?}:\n{said}");
     }
@@ -83,6 +85,8 @@ fn every_production_example_passes_check_config() {
         "database: PostgreSQL at postgres://",
         "home region: us-east-1",
         "mutual TLS on 0.0.0.0:8700",
+        "health listener: plain HTTP on 0.0.0.0:9700",
+        "limits: at most 4096 connections per listener",
     ] {
         assert!(said.contains(expected), "registry check does not say {expected:?}:\n{said}");
     }
@@ -96,6 +100,8 @@ fn every_production_example_passes_check_config() {
         "database: PostgreSQL",
         "KMS: key arn:aws:kms:",
         "mutual TLS on 0.0.0.0:8709",
+        "health listener: plain HTTP on 0.0.0.0:9709",
+        "limits: at most 4096 connections per listener",
     ] {
         assert!(said.contains(expected), "public-ID check does not say {expected:?}:\n{said}");
     }
@@ -115,6 +121,18 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
     let out = check(&["worker"], &no_region);
     assert!(!out.status.success(), "a worker without a region passed:\n{}", text(&out));
     assert!(text(&out).contains("region"), "the refusal does not name the region:\n{}", text(&out));
+
+    // A connection cap of 0, a deadline switched off, a health port on the service port: refused, named.
+    for (change, named) in [
+        (("max_connections = 4096", "max_connections = 0"), "limits.max_connections"),
+        (("idle_timeout_ms = 75000", "idle_timeout_ms = 0"), "limits.idle_timeout_ms"),
+        (("health_listen = \"0.0.0.0:8081\"", "health_listen = \"0.0.0.0:8080\""), "health_listen"),
+    ] {
+        let broken = example(dir.path(), &tls, "worker.toml", |t| t.replace(change.0, change.1));
+        let out = check(&["worker"], &broken);
+        assert!(!out.status.success(), "{change:?} passed:\n{}", text(&out));
+        assert!(text(&out).contains(named), "the refusal of {change:?} does not name {named}:\n{}", text(&out));
+    }
 
     // A misspelt key in the registry: refused, the key named.
     let misspelt = example(dir.path(), &tls, "registry.toml", |t| t.replace("horizon_lead_ms", "horizon_lead"));

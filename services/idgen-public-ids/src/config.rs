@@ -19,6 +19,10 @@ pub struct PublicIdsConfig {
     /// initializes a database or makes a data key by itself.
     pub development: bool,
     pub listen: SocketAddr,
+    /// The plain health listener, if any: its own port, no TLS, only `GET /healthz` (the same
+    /// answer as the service's own `/healthz`), for a load balancer that cannot present a client
+    /// certificate.
+    pub health_listen: Option<SocketAddr>,
     /// `postgres://…` in production; unset in development: `sqlite://.idgen/public-ids.db`.
     pub database_url: Option<String>,
     /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
@@ -41,6 +45,8 @@ pub struct PublicIdsConfig {
     /// How often KMS is probed (`Decrypt` of every stored data key version, as a start does;
     /// `idgen_public_kms_up`), in ms. Only with a `[kms]` key.
     pub kms_probe_ms: u64,
+    /// What a peer may hold of each listener: a connection cap and the deadlines.
+    pub limits: idgen_server::LimitsSection,
 }
 
 /// The shortest probe interval either probe takes: a probe is a health check, not load.
@@ -68,6 +74,7 @@ impl Default for PublicIdsConfig {
         PublicIdsConfig {
             development: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 8709)),
+            health_listen: None,
             database_url: None,
             sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             formats: ["opaque", "uuidv7", "encrypted"].map(String::from).to_vec(),
@@ -77,6 +84,7 @@ impl Default for PublicIdsConfig {
             quotas: idgen_server::QuotaSection::default(),
             database_probe_ms: 15_000,
             kms_probe_ms: 300_000,
+            limits: idgen_server::LimitsSection::default(),
         }
     }
 }
@@ -165,7 +173,9 @@ impl PublicIdsConfig {
             }
         }
         self.tls.validate()?;
-        self.quotas.validate()
+        self.quotas.validate()?;
+        self.limits.validate()?;
+        idgen_server::limits::validate_health_listen(self.listen, self.health_listen)
     }
 
     /// `--check-config`: the TLS files load (the rest was validated when loaded); returns what
@@ -194,6 +204,8 @@ impl PublicIdsConfig {
             format!("formats: {}", self.formats.join(", ")),
             format!("KMS: {kms}"),
             format!("listener: {listener} on {}", self.listen),
+            idgen_server::limits::describe_health_listen(self.health_listen),
+            self.limits.describe(),
         ])
     }
 }

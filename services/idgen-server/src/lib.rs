@@ -1,15 +1,18 @@
 //! What every idgen listener shares (the worker, the registry, the public-ID service): TLS and
 //! mutual TLS with reload on SIGHUP, the caller's identity taken once per connection at the
-//! handshake, per-caller quotas, and the accept loop with its graceful shutdown.
+//! handshake, per-caller quotas, the accept loop with its graceful shutdown, and the `[limits]`
+//! every listener holds its peers to (a connection cap and a deadline on every wait).
 //!
 //! A connection's caller reaches the service built for that connection ([`serve()`] calls a
 //! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
 //! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
 
+mod connection;
 #[cfg(feature = "database")]
 pub mod database;
 pub mod http_metrics;
 pub mod identity;
+pub mod limits;
 pub mod pki;
 pub mod quota;
 pub mod repoll;
@@ -25,8 +28,9 @@ use axum::response::Response;
 pub use http_metrics::ServiceMetrics;
 pub use identity::{ANONYMOUS, Caller};
 pub use idgen::tls::ClientTlsSection;
+pub use limits::LimitsSection;
 pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};
-pub use serve::{ServerMetrics, serve};
+pub use serve::{ServerMetrics, serve, serve_health};
 pub use tls::{Tls, TlsSection};
 
 /// The answer of a route to a method it does not take, the same in every service: 405

@@ -1,7 +1,9 @@
 //! The accept loop every idgen listener runs: plain HTTP (development, every caller `anonymous`)
 //! or TLS, with the caller's identity taken once at the handshake and handed to the service made
-//! for that connection; HTTP/1.1 with keep-alive; and a graceful shutdown that stops accepting,
-//! lets in-flight requests finish within a grace period, then returns.
+//! for that connection; HTTP/1.1 with keep-alive; the `[limits]` of every listener (a cap on open
+//! connections, over which a connection is accepted and closed at once; a handshake deadline;
+//! the deadlines of `connection`); and a graceful shutdown that stops accepting, lets in-flight
+//! requests finish within a grace period, then returns.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,25 +19,48 @@ use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
-use crate::{Caller, Tls};
-
-/// How long a client may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::connection::{Activity, ActivityIo, Guarded};
+use crate::{Caller, LimitsSection, Tls};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
 
-/// TLS handshakes completed, and refused by reason.
+/// Which listener of the process: the service's own port, or its plain health port.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabel {
+    listener: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeadlineLabel {
+    listener: &'static str,
+    deadline: &'static str,
+}
+
+/// The listeners a process runs: `service` (its port, plain or TLS) and `health` (the plain
+/// health port the load balancer checks).
+const LISTENERS: [&str; 2] = ["service", "health"];
+
+/// Every deadline a connection is closed by (`[limits]`).
+const DEADLINES: [&str; 4] = ["handshake", "idle", "header_read", "body_read"];
+
+/// TLS handshakes completed, and refused by reason; connections open, refused over the cap, and
+/// closed by a deadline, per listener.
 #[derive(Default)]
 pub struct ServerMetrics {
     handshakes: Counter,
     handshake_failures: Family<ReasonLabel, Counter>,
+    connections_open: Family<ListenerLabel, Gauge>,
+    connections_refused: Family<ListenerLabel, Counter>,
+    connections_timed_out: Family<DeadlineLabel, Counter>,
 }
 
 /// Every reason a handshake is counted under, so each series exists at 0 from the start.
@@ -65,6 +90,33 @@ impl ServerMetrics {
             "TLS handshakes refused or failed, by reason",
             self.handshake_failures.clone(),
         );
+        for listener in LISTENERS {
+            let _ = self.connections_open.get_or_create(&ListenerLabel { listener });
+            let _ = self.connections_refused.get_or_create(&ListenerLabel { listener });
+            for deadline in DEADLINES {
+                let _ = self.connections_timed_out.get_or_create(&DeadlineLabel { listener, deadline });
+            }
+        }
+        registry.register(
+            "idgen_connections_open",
+            "Connections open (limits.max_connections per listener), by listener",
+            self.connections_open.clone(),
+        );
+        registry.register(
+            "idgen_connections_refused",
+            "Connections closed at once because the listener had limits.max_connections open, by listener",
+            self.connections_refused.clone(),
+        );
+        registry.register(
+            "idgen_connections_timed_out",
+            "Connections closed because the peer let a deadline of [limits] pass, by listener and deadline",
+            self.connections_timed_out.clone(),
+        );
+    }
+
+    fn timed_out(&self, listener: &'static str, deadline: &'static str) {
+        debug_assert!(DEADLINES.contains(&deadline), "deadline {deadline} is not in DEADLINES");
+        self.connections_timed_out.get_or_create(&DeadlineLabel { listener, deadline }).inc();
     }
 
     fn failed(&self, reason: &'static str) {
@@ -96,7 +148,7 @@ fn reason(error: &std::io::Error) -> &'static str {
 
 /// Serves connections from `listener` until `shutdown` resolves, then stops accepting and waits up
 /// to `grace` for open connections to finish their requests. `make_service` builds the service of
-/// one connection from its caller.
+/// one connection from its caller. `limits` bounds what peers may hold (see the module).
 pub async fn serve<M, S>(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
@@ -104,6 +156,103 @@ pub async fn serve<M, S>(
     shutdown: impl Future<Output = ()> + Send,
     grace: Duration,
     metrics: Arc<ServerMetrics>,
+    limits: LimitsSection,
+) -> anyhow::Result<()>
+where
+    M: Fn(Caller) -> S + Clone + Send + 'static,
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let listening = Listening { name: "service", limits, metrics };
+    accept_loop(listening, listener, tls, make_service, shutdown, grace).await
+}
+
+/// A service's plain health listener (`health_listen`): no TLS, so that a load balancer, which
+/// cannot present a client certificate, can check it; `service` routes `GET /healthz` and
+/// answers everything else 404. Same `limits` as the service's port, with a cap of its own, so
+/// that neither port's peers can use up the other's.
+pub async fn serve_health<S>(
+    listener: TcpListener,
+    service: S,
+    shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
+    metrics: Arc<ServerMetrics>,
+    limits: LimitsSection,
+) -> anyhow::Result<()>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let listening = Listening { name: "health", limits, metrics };
+    accept_loop(listening, listener, None, move |_| service.clone(), shutdown, grace).await
+}
+
+/// `shutdown` split for a service's two listeners: the first future resolves when `shutdown`
+/// does, the second once the first has (so the first must be polled: it is the service port's).
+/// The health port stops accepting at the moment the service port does.
+pub fn shared_shutdown(
+    shutdown: impl Future<Output = ()> + Send,
+) -> (impl Future<Output = ()> + Send, impl Future<Output = ()> + Send + 'static) {
+    let (stop, mut stopped) = tokio::sync::watch::channel(());
+    let first = async move {
+        shutdown.await;
+        drop(stop);
+    };
+    // Nothing is ever sent: `changed` returns when the sender is dropped.
+    let second = async move {
+        let _ = stopped.changed().await;
+    };
+    (first, second)
+}
+
+/// Binds `health_listen`, if set.
+pub async fn bind_health(health_listen: Option<std::net::SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
+    use anyhow::Context;
+    match health_listen {
+        Some(address) => {
+            Ok(Some(TcpListener::bind(address).await.with_context(|| format!("binding health_listen {address}"))?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// What a service's start-up line adds for its health listener: ` health=http://<address>`, or
+/// nothing.
+pub fn health_suffix(health: Option<&TcpListener>) -> std::io::Result<String> {
+    Ok(match health {
+        Some(health) => format!(" health=http://{}", health.local_addr()?),
+        None => String::new(),
+    })
+}
+
+/// One listener's name (the `listener` label), limits and metrics.
+#[derive(Clone)]
+struct Listening {
+    name: &'static str,
+    limits: LimitsSection,
+    metrics: Arc<ServerMetrics>,
+}
+
+/// A connection counted among the open ones: its permit under the cap, and the gauge, both given
+/// back when it closes.
+struct Open {
+    _permit: OwnedSemaphorePermit,
+    gauge: Gauge,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+async fn accept_loop<M, S>(
+    listening: Listening,
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    make_service: M,
+    shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
 ) -> anyhow::Result<()>
 where
     M: Fn(Caller) -> S + Clone + Send + 'static,
@@ -112,6 +261,12 @@ where
 {
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let capacity = Arc::new(Semaphore::new(listening.limits.max_connections));
+    let label = ListenerLabel { listener: listening.name };
+    let (open, refused) = (
+        listening.metrics.connections_open.get_or_create(&label).clone(),
+        listening.metrics.connections_refused.get_or_create(&label).clone(),
+    );
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -125,18 +280,33 @@ where
             },
             _ = &mut shutdown => break,
         };
+        // Over the cap: closed at once (accepting it takes it off the kernel's queue, where it
+        // would wait unanswered), counted, and nothing is spent on it.
+        let Ok(permit) = capacity.clone().try_acquire_owned() else {
+            refused.inc();
+            drop(stream);
+            continue;
+        };
+        open.inc();
+        let held = Open { _permit: permit, gauge: open.clone() };
         let _ = stream.set_nodelay(true);
         let watcher = graceful.watcher();
+        let listening = listening.clone();
         match &tls {
             None => {
                 let service = make_service(Caller::anonymous());
-                tokio::spawn(async move { serve_connection(watcher, TokioIo::new(stream), service).await });
+                tokio::spawn(async move {
+                    serve_connection(watcher, stream, service, &listening).await;
+                    drop(held);
+                });
             }
             Some(tls) => {
-                let (acceptor, mutual, metrics) = (tls.acceptor(), tls.mutual(), metrics.clone());
+                let (acceptor, mutual) = (tls.acceptor(), tls.mutual());
                 let make_service = make_service.clone();
                 tokio::spawn(async move {
-                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    let metrics = &listening.metrics;
+                    let handshake = acceptor.accept(stream);
+                    let stream = match tokio::time::timeout(listening.limits.handshake_timeout(), handshake).await {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(error)) => {
                             metrics.failed(reason(&error));
@@ -145,6 +315,7 @@ where
                         }
                         Err(_) => {
                             metrics.failed("timeout");
+                            metrics.timed_out(listening.name, "handshake");
                             return;
                         }
                     };
@@ -164,7 +335,8 @@ where
                         None => Caller::anonymous(),
                     };
                     metrics.handshakes.inc();
-                    serve_connection(watcher, TokioIo::new(stream), make_service(caller)).await
+                    serve_connection(watcher, stream, make_service(caller), &listening).await;
+                    drop(held);
                 });
             }
         }
@@ -176,19 +348,42 @@ where
     Ok(())
 }
 
-/// One HTTP/1.1 connection, watched for the graceful shutdown.
-async fn serve_connection<I, S>(watcher: hyper_util::server::graceful::Watcher, io: TokioIo<I>, service: S)
-where
+/// One HTTP/1.1 connection, watched for the graceful shutdown, and closed when a peer lets one of
+/// the deadlines of `connection` pass.
+async fn serve_connection<I, S>(
+    watcher: hyper_util::server::graceful::Watcher,
+    io: I,
+    service: S,
+    listening: &Listening,
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    let service =
-        TowerToHyperService::new(service.map_request(|request: Request<hyper::body::Incoming>| request.map(Body::new)));
-    let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    let activity = Activity::new(&listening.limits);
+    let (bodies, answers) = (activity.clone(), activity.clone());
+    let service = service
+        .map_request(move |request: Request<hyper::body::Incoming>| {
+            request.map(|body| Body::new(bodies.request_body(body)))
+        })
+        .map_future(move |answer: S::Future| {
+            let activity = answers.clone();
+            async move {
+                let response = answer.await;
+                activity.response_ready();
+                response
+            }
+        });
+    let io = TokioIo::new(ActivityIo::new(io, activity.clone()));
+    let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, TowerToHyperService::new(service));
     // Polled again at once when it wakes itself (see `repoll`): one trip through the scheduler
     // less for every request with a body.
-    if let Err(error) = crate::repoll::Repoll::new(watcher.watch(connection)).await {
-        tracing::debug!(%error, "connection ended with an error");
+    match crate::repoll::Repoll::new(Guarded::new(watcher.watch(connection), activity)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!(%error, "connection ended with an error"),
+        Err(deadline) => {
+            listening.metrics.timed_out(listening.name, deadline.label());
+            tracing::debug!(deadline = deadline.label(), "closing a connection whose peer let a deadline pass");
+        }
     }
 }

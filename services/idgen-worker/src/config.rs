@@ -2,7 +2,7 @@
 //!
 //! Everything about the generator (region, registry, leases, clock) is the library's
 //! [`GeneratorConfig`], the same keys an embedded generator reads; the worker adds its listener:
-//! `listen`, `shutdown_grace_ms`, `[tls]` and `[quotas]`. Environment variables override the
+//! `listen`, `health_listen`, `shutdown_grace_ms`, `[tls]`, `[quotas]` and `[limits]`. Environment variables override the
 //! file: `IDGEN_WORKER_LISTEN=127.0.0.1:9000`, `IDGEN_WORKER_LEASE__FENCE_MS=5000` (a double
 //! underscore enters a section).
 
@@ -12,18 +12,22 @@ use std::path::Path;
 
 use anyhow::Context;
 use idgen::config::{GeneratorConfig, Role};
-use idgen_server::{QuotaSection, TlsSection};
+use idgen_server::{LimitsSection, QuotaSection, TlsSection};
 use serde::Deserialize;
 
 pub use idgen::config::{StoreKind, development_defaults};
 
 /// The keys of the configuration that are the worker's own; every other key is the generator's.
-const WORKER_KEYS: [&str; 4] = ["listen", "shutdown_grace_ms", "tls", "quotas"];
+const WORKER_KEYS: [&str; 6] = ["listen", "health_listen", "shutdown_grace_ms", "tls", "quotas", "limits"];
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// Address to listen on; port 0 picks a free port (printed at start-up).
     pub listen: SocketAddr,
+    /// The plain health listener, if any: its own port, no TLS, only `GET /healthz` (the same
+    /// answer as the worker's own `/healthz`), for a load balancer that cannot present a client
+    /// certificate.
+    pub health_listen: Option<SocketAddr>,
     /// How long to let in-flight requests finish on shutdown before releasing the lease anyway.
     pub shutdown_grace_ms: u64,
     /// The listener's certificate and key, and the CA of client certificates (mutual TLS, the
@@ -31,6 +35,8 @@ pub struct WorkerConfig {
     pub tls: TlsSection,
     /// IDs per second per caller; re-read on SIGHUP.
     pub quotas: QuotaSection,
+    /// What a peer may hold of each listener: a connection cap and the deadlines.
+    pub limits: LimitsSection,
     /// The generator the worker serves (its role: fleet, machine numbers 0–63 by default).
     pub generator: GeneratorConfig,
 }
@@ -40,18 +46,22 @@ pub struct WorkerConfig {
 #[serde(deny_unknown_fields, default)]
 struct ListenerSection {
     listen: SocketAddr,
+    health_listen: Option<SocketAddr>,
     shutdown_grace_ms: u64,
     tls: TlsSection,
     quotas: QuotaSection,
+    limits: LimitsSection,
 }
 
 impl Default for ListenerSection {
     fn default() -> Self {
         ListenerSection {
             listen: SocketAddr::from(([127, 0, 0, 1], 8701)),
+            health_listen: None,
             shutdown_grace_ms: 10_000,
             tls: TlsSection::default(),
             quotas: QuotaSection::default(),
+            limits: LimitsSection::default(),
         }
     }
 }
@@ -78,12 +88,15 @@ impl Default for WorkerConfig {
 impl WorkerConfig {
     /// The worker's defaults around `generator`, which becomes a fleet generator.
     pub fn with(generator: GeneratorConfig) -> Self {
-        let ListenerSection { listen, shutdown_grace_ms, tls, quotas } = ListenerSection::default();
+        let ListenerSection { listen, health_listen, shutdown_grace_ms, tls, quotas, limits } =
+            ListenerSection::default();
         WorkerConfig {
             listen,
+            health_listen,
             shutdown_grace_ms,
             tls,
             quotas,
+            limits,
             generator: GeneratorConfig { role: Role::Fleet, ..generator },
         }
     }
@@ -110,12 +123,14 @@ impl WorkerConfig {
         let own: ListenerSection = table(own).try_deserialize().context("parsing the worker configuration")?;
         let generator: GeneratorConfig =
             table(generator).try_deserialize().context("parsing the worker configuration")?;
-        let ListenerSection { listen, shutdown_grace_ms, tls, quotas } = own;
+        let ListenerSection { listen, health_listen, shutdown_grace_ms, tls, quotas, limits } = own;
         let config = WorkerConfig {
             listen,
+            health_listen,
             shutdown_grace_ms,
             tls,
             quotas,
+            limits,
             generator: GeneratorConfig { role: Role::Fleet, ..generator },
         };
         config.validate()?;
@@ -174,6 +189,8 @@ impl WorkerConfig {
                 }
             ),
             format!("listener: {} on {}", listener, self.listen),
+            idgen_server::limits::describe_health_listen(self.health_listen),
+            self.limits.describe(),
         ])
     }
 
@@ -182,6 +199,8 @@ impl WorkerConfig {
         self.generator.validate_settings()?;
         self.tls.validate()?;
         self.quotas.validate()?;
+        self.limits.validate()?;
+        idgen_server::limits::validate_health_listen(self.listen, self.health_listen)?;
         Ok(())
     }
 }

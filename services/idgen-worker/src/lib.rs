@@ -2,7 +2,7 @@
 //! [`EmbeddedGenerator`], exactly as any embedder runs it (registry, schedule copy, lease
 //! keepers, pre-claim all live there). The request path touches memory only.
 //!
-//! `router(state)` and `run(listener, state, shutdown)` are what tests use in-process;
+//! `router(state)` is what tests use in-process;
 //! [`Worker`] is what `idgen worker` and `idgen-worker` run: built from a validated
 //! [`WorkerConfig`], it serves until shutdown, lets in-flight requests finish, then shuts the
 //! generator down, which releases the leases.
@@ -62,6 +62,9 @@ pub struct App {
     router: Router,
     /// The caller of the connection this service answers (`anonymous` over plain HTTP).
     caller: Caller,
+    /// Whether `POST /v1/ids` is answered here (not on the health port, which routes
+    /// `GET /healthz` alone).
+    issues: bool,
 }
 
 impl App {
@@ -89,7 +92,7 @@ impl tower::Service<axum::extract::Request> for App {
             let elapsed = start.elapsed().as_secs_f64();
             state.http_metrics.record(route, &method, response.status().as_u16(), elapsed);
         };
-        if route == ROUTES[0] {
+        if self.issues && route == ROUTES[0] {
             let (state, caller) = (self.state.clone(), self.caller.clone());
             Box::pin(async move {
                 let response = api::single_id(&state, &caller, request).await;
@@ -121,22 +124,19 @@ pub fn router(state: AppState) -> App {
         .route(openapi, idgen_server::openapi_route(api::OPENAPI))
         .fallback(api::not_found)
         .with_state(state.clone());
-    App { state, router, caller: Caller::anonymous() }
+    App { state, router, caller: Caller::anonymous(), issues: true }
 }
 
-/// Serves until `shutdown` resolves, then stops accepting and waits up to `grace` for in-flight
-/// requests to finish. With `tls`, every connection handshakes first and its caller is the one
-/// its client certificate names.
-pub async fn run(
-    listener: TcpListener,
-    state: AppState,
-    tls: Option<Arc<Tls>>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    grace: Duration,
-    server_metrics: Arc<ServerMetrics>,
-) -> anyhow::Result<()> {
-    let app = router(state);
-    idgen_server::serve(listener, tls, move |caller| app.for_caller(caller), shutdown, grace, server_metrics).await
+/// The worker's health listener: `GET /healthz` (the worker's own answer, counted in the same
+/// request metrics) and nothing else.
+pub fn health_router(state: AppState) -> App {
+    use idgen_server::not_allowed;
+    let healthz = ROUTES[4];
+    let router = Router::new()
+        .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
+        .fallback(api::not_found)
+        .with_state(state.clone());
+    App { state, router, caller: Caller::anonymous(), issues: false }
 }
 
 pub use idgen::open_lease_store;
@@ -157,7 +157,10 @@ pub struct Worker {
     pub listener: TcpListener,
     /// The TLS configuration in force (re-read on SIGHUP), if the listener uses TLS.
     pub tls: Option<Arc<Tls>>,
+    /// The plain health listener (`health_listen`), bound.
+    pub health: Option<TcpListener>,
     server_metrics: Arc<ServerMetrics>,
+    limits: idgen_server::LimitsSection,
     grace: Duration,
 }
 
@@ -186,6 +189,7 @@ impl Worker {
         };
         // The port first: a worker that cannot serve must not take a machine number with it.
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        let health = idgen_server::serve::bind_health(config.health_listen).await?;
         let options = StartOptions {
             process_start_unix_ms: Some(process_start_unix_ms),
             stores,
@@ -209,15 +213,38 @@ impl Worker {
             embedded,
             listener,
             tls,
+            health,
             server_metrics,
+            limits: config.limits,
             grace: Duration::from_millis(config.shutdown_grace_ms),
         })
     }
 
-    /// Serves until `shutdown` resolves; then finishes in-flight requests and releases the leases.
+    /// Serves until `shutdown` resolves (with the health listener, if there is one); then stops
+    /// accepting, lets in-flight requests finish within the grace period, and releases the leases.
+    /// With `[tls]`, every connection handshakes first and its caller is the one its client
+    /// certificate names.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Worker { state, embedded, listener, tls, server_metrics, grace } = self;
-        let served = run(listener, state, tls, shutdown, grace, server_metrics).await;
+        let Worker { state, embedded, listener, tls, health, server_metrics, limits, grace } = self;
+        let app = router(state.clone());
+        let (shutdown, health_shutdown) = idgen_server::serve::shared_shutdown(shutdown);
+        let make = move |caller| app.for_caller(caller);
+        let serving = idgen_server::serve(listener, tls, make, shutdown, grace, server_metrics.clone(), limits);
+        let served = match health {
+            None => serving.await,
+            Some(health) => {
+                let checking = idgen_server::serve_health(
+                    health,
+                    health_router(state),
+                    health_shutdown,
+                    grace,
+                    server_metrics,
+                    limits,
+                );
+                let (served, checked) = tokio::join!(serving, checking);
+                served.and(checked)
+            }
+        };
         if let Err(error) = embedded.shutdown().await {
             tracing::error!(error = format!("{error:#}"), "releasing the leases");
         }
@@ -247,8 +274,9 @@ pub async fn main_with(config: WorkerConfig, config_file: Option<std::path::Path
     // One line on stdout that scripts and tests read to find the port.
     let scheme = if worker.tls.is_some() { "https" } else { "http" };
     let mode = if config.development { " mode=development" } else { "" };
+    let health = idgen_server::serve::health_suffix(worker.health.as_ref())?;
     println!(
-        "idgen-worker listening on {scheme}://{address} region={} holder={}{mode}",
+        "idgen-worker listening on {scheme}://{address} region={} holder={}{mode}{health}",
         config.region(),
         worker.state.holder
     );

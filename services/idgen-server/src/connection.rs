@@ -1,0 +1,278 @@
+//! The deadlines of one HTTP/1.1 connection, after its TLS handshake: how long it may wait for
+//! the first byte of a request (`idle`), for the rest of that request's headers (`header_read`),
+//! and for its body (`body_read`). Whichever passes first closes the connection.
+//!
+//! hyper 1.x has a header-read timer, but it starts when the connection becomes ready for a
+//! request and ends with the request's headers: one window for the quiet time between requests
+//! and the headers together, and nothing for the body. The three waits are told apart here, each
+//! with its own setting and its own count when it fires.
+//!
+//! Every change of phase happens inside the connection's own poll (a read from the socket, hyper
+//! calling the service, the service reading its body, the service's future finishing), so the
+//! [`Guarded`] future around the connection reads the phase after each poll of it and keeps one
+//! timer armed at the current deadline. Nothing wakes the task for a change of phase: a wake from
+//! inside the connection's poll would send it round the scheduler once more per request (see
+//! `repoll`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::LimitsSection;
+
+/// The deadline that closed a connection (the `deadline` label of
+/// `idgen_connections_timed_out_total`; the TLS handshake's is `handshake`, in `serve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    Idle,
+    HeaderRead,
+    BodyRead,
+}
+
+impl Deadline {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Deadline::Idle => "idle",
+            Deadline::HeaderRead => "header_read",
+            Deadline::BodyRead => "body_read",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Waiting for the first byte of a request, since the connection opened or its last
+    /// response was written.
+    Idle { since: Instant },
+    /// A request's first bytes have come, its headers are not complete.
+    Head { since: Instant },
+    /// The service has the request; its body (if it has one still coming) must end by then.
+    Request { body_due: Option<Instant> },
+}
+
+/// What one connection is waiting for, shared by the socket wrapper, the service wrapper and the
+/// request bodies. Only the connection's own task touches it; the lock is never contended.
+pub(crate) struct Activity {
+    phase: Mutex<Phase>,
+    /// Set while idle: the first read takes the lock to start the header deadline; every other
+    /// read passes with one load.
+    idle: AtomicBool,
+    /// Requests started, so that the body of one request cannot end the body deadline of the next.
+    requests: std::sync::atomic::AtomicU64,
+    idle_timeout: Duration,
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
+}
+
+impl Activity {
+    pub(crate) fn new(limits: &LimitsSection) -> Arc<Activity> {
+        Arc::new(Activity {
+            phase: Mutex::new(Phase::Idle { since: Instant::now() }),
+            idle: AtomicBool::new(true),
+            requests: std::sync::atomic::AtomicU64::new(0),
+            idle_timeout: limits.idle_timeout(),
+            header_read_timeout: limits.header_read_timeout(),
+            body_read_timeout: limits.body_read_timeout(),
+        })
+    }
+
+    fn phase(&self) -> MutexGuard<'_, Phase> {
+        // A panic elsewhere while holding this lock leaves a phase that is still a phase.
+        self.phase.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Bytes came from the peer.
+    fn read_some(&self) {
+        if !self.idle.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut phase = self.phase();
+        if let Phase::Idle { .. } = *phase {
+            *phase = Phase::Head { since: Instant::now() };
+        }
+        self.idle.store(false, Ordering::Relaxed);
+    }
+
+    /// hyper hands the service a request whose headers are complete: its body, if any is still
+    /// to come, is due within the body deadline.
+    pub(crate) fn request_body(self: &Arc<Self>, body: Incoming) -> RequestBody {
+        let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        let complete = body.is_end_stream();
+        let body_due = (!complete).then(|| Instant::now() + self.body_read_timeout);
+        *self.phase() = Phase::Request { body_due };
+        self.idle.store(false, Ordering::Relaxed);
+        RequestBody { inner: body, open: (!complete).then(|| (self.clone(), number)) }
+    }
+
+    fn body_ended(&self, number: u64) {
+        if self.requests.load(Ordering::Relaxed) != number {
+            return;
+        }
+        if let Phase::Request { body_due } = &mut *self.phase() {
+            *body_due = None;
+        }
+    }
+
+    /// The service has answered: hyper writes the response, then waits for the next request.
+    pub(crate) fn response_ready(&self) {
+        *self.phase() = Phase::Idle { since: Instant::now() };
+        self.idle.store(true, Ordering::Relaxed);
+    }
+
+    /// The deadline in force, if any: none while the service works on a request whose body has
+    /// ended.
+    fn deadline(&self) -> Option<(Instant, Deadline)> {
+        match *self.phase() {
+            Phase::Idle { since } => Some((since + self.idle_timeout, Deadline::Idle)),
+            Phase::Head { since } => Some((since + self.header_read_timeout, Deadline::HeaderRead)),
+            Phase::Request { body_due } => body_due.map(|due| (due, Deadline::BodyRead)),
+        }
+    }
+}
+
+/// The connection's socket (plain or TLS), noting when bytes come from the peer.
+pub(crate) struct ActivityIo<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I> ActivityIo<I> {
+    pub(crate) fn new(inner: I, activity: Arc<Activity>) -> Self {
+        ActivityIo { inner, activity }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for ActivityIo<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            this.activity.read_some();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for ActivityIo<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A request's body as the service sees it: hyper's, ending the body deadline when it ends (or
+/// is dropped unread).
+pub(crate) struct RequestBody {
+    inner: Incoming,
+    /// The connection and the request's number, until the body has ended.
+    open: Option<(Arc<Activity>, u64)>,
+}
+
+impl RequestBody {
+    fn end(&mut self) {
+        if let Some((activity, number)) = self.open.take() {
+            activity.body_ended(number);
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+            this.end();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// A connection that ends with [`Deadline`] when the deadline of its phase passes.
+pub(crate) struct Guarded<F> {
+    connection: Pin<Box<F>>,
+    activity: Arc<Activity>,
+    timer: Pin<Box<Sleep>>,
+    /// When `timer` fires: never later than the deadline in force.
+    armed: Instant,
+}
+
+impl<F: Future> Guarded<F> {
+    pub(crate) fn new(connection: F, activity: Arc<Activity>) -> Self {
+        let armed = activity.deadline().map_or_else(Instant::now, |(at, _)| at);
+        Guarded { connection: Box::pin(connection), activity, timer: Box::pin(tokio::time::sleep_until(armed)), armed }
+    }
+}
+
+impl<F: Future> Future for Guarded<F> {
+    type Output = Result<F::Output, Deadline>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(output) = this.connection.as_mut().poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        loop {
+            // None: the service is working on a request it has read; whatever the timer does
+            // meanwhile, the next poll asks again.
+            let Some((due, deadline)) = this.activity.deadline() else { return Poll::Pending };
+            // A later deadline leaves the timer where it is (one timer operation less per
+            // request); when it fires early, it is set again below.
+            if due < this.armed {
+                this.timer.as_mut().reset(due);
+                this.armed = due;
+            }
+            match this.timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) if due <= Instant::now() => return Poll::Ready(Err(deadline)),
+                Poll::Ready(()) => {
+                    this.timer.as_mut().reset(due);
+                    this.armed = due;
+                }
+            }
+        }
+    }
+}

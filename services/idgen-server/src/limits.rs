@@ -1,0 +1,171 @@
+//! `[limits]`: what one peer may hold of a listener. Every idgen listener (the worker, the
+//! registry, the public-ID service, and each one's plain health listener) reads the same section
+//! and enforces it in [`crate::serve()`]: a cap on open connections, and a deadline on every wait
+//! for a peer (its TLS handshake, a request's headers, its body, the quiet time between two
+//! requests). Without them a peer inside the network holds sockets for as long as it likes, up
+//! to the process's file limit, and the service stops accepting anyone.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+/// The longest any deadline may be set to: an hour. Larger values are typos (extra zeros), and
+/// a wait that long bounds nothing.
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+/// The largest cap: a million connections is past what one process's memory holds; a larger
+/// value is a typo that would make the cap no cap.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
+/// `[limits]`: a cap on connections and a deadline on each wait for a peer, per listener.
+/// Every key has a production default; none can be switched off.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Connections open at once on one listener (the health listener has its own count). A
+    /// connection over the cap is accepted and closed at once, and counted
+    /// (`idgen_connections_refused_total`). Default 4096: each connection costs a file
+    /// descriptor and, idle, a few tens of KiB (read buffer, TLS state), so the cap keeps a flood
+    /// within memory and under the unit's `LimitNOFILE` (sized above twice the cap: the service
+    /// and health listeners, plus the database pool and files), while leaving room for every
+    /// worker of a region keeping a connection to the registry.
+    pub max_connections: usize,
+    /// From accept to a finished TLS handshake (ms). Default 5000: inside one network a handshake
+    /// is a few round trips of well under a millisecond each; the rest is room for a paused peer.
+    pub handshake_timeout_ms: u64,
+    /// From a request's first byte to the end of its headers (ms). Default 5000: a request's
+    /// headers fit in one segment; a peer trickling them is holding the socket, not sending.
+    pub header_read_timeout_ms: u64,
+    /// From the end of a request's headers to the end of its body (ms). Default 10000: every
+    /// request body idgen takes is a small JSON document.
+    pub body_read_timeout_ms: u64,
+    /// How long a connection may wait for the first byte of a request: after it opens (after the
+    /// handshake), and between a response and the next request of a kept-alive connection
+    /// (ms). Default 75000: longer than the idle time after which idgen's own client closes a
+    /// pooled connection (60 s), so that the client closes first and never sends a request on a
+    /// connection the server is closing at that moment.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection {
+            max_connections: 4096,
+            handshake_timeout_ms: 5_000,
+            header_read_timeout_ms: 5_000,
+            body_read_timeout_ms: 10_000,
+            idle_timeout_ms: 75_000,
+        }
+    }
+}
+
+impl LimitsSection {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            bail!(
+                "limits.max_connections must be from 1 to {MAX_CONNECTIONS}, not {} (a listener taking no connection serves nothing)",
+                self.max_connections
+            );
+        }
+        for (key, ms) in self.timeouts() {
+            if !(1..=MAX_TIMEOUT_MS).contains(&ms) {
+                bail!("limits.{key} must be from 1 to {MAX_TIMEOUT_MS} (ms), not {ms}");
+            }
+        }
+        Ok(())
+    }
+
+    fn timeouts(&self) -> [(&'static str, u64); 4] {
+        [
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+        ]
+    }
+
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    /// The `--check-config` line: what every listener of the service enforces.
+    pub fn describe(&self) -> String {
+        format!(
+            "limits: at most {} connections per listener; deadlines: TLS handshake {} ms, headers {} ms, body {} ms, idle {} ms",
+            self.max_connections,
+            self.handshake_timeout_ms,
+            self.header_read_timeout_ms,
+            self.body_read_timeout_ms,
+            self.idle_timeout_ms
+        )
+    }
+}
+
+/// `health_listen` beside `listen`: a port of its own (port 0, as tests use, picks one each).
+pub fn validate_health_listen(listen: SocketAddr, health_listen: Option<SocketAddr>) -> anyhow::Result<()> {
+    match health_listen {
+        Some(health)
+            if health.port() != 0
+                && health.port() == listen.port()
+                && (health.ip() == listen.ip() || health.ip().is_unspecified() || listen.ip().is_unspecified()) =>
+        {
+            bail!("health_listen {health} takes listen's port ({listen}): the health listener needs a port of its own")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The `--check-config` line of the health listener.
+pub fn describe_health_listen(health_listen: Option<SocketAddr>) -> String {
+    match health_listen {
+        Some(address) => format!("health listener: plain HTTP on {address}, GET /healthz only, the same [limits]"),
+        None => "health listener: none (health_listen unset)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_nothing_can_be_switched_off() {
+        LimitsSection::default().validate().unwrap();
+        let zero_cap = LimitsSection { max_connections: 0, ..Default::default() };
+        assert!(format!("{:#}", zero_cap.validate().unwrap_err()).contains("max_connections"));
+        for key in ["handshake_timeout_ms", "header_read_timeout_ms", "body_read_timeout_ms", "idle_timeout_ms"] {
+            for ms in [0, MAX_TIMEOUT_MS + 1] {
+                let mut limits = LimitsSection::default();
+                match key {
+                    "handshake_timeout_ms" => limits.handshake_timeout_ms = ms,
+                    "header_read_timeout_ms" => limits.header_read_timeout_ms = ms,
+                    "body_read_timeout_ms" => limits.body_read_timeout_ms = ms,
+                    _ => limits.idle_timeout_ms = ms,
+                }
+                let error = format!("{:#}", limits.validate().unwrap_err());
+                assert!(error.contains(key), "{key} = {ms}: {error}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_section_names_only_known_keys() {
+        let parsed: LimitsSection = serde_json::from_str(r#"{"max_connections": 10}"#).unwrap();
+        assert_eq!(parsed, LimitsSection { max_connections: 10, ..Default::default() });
+        let unknown = serde_json::from_str::<LimitsSection>(r#"{"max_connection": 10}"#).unwrap_err();
+        assert!(unknown.to_string().contains("max_connection"), "{unknown}");
+    }
+}

@@ -1,0 +1,504 @@
+//! Hostile peers against every real listener (the worker, the registry, the public-ID service),
+//! each with a small `[limits]`: well over the cap of slow connections (half a request's headers,
+//! a body trickled a byte at a time, a kept-alive connection left silent, a connection that never
+//! sends a byte, and over TLS handshakes left unfinished). The connections over the cap are
+//! closed at once and counted; every one let in is closed by its own deadline, not before it and
+//! not much after; and a client already connected is answered all along (its p99 is printed
+//! beside the same requests' without the slow peers).
+//!
+//! And the plain health listener: `GET /healthz` without a client certificate while the service
+//! port refuses a handshake without one, and nothing else routed there.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use idgen_e2e::{RegistryProcess, WorkerProcess, WorkerSpec, start_idgen_line, urls_of};
+use idgen_server::pki::DevCa;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The cap of every listener under test.
+const CAP: usize = 16;
+/// Every deadline, in ms: long enough that a refused connection (closed at once) is never taken
+/// for one closed by its deadline.
+const DEADLINE_MS: u64 = 2_000;
+/// How late after its deadline a slow connection may be closed (a loaded two-core machine).
+const LATE: Duration = Duration::from_millis(2_500);
+/// A connection closed sooner than this after it was opened was refused at the door.
+const AT_ONCE: Duration = Duration::from_millis(1_000);
+/// Slow connections of each kind: together well over the cap.
+const EACH: usize = 10;
+
+fn limits_section() -> String {
+    format!(
+        "[limits]\nmax_connections = {CAP}\nhandshake_timeout_ms = {DEADLINE_MS}\nheader_read_timeout_ms = {DEADLINE_MS}\n\
+         body_read_timeout_ms = {DEADLINE_MS}\nidle_timeout_ms = {DEADLINE_MS}\n"
+    )
+}
+
+/// A development CA, a server certificate for 127.0.0.1 and a client certificate, on disk.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DevCa::new("idgen e2e CA").unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.ca_pem()).unwrap();
+        ca.server(&["127.0.0.1", "localhost"]).unwrap().write(dir.path(), "server").unwrap();
+        ca.client("orders").unwrap().write(dir.path(), "orders").unwrap();
+        Pki { dir }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn tls_section(&self) -> String {
+        format!(
+            "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+            self.path("server.pem"),
+            self.path("server-key.pem"),
+            self.path("ca.pem")
+        )
+    }
+
+    /// A client trusting the CA, with the client certificate or without one.
+    fn client(&self, certificate: bool) -> reqwest::Client {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(self.path("ca.pem")).unwrap()).unwrap();
+        let mut builder = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .pool_max_idle_per_host(1)
+            .timeout(Duration::from_secs(10));
+        if certificate {
+            let mut pem = std::fs::read(self.path("orders.pem")).unwrap();
+            pem.extend(std::fs::read(self.path("orders-key.pem")).unwrap());
+            builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+        }
+        builder.build().unwrap()
+    }
+}
+
+fn plain_client() -> reqwest::Client {
+    reqwest::Client::builder().pool_max_idle_per_host(1).timeout(Duration::from_secs(10)).build().unwrap()
+}
+
+/// One service under test: how to reach it, and a request whose handler reads its body.
+struct Service {
+    name: &'static str,
+    url: String,
+    health_url: Option<String>,
+    /// A path whose handler reads the request body (for the trickled body), and the headers it
+    /// needs to get that far.
+    body_path: &'static str,
+    body_headers: String,
+    client: reqwest::Client,
+    /// Kept for the process's lifetime.
+    _process: Box<dyn std::any::Any + Send>,
+}
+
+impl Service {
+    fn address(&self) -> String {
+        self.url.rsplit("//").next().unwrap().trim_end_matches('/').to_owned()
+    }
+
+    async fn metrics(&self) -> String {
+        self.client.get(format!("{}/metrics", self.url)).send().await.unwrap().text().await.unwrap()
+    }
+}
+
+async fn worker(work: &Path, sections: String, extra: &str, client: reqwest::Client) -> Service {
+    let mut spec = WorkerSpec::short_lease("hostile", &work.join("leases.db"));
+    (spec.lease_ms, spec.renew_interval_ms, spec.fence_ms) = (60_000, 2_000, 500);
+    spec.extra = extra.to_owned();
+    spec.sections = sections;
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    worker.wait_ready(&client, Duration::from_secs(20)).await.unwrap();
+    Service {
+        name: "worker",
+        url: worker.url.clone(),
+        health_url: worker.health_url.clone(),
+        body_path: "/v1/ids:batch",
+        body_headers: String::new(),
+        client,
+        _process: Box::new(worker),
+    }
+}
+
+async fn registry(extra: &str, client: reqwest::Client) -> Service {
+    let registry = RegistryProcess::start(extra).await.unwrap();
+    Service {
+        name: "registry",
+        url: registry.url.clone(),
+        health_url: registry.health_url.clone(),
+        // Adding a region: the operator is checked first, then the body is read.
+        body_path: "/v1/regions",
+        body_headers: format!("Authorization: Bearer {}\r\n", registry.token),
+        client,
+        _process: Box::new(registry),
+    }
+}
+
+async fn public_ids(dir: &Path, extra: &str, client: reqwest::Client) -> Service {
+    let path = dir.join("public-ids.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nformats = [\"opaque\"]\n{extra}",
+            dir.join("public-ids.db").display()
+        ),
+    )
+    .unwrap();
+    let (child, line) = start_idgen_line(
+        &["public", "serve", "--config", path.to_str().unwrap()],
+        &[],
+        "idgen-public-ids listening on ",
+    )
+    .await
+    .unwrap();
+    let (url, health_url) = urls_of(&line).unwrap();
+    Service {
+        name: "public-ID service",
+        url,
+        health_url,
+        body_path: "/v1/public-ids",
+        body_headers: String::new(),
+        client,
+        _process: Box::new(child),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slow {
+    /// Connects and sends nothing: the idle deadline (plain) or the handshake's (TLS).
+    Silent,
+    /// Half of a request's headers, then nothing.
+    HalfHeaders,
+    /// Whole headers announcing a body of 1000 bytes, then one byte of it every 200 ms.
+    TrickledBody,
+    /// One whole request, its response read, then nothing.
+    IdleKeepAlive,
+    /// The first bytes of a TLS ClientHello, then nothing.
+    UnfinishedHandshake,
+}
+
+impl Slow {
+    /// The deadline that must close it, as `idgen_connections_timed_out_total` names it.
+    fn deadline(self, tls: bool) -> &'static str {
+        match self {
+            Slow::Silent if tls => "handshake",
+            Slow::UnfinishedHandshake => "handshake",
+            Slow::Silent | Slow::IdleKeepAlive => "idle",
+            Slow::HalfHeaders => "header_read",
+            Slow::TrickledBody => "body_read",
+        }
+    }
+}
+
+/// How a slow connection ended: closed at once (refused over the cap), or after `held` counted
+/// from the moment its deadline started.
+#[derive(Debug)]
+struct Ended {
+    kind: Slow,
+    refused: bool,
+    held: Duration,
+}
+
+/// Reads until the server closes the connection (EOF or reset); `None` if it is still open at `until`.
+async fn closed_by(stream: &mut TcpStream, until: Instant) -> Option<Instant> {
+    let mut buffer = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buffer)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(Instant::now()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+/// Reads one whole response (headers and a Content-Length body); false if the connection closed first.
+async fn read_response(stream: &mut TcpStream) -> bool {
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map_or(0, |value| value.trim().parse().unwrap());
+            if seen.len() >= end + 4 + length {
+                return true;
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return false,
+            Ok(Ok(n)) => seen.extend_from_slice(&buffer[..n]),
+            Err(_) => panic!("no response within 10 s"),
+        }
+    }
+}
+
+/// One slow peer of `kind` against `service`; returns once the server has closed it, or panics
+/// if it is still open well after its deadline.
+async fn slow_peer(address: String, kind: Slow, body_path: &'static str, body_headers: String) -> Ended {
+    let mut stream = TcpStream::connect(&address).await.unwrap();
+    let opened = Instant::now();
+    let deadline = Duration::from_millis(DEADLINE_MS);
+    let give_up = opened + deadline + LATE + Duration::from_secs(2);
+    let refused_or = |closed: Option<Instant>, from: Instant| -> Ended {
+        let closed = closed.unwrap_or_else(|| panic!("{kind:?} still open {:?} after its deadline", LATE));
+        Ended { kind, refused: closed - opened < AT_ONCE, held: closed - from }
+    };
+    match kind {
+        Slow::Silent => {
+            let closed = closed_by(&mut stream, give_up).await;
+            refused_or(closed, opened)
+        }
+        Slow::HalfHeaders => {
+            let _ = stream.write_all(b"POST /v1/ids HTTP/1.1\r\nHost: idgen\r\nContent-Ty").await;
+            let sent = Instant::now();
+            let closed = closed_by(&mut stream, give_up).await;
+            refused_or(closed, sent)
+        }
+        Slow::UnfinishedHandshake => {
+            // A handshake record announcing 512 bytes, and the first four of a ClientHello.
+            let _ = stream.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc]).await;
+            let closed = closed_by(&mut stream, give_up).await;
+            refused_or(closed, opened)
+        }
+        Slow::IdleKeepAlive => {
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\n\r\n").await;
+            if !read_response(&mut stream).await {
+                return refused_or(Some(Instant::now()), opened);
+            }
+            let answered = Instant::now();
+            let closed = closed_by(&mut stream, answered + deadline + LATE + Duration::from_secs(2)).await;
+            let closed = closed.unwrap_or_else(|| panic!("{kind:?} still open {LATE:?} after its deadline"));
+            Ended { kind, refused: false, held: closed - answered }
+        }
+        Slow::TrickledBody => {
+            let head = format!(
+                "POST {body_path} HTTP/1.1\r\nHost: idgen\r\n{body_headers}Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let sent = Instant::now();
+            loop {
+                let closed = closed_by(&mut stream, Instant::now() + Duration::from_millis(200)).await;
+                if closed.is_some() {
+                    return refused_or(closed, sent);
+                }
+                if Instant::now() > give_up {
+                    panic!("{kind:?} still open {LATE:?} after its deadline");
+                }
+                if stream.write_all(b" ").await.is_err() {
+                    return refused_or(Some(Instant::now()), sent);
+                }
+            }
+        }
+    }
+}
+
+fn p99(mut latencies: Vec<Duration>) -> Duration {
+    latencies.sort();
+    latencies[(latencies.len() * 99).div_ceil(100) - 1]
+}
+
+/// `GET /healthz` on the client's kept-alive connection for `length`, every 5 ms: every answer
+/// must come, and its latency is noted.
+async fn normal_requests(service: &Service, length: Duration) -> Vec<Duration> {
+    let url = format!("{}/healthz", service.url);
+    let end = Instant::now() + length;
+    let mut latencies = Vec::new();
+    while Instant::now() < end {
+        let start = Instant::now();
+        let response = service.client.get(&url).send().await.unwrap_or_else(|error| {
+            panic!("{}: a connected client's request failed among the slow peers: {error}", service.name)
+        });
+        let status = response.status().as_u16();
+        response.bytes().await.unwrap();
+        latencies.push(start.elapsed());
+        assert!(status == 200, "{}: /healthz answered {status}", service.name);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    latencies
+}
+
+/// The value of the series `name` with exactly these labels.
+fn series(text: &str, name: &str) -> f64 {
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no series {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Slow peers of `kinds`, `EACH` of each, interleaved, against `service`; checks and prints.
+async fn besiege(service: Service, kinds: &[Slow], tls: bool) {
+    // The connected client: its connection is open before the slow peers come.
+    let length = Duration::from_millis(DEADLINE_MS * 6 / 10);
+    let baseline = normal_requests(&service, length).await;
+
+    let address = service.address();
+    let mut peers = Vec::new();
+    for _ in 0..EACH {
+        for &kind in kinds {
+            let (address, headers) = (address.clone(), service.body_headers.clone());
+            peers.push(tokio::spawn(slow_peer(address, kind, service.body_path, headers)));
+            // Connected in order, so that the first ones in are the ones let in.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let besieged = normal_requests(&service, length).await;
+    let mut ended = Vec::new();
+    for peer in peers {
+        ended.push(peer.await.unwrap());
+    }
+
+    let total = ended.len();
+    let refused = ended.iter().filter(|e| e.refused).count();
+    // The client holds one of the cap's connections; the slow peers get the rest.
+    assert_eq!(total - refused, CAP - 1, "{}: slow connections let in (cap {CAP}): {ended:?}", service.name);
+    let deadline = Duration::from_millis(DEADLINE_MS);
+    for end in ended.iter().filter(|e| !e.refused) {
+        assert!(
+            end.held + Duration::from_millis(50) >= deadline && end.held <= deadline + LATE,
+            "{}: {:?} closed after {:?}, its deadline is {deadline:?}",
+            service.name,
+            end.kind,
+            end.held
+        );
+    }
+    let text = service.metrics().await;
+    assert_eq!(
+        series(&text, "idgen_connections_refused_total{listener=\"service\"}") as usize,
+        refused,
+        "{}: refusals counted",
+        service.name
+    );
+    for &kind in kinds {
+        let closed = ended.iter().filter(|e| !e.refused && e.kind == kind).count();
+        let name =
+            format!("idgen_connections_timed_out_total{{listener=\"service\",deadline=\"{}\"}}", kind.deadline(tls));
+        let others = kinds.iter().filter(|k| **k != kind && k.deadline(tls) == kind.deadline(tls)).count();
+        let counted = series(&text, &name) as usize;
+        // The connected client's own connection may have gone idle and closed since.
+        assert!(counted >= closed, "{}: {name} is {counted}, {closed} {kind:?} closed by it", service.name);
+        if others == 0 && kind.deadline(tls) != "idle" {
+            assert_eq!(counted, closed, "{}: {name}", service.name);
+        }
+    }
+    assert!(series(&text, "idgen_connections_open{listener=\"service\"}") <= 2.0, "{}: open connections", service.name);
+    let (before, during) = (p99(baseline.clone()), p99(besieged.clone()));
+    println!(
+        "{} ({}): {total} slow connections, {refused} closed at once over the cap of {CAP}, {} closed by their deadlines; \
+         a connected client's GET /healthz p99 {before:?} alone ({} requests), {during:?} among them ({} requests)",
+        service.name,
+        if tls { "TLS" } else { "plain" },
+        total - refused,
+        baseline.len(),
+        besieged.len()
+    );
+}
+
+const PLAIN_KINDS: [Slow; 4] = [Slow::Silent, Slow::HalfHeaders, Slow::TrickledBody, Slow::IdleKeepAlive];
+const TLS_KINDS: [Slow; 2] = [Slow::Silent, Slow::UnfinishedHandshake];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_the_worker_bounds_what_slow_peers_hold() {
+    let work = tempfile::tempdir().unwrap();
+    besiege(worker(work.path(), limits_section(), "", plain_client()).await, &PLAIN_KINDS, false).await;
+    let pki = Pki::new();
+    let sections = format!("{}{}", pki.tls_section(), limits_section());
+    let tls = worker(work.path(), sections, "", pki.client(true)).await;
+    besiege(tls, &TLS_KINDS, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_the_registry_bounds_what_slow_peers_hold() {
+    besiege(registry(&limits_section(), plain_client()).await, &PLAIN_KINDS, false).await;
+    let pki = Pki::new();
+    let tls = registry(&format!("{}{}", pki.tls_section(), limits_section()), pki.client(true)).await;
+    besiege(tls, &TLS_KINDS, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_the_public_id_service_bounds_what_slow_peers_hold() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = work.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    besiege(public_ids(&plain, &limits_section(), plain_client()).await, &PLAIN_KINDS, false).await;
+    let pki = Pki::new();
+    let with_tls = work.path().join("tls");
+    std::fs::create_dir(&with_tls).unwrap();
+    let tls = public_ids(&with_tls, &format!("{}{}", pki.tls_section(), limits_section()), pki.client(true)).await;
+    besiege(tls, &TLS_KINDS, true).await;
+}
+
+/// The health port answers `GET /healthz` as the service port does, to a caller without a
+/// certificate, while the service port refuses that caller's handshake; everything else on the
+/// health port is refused with a JSON error.
+async fn health_port_alone(service: Service, pki: &Pki) {
+    let health =
+        service.health_url.clone().unwrap_or_else(|| panic!("{}: no health= on its start-up line", service.name));
+    assert!(health.starts_with("http://"), "{health}");
+    let anonymous = pki.client(false);
+    let refused = anonymous.get(format!("{}/healthz", service.url)).send().await;
+    assert!(
+        refused.is_err(),
+        "{}: the service port answered a caller without a certificate: {refused:?}",
+        service.name
+    );
+
+    let main = service.client.get(format!("{}/healthz", service.url)).send().await.unwrap();
+    let main_status = main.status();
+    let main_body: serde_json::Value = main.json().await.unwrap();
+    let plain = plain_client();
+    let checked = plain.get(format!("{health}/healthz")).send().await.unwrap();
+    assert_eq!(checked.status(), main_status, "{}: the health port's status", service.name);
+    let body: serde_json::Value = checked.json().await.unwrap();
+    assert_eq!(body["status"], main_body["status"], "{}: {body} against {main_body}", service.name);
+
+    for (method, path, status) in [
+        ("GET", "/metrics", 404),
+        ("GET", "/openapi.json", 404),
+        ("GET", "/v1/ids", 404),
+        ("POST", "/v1/ids", 404),
+        ("GET", "/v1/regions", 404),
+        ("GET", "/v1/public-ids/abc", 404),
+        ("GET", "/", 404),
+        ("POST", "/healthz", 405),
+        ("DELETE", "/healthz", 405),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let answer = plain.request(method.clone(), format!("{health}{path}")).send().await.unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{}: {method} {path} on the health port", service.name);
+        let error: serde_json::Value = answer.json().await.unwrap();
+        assert!(error["error"]["code"].is_string(), "{}: {method} {path}: {error}", service.name);
+    }
+
+    // The health port keeps the limits too: a silent connection is closed by the idle deadline.
+    let address = health.trim_start_matches("http://").to_owned();
+    let ended = slow_peer(address, Slow::Silent, "/healthz", String::new()).await;
+    assert!(!ended.refused && ended.held <= Duration::from_millis(DEADLINE_MS) + LATE, "{ended:?}");
+    let text = service.metrics().await;
+    assert!(series(&text, "idgen_connections_timed_out_total{listener=\"health\",deadline=\"idle\"}") >= 1.0);
+    println!("{}: GET /healthz on the plain health port without a certificate; nothing else there", service.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_the_health_port_answers_healthz_alone_without_a_certificate() {
+    let pki = Pki::new();
+    let work = tempfile::tempdir().unwrap();
+    let health = "health_listen = \"127.0.0.1:0\"\n";
+    let sections = format!("{}{}", pki.tls_section(), limits_section());
+    health_port_alone(worker(work.path(), sections.clone(), health, pki.client(true)).await, &pki).await;
+    health_port_alone(registry(&format!("{health}{sections}"), pki.client(true)).await, &pki).await;
+    let dir = work.path().join("public");
+    std::fs::create_dir(&dir).unwrap();
+    health_port_alone(public_ids(&dir, &format!("{health}{sections}"), pki.client(true)).await, &pki).await;
+}
