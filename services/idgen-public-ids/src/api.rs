@@ -13,9 +13,10 @@ use serde_json::{Map, Value, json};
 
 use idgen_server::{Caller, Quotas};
 
+use crate::access::{Access, Forbidden, Operation};
 use crate::body::{self, only_fields, parse_format, parse_internal_id};
-use crate::format::{self, Format, Keyring};
-use crate::store::{Mapping, PublicIdStore};
+use crate::format::{self, Format, Keyring, RandomSource, RandomSourceMetrics};
+use crate::store::{CreateError, Mapping, PublicIdStore};
 
 const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const MAX_BATCH: usize = 1_000;
@@ -29,6 +30,12 @@ pub struct AppState {
     pub quotas: Arc<Quotas>,
     /// The formats this deployment offers (`formats` in the configuration).
     pub formats: Arc<[Format]>,
+    /// Who may create, resolve and look up (`[access]`), checked before any other work.
+    pub access: Arc<Access>,
+    /// Where opaque and UUIDv7 public IDs draw their random bits (the OS CSPRNG in service).
+    pub random: Arc<dyn RandomSource>,
+    /// Creates refused because `random` failed.
+    pub random_failures: Arc<RandomSourceMetrics>,
 }
 
 #[derive(Debug)]
@@ -72,6 +79,20 @@ impl ApiError {
             retry_after_secs: Some(over.retry_after_secs),
         }
     }
+    /// The caller is not listed for this operation (and format): 403, before any other work.
+    fn forbidden(refused: Forbidden) -> Self {
+        ApiError { status: StatusCode::FORBIDDEN, code: "forbidden", message: refused.message, retry_after_secs: None }
+    }
+    /// The random source failed: no public ID is made from bits that may be predictable.
+    fn random_unavailable(format: Format, error: format::RandomUnavailable) -> Self {
+        tracing::error!(%error, format = format.as_str(), "public-ID random source");
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "random_source_unavailable",
+            message: "the random source public IDs are drawn from is unavailable; nothing was created".into(),
+            retry_after_secs: Some(1),
+        }
+    }
     fn storage(error: sqlx::Error) -> Self {
         tracing::error!(%error, "public-ID storage");
         ApiError {
@@ -94,6 +115,12 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Refuses `caller` 403 unless `[access]` lets it do `operation` (in `format`; with none, in
+/// some format).
+fn authorize(state: &AppState, caller: &Caller, operation: Operation, format: Option<Format>) -> Result<(), ApiError> {
+    state.access.check(caller, operation, format).map_err(ApiError::forbidden)
+}
+
 /// Admits `n` public IDs for `caller`, counting them as served if admitted.
 fn admit(state: &AppState, caller: &Caller, n: u32) -> Result<(), ApiError> {
     state.quotas.admit(caller, n).map_err(ApiError::over_quota)?;
@@ -106,20 +133,6 @@ async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
         .await
         .map_err(|_| ApiError::bad(format!("request body is larger than {MAX_BODY_BYTES} bytes")))?;
     Ok(body::parse_object(&bytes)?)
-}
-
-fn new_uuidv7() -> String {
-    let mut seed = [0u8; 12];
-    // If the OS generator fails we still have a time-ordered, mostly unique UUID; but it never
-    // fails on Linux after boot.
-    let _ = getrandom::fill(&mut seed);
-    let counter = u64::from_le_bytes(seed[..8].try_into().expect("8"));
-    let tail = u32::from_le_bytes(seed[8..].try_into().expect("4"));
-    uuid::format(&uuid::new_v7(idgen::system_unix_ms(), counter, tail))
-}
-
-fn new_opaque() -> String {
-    format::new_opaque().expect("the operating system's random source is available")
 }
 
 /// Creates (or finds) the public IDs of `ids` in `format`.
@@ -160,11 +173,20 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                 })
                 .collect()
         }
-        Format::Opaque => {
-            state.store.create_batch(ids, format, &new_opaque, idgen::system_unix_ms()).await.map_err(ApiError::storage)
-        }
-        Format::Uuidv7 => {
-            state.store.create_batch(ids, format, &new_uuidv7, idgen::system_unix_ms()).await.map_err(ApiError::storage)
+        Format::Opaque | Format::Uuidv7 => {
+            let random = state.random.as_ref();
+            let now_ms = idgen::system_unix_ms();
+            let make = move || match format {
+                Format::Uuidv7 => format::new_uuidv7(random, idgen::system_unix_ms()),
+                _ => format::new_opaque(random),
+            };
+            state.store.create_batch(ids, format, &make, now_ms).await.map_err(|error| match error {
+                CreateError::Storage(error) => ApiError::storage(error),
+                CreateError::Random(error) => {
+                    state.random_failures.failed(format);
+                    ApiError::random_unavailable(format, error)
+                }
+            })
         }
     }
 }
@@ -174,11 +196,13 @@ fn mapping_json(m: &Mapping) -> Value {
 }
 
 pub async fn create(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
+    authorize(&state, &caller, Operation::Create, None)?;
     let body = json_object(body).await?;
     only_fields(&body, &["internal_id", "format"])?;
+    let format = parse_format(body.get("format"))?;
+    authorize(&state, &caller, Operation::Create, Some(format))?;
     admit(&state, &caller, 1)?;
     let id = parse_internal_id(body.get("internal_id").ok_or_else(|| ApiError::bad("internal_id is required"))?)?;
-    let format = parse_format(body.get("format"))?;
     let mapping = map_ids(&state, &[id], format).await?.remove(0);
     // Encrypted IDs are computed, never created: always 200.
     let status = if mapping.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -186,8 +210,11 @@ pub async fn create(State(state): State<AppState>, caller: Caller, body: Body) -
 }
 
 pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &caller, Operation::Create, None)?;
     let body = json_object(body).await?;
     only_fields(&body, &["internal_ids", "format"])?;
+    let format = parse_format(body.get("format"))?;
+    authorize(&state, &caller, Operation::Create, Some(format))?;
     let ids = body
         .get("internal_ids")
         .and_then(Value::as_array)
@@ -199,7 +226,6 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
     admit(&state, &caller, ids.len() as u32)?;
     parsed.sort_unstable();
     parsed.dedup();
-    let format = parse_format(body.get("format"))?;
     let mappings = map_ids(&state, &parsed, format).await?;
     let by_id: std::collections::HashMap<u64, &Mapping> = mappings.iter().map(|m| (m.internal_id, m)).collect();
     let ordered: Vec<Value> = ids
@@ -219,18 +245,37 @@ pub async fn resolve(
     caller: Caller,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &caller, Operation::Resolve, None)?;
+    // The format is read from the ID's shape alone (never from whether it exists), so a refusal
+    // for a format tells the caller nothing it did not send.
+    let public_id = path.ok().map(|Path(public_id)| public_id);
+    let shape = public_id.as_deref().and_then(format_of);
+    if let Some(format) = shape {
+        authorize(&state, &caller, Operation::Resolve, Some(format))?;
+    }
     admit(&state, &caller, 1)?;
-    let Ok(Path(public_id)) = path else { return Err(ApiError::not_found()) };
-    let internal = match public_id.len() {
-        28 => state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)),
-        26 if format::is_opaque_text(&public_id) => state.store.resolve(&public_id).await.map_err(ApiError::storage)?,
-        36 if uuid::parse_v7(&public_id).is_ok() => {
+    let Some(public_id) = public_id else { return Err(ApiError::not_found()) };
+    let internal = match shape {
+        Some(Format::Encrypted) => state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)),
+        Some(Format::Opaque) => state.store.resolve(&public_id).await.map_err(ApiError::storage)?,
+        Some(Format::Uuidv7) => {
             state.store.resolve(&public_id.to_ascii_lowercase()).await.map_err(ApiError::storage)?
         }
-        _ => None,
+        None => None,
     };
     let internal = internal.ok_or_else(ApiError::not_found)?;
     Ok(Json(json!({"public_id": public_id, "internal_id": internal.to_string()})))
+}
+
+/// The format a public ID's text has the shape of: 28 characters (encrypted), 26 lowercase
+/// Crockford base32 (opaque) or a UUIDv7; `None` for anything else.
+fn format_of(public_id: &str) -> Option<Format> {
+    match public_id.len() {
+        28 => Some(Format::Encrypted),
+        26 if format::is_opaque_text(public_id) => Some(Format::Opaque),
+        36 if uuid::parse_v7(public_id).is_ok() => Some(Format::Uuidv7),
+        _ => None,
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -244,11 +289,13 @@ pub async fn lookup(
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<FormatQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &caller, Operation::Lookup, None)?;
     let Path(text) = path.map_err(|_| ApiError::bad("the internal ID in the path is not valid UTF-8"))?;
     let Query(query) = query.map_err(|e| ApiError::bad(e.body_text()))?;
+    let format = parse_format(query.format.map(Value::String).as_ref())?;
+    authorize(&state, &caller, Operation::Lookup, Some(format))?;
     admit(&state, &caller, 1)?;
     let id = parse_internal_id(&Value::String(text))?;
-    let format = parse_format(query.format.map(Value::String).as_ref())?;
     let public_id = match format {
         Format::Encrypted => map_ids(&state, &[id], format).await?.remove(0).public_id,
         stored => state.store.lookup(id, stored).await.map_err(ApiError::storage)?.ok_or_else(|| ApiError {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Deserialize;
 
+use crate::access::AccessSection;
 use crate::format::Format;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -40,6 +41,10 @@ pub struct PublicIdsConfig {
     pub tls: idgen_server::TlsSection,
     /// Public IDs created or resolved per second, per caller; re-read on SIGHUP.
     pub quotas: idgen_server::QuotaSection,
+    /// Who may create, resolve and look up public IDs, by caller identity, per operation and
+    /// format ([`crate::access`]); re-read on SIGHUP. Without the section a production service
+    /// answers every such request 403 (nobody is listed), a development one answers everybody.
+    pub access: Option<AccessSection>,
     /// How often the database is probed (`SELECT 1`, `idgen_public_database_up`), in ms.
     pub database_probe_ms: u64,
     /// How often KMS is probed (`Decrypt` of every stored data key version, as a start does;
@@ -82,6 +87,7 @@ impl Default for PublicIdsConfig {
             development_key_file: None,
             tls: idgen_server::TlsSection::default(),
             quotas: idgen_server::QuotaSection::default(),
+            access: None,
             database_probe_ms: 15_000,
             kms_probe_ms: 300_000,
             limits: idgen_server::LimitsSection::default(),
@@ -113,6 +119,9 @@ impl PublicIdsConfig {
                     .separator("__")
                     .list_separator(",")
                     .with_list_parse_key("formats")
+                    .with_list_parse_key("access.create")
+                    .with_list_parse_key("access.resolve")
+                    .with_list_parse_key("access.lookup")
                     .try_parsing(true),
             )
             .build()
@@ -172,6 +181,9 @@ impl PublicIdsConfig {
                 anyhow::bail!("{key} must be at least {MIN_PROBE_MS} (ms), not {ms}");
             }
         }
+        if let Some(access) = &self.access {
+            access.validate(self.development)?;
+        }
         self.tls.validate()?;
         self.quotas.validate()?;
         self.limits.validate()?;
@@ -206,6 +218,7 @@ impl PublicIdsConfig {
             format!("listener: {listener} on {}", self.listen),
             idgen_server::limits::describe_health_listen(self.health_listen),
             self.limits.describe(),
+            format!("access: {}", crate::access::describe(self.access.as_ref(), self.development)),
         ])
     }
 }

@@ -82,11 +82,72 @@ pub fn crockford_decode(text: &str, len: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// 128 bits from the operating system's CSPRNG, as 26 characters.
-pub fn new_opaque() -> Result<String, getrandom::Error> {
+/// Where the random bits of stored public IDs come from: the operating system's CSPRNG
+/// ([`OsRandom`]) in the service. A trait so a test can hand the service a source that fails and
+/// see it refuse: a public ID drawn from a source that failed would be predictable.
+pub trait RandomSource: Send + Sync {
+    fn fill(&self, bytes: &mut [u8]) -> Result<(), RandomUnavailable>;
+}
+
+/// The random source failed: no public ID is made from it (503 `random_source_unavailable`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the random source failed: {0}")]
+pub struct RandomUnavailable(pub String);
+
+/// The operating system's CSPRNG (`getrandom`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OsRandom;
+
+impl RandomSource for OsRandom {
+    fn fill(&self, bytes: &mut [u8]) -> Result<(), RandomUnavailable> {
+        getrandom::fill(bytes).map_err(|error| RandomUnavailable(error.to_string()))
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct FormatLabel {
+    format: &'static str,
+}
+
+/// Creates refused because the random source failed, by format (opaque, uuidv7: the formats
+/// that draw random bits); each series exists, at 0, from the start.
+#[derive(Debug, Default)]
+pub struct RandomSourceMetrics {
+    failures: prometheus_client::metrics::family::Family<FormatLabel, prometheus_client::metrics::counter::Counter>,
+}
+
+impl RandomSourceMetrics {
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        for format in [Format::Opaque, Format::Uuidv7] {
+            let _ = self.failures.get_or_create(&FormatLabel { format: format.as_str() });
+        }
+        registry.register(
+            "idgen_public_random_source_failures",
+            "Creates refused (503 random_source_unavailable) because the random source failed, by format",
+            self.failures.clone(),
+        );
+    }
+
+    pub fn failed(&self, format: Format) {
+        self.failures.get_or_create(&FormatLabel { format: format.as_str() }).inc();
+    }
+}
+
+/// 128 bits from `random`, as 26 characters.
+pub fn new_opaque(random: &dyn RandomSource) -> Result<String, RandomUnavailable> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes)?;
+    random.fill(&mut bytes)?;
     Ok(crockford_encode(&bytes))
+}
+
+/// A UUIDv7 for `unix_ms`, its 74 other bits from `random` (none of them from a source that
+/// failed).
+pub fn new_uuidv7(random: &dyn RandomSource, unix_ms: i64) -> Result<String, RandomUnavailable> {
+    let mut seed = [0u8; 12];
+    random.fill(&mut seed)?;
+    let counter = u64::from_le_bytes(seed[..8].try_into().expect("8 bytes"));
+    let tail = u32::from_le_bytes(seed[8..].try_into().expect("4 bytes"));
+    Ok(idgen::core::uuid::format(&idgen::core::uuid::new_v7(unix_ms, counter, tail)))
 }
 
 pub fn is_opaque_text(text: &str) -> bool {
@@ -175,10 +236,10 @@ mod tests {
 
     #[test]
     fn opaque_ids_are_26_lowercase_characters() {
-        let a = new_opaque().unwrap();
+        let a = new_opaque(&OsRandom).unwrap();
         assert_eq!(a.len(), 26);
         assert!(is_opaque_text(&a));
-        assert_ne!(a, new_opaque().unwrap());
+        assert_ne!(a, new_opaque(&OsRandom).unwrap());
     }
 
     #[test]

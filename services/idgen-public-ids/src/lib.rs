@@ -1,8 +1,11 @@
 //! The public-ID service (SPEC §7): customers never see an internal ID. Three formats: `opaque`
 //! (128 random bits from the OS CSPRNG, stored), `uuidv7` (stored) and `encrypted` (stateless:
 //! AES-256 under a data key that AWS KMS generated and unwraps at start-up). Resolving an
-//! unknown, malformed or forged public ID gives one and the same 404.
+//! unknown, malformed or forged public ID gives one and the same 404. Who may create, resolve and
+//! look up is configured per caller identity, operation and format (`[access]`): anyone else is
+//! refused 403 before any database or KMS work.
 
+pub mod access;
 pub mod api;
 pub mod body;
 pub mod config;
@@ -84,6 +87,17 @@ async fn init_counting(
     kms::init_keys(&store, &client, &kms.key_id, metrics).await
 }
 
+/// Says at start-up (and on reload) who may do what; a warning when an operation is open to
+/// nobody, or to everybody.
+fn log_access(config: &PublicIdsConfig) {
+    let line = access::describe(config.access.as_ref(), config.development);
+    if line.contains("NOBODY") || config.access.is_none() {
+        tracing::warn!("[access]: {line}");
+    } else {
+        tracing::info!("[access]: {line}");
+    }
+}
+
 /// The database and KMS probes, ended when the service ends (dropped with `serve`'s frame).
 struct Probes(Vec<tokio::task::JoinHandle<()>>);
 
@@ -130,13 +144,14 @@ impl Drop for Probes {
 /// development mode the database (and a first data key) is made first; in production it must
 /// have been (`idgen public init`): an empty or foreign database, or one without a data key while
 /// the encrypted format is offered, is refused ([`idgen::config::Refused`]: exit status 2). On
-/// SIGHUP the `[tls]` files and `[quotas]` of `config_file` are read again.
+/// SIGHUP the `[tls]` files, `[quotas]` and `[access]` of `config_file` are read again.
 pub async fn serve(
     config: PublicIdsConfig,
     config_file: Option<std::path::PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let config_development = config.development;
     let url = config.database_url();
     let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
     let mut registry = prometheus_client::registry::Registry::default();
@@ -180,19 +195,41 @@ pub async fn serve(
     let server_metrics = Arc::new(idgen_server::ServerMetrics::default());
     server_metrics.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
+    let access_metrics = Arc::new(access::AccessMetrics::default());
+    access_metrics.register(&mut registry);
+    let access = Arc::new(access::Access::new(
+        access::Rules::from_config(config.access.as_ref(), config.development),
+        access_metrics,
+    ));
+    log_access(&config);
+    let random_failures = Arc::new(format::RandomSourceMetrics::default());
+    random_failures.register(&mut registry);
     let tls = match config.tls.enabled() {
         true => Some(Arc::new(idgen_server::Tls::load(&config.tls).context("loading the listener's TLS files")?)),
         false => None,
     };
-    let (reload_tls, reload_quotas) = (tls.clone(), quotas.clone());
+    let (reload_tls, reload_quotas, reload_access) = (tls.clone(), quotas.clone(), access.clone());
     idgen_server::reload_on_sighup(move || {
         let fresh = PublicIdsConfig::load(config_file.as_deref())?;
         if let Some(tls) = &reload_tls {
             tls.reload(&fresh.tls).context("the [tls] files")?;
         }
-        reload_quotas.reload(&fresh.quotas).context("[quotas]")
+        reload_quotas.reload(&fresh.quotas).context("[quotas]")?;
+        // The mode is the running service's: a reload never turns a production service's
+        // missing section into "everybody".
+        reload_access.reload(access::Rules::from_config(fresh.access.as_ref(), config_development));
+        log_access(&fresh);
+        Ok(())
     });
-    let state = AppState { store: Arc::new(store), keyring, quotas, formats: offered.into() };
+    let state = AppState {
+        store: Arc::new(store),
+        keyring,
+        quotas,
+        formats: offered.into(),
+        access,
+        random: Arc::new(format::OsRandom),
+        random_failures,
+    };
     let _probes = Probes::start(&config, state.store.clone(), kms_probe.map(|probe| (probe, kms_metrics))).await;
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let health = idgen_server::serve::bind_health(config.health_listen).await?;

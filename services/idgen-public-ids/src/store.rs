@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 
-use crate::format::Format;
+use crate::format::{Format, RandomUnavailable};
 
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/sqlite");
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/postgres");
@@ -37,6 +37,16 @@ pub struct Mapping {
     pub public_id: String,
     /// False when the mapping already existed (the create was idempotent).
     pub created: bool,
+}
+
+/// Why a create did not finish: the database, or the random source the public IDs are drawn
+/// from (then nothing drawn from it was stored).
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error(transparent)]
+    Storage(#[from] sqlx::Error),
+    #[error(transparent)]
+    Random(#[from] RandomUnavailable),
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -186,16 +196,19 @@ impl PublicIdStore {
         &self,
         internal_ids: &[u64],
         format: Format,
-        make: &(dyn Fn() -> String + Sync),
+        make: &(dyn Fn() -> Result<String, RandomUnavailable> + Sync),
         now_ms: i64,
-    ) -> Result<Vec<Mapping>, sqlx::Error> {
+    ) -> Result<Vec<Mapping>, CreateError> {
         let mut result: Vec<Option<Mapping>> = vec![None; internal_ids.len()];
         for _ in 0..8 {
             let pending: Vec<usize> = (0..internal_ids.len()).filter(|&i| result[i].is_none()).collect();
             if pending.is_empty() {
                 break;
             }
-            let offered: Vec<(u64, String)> = pending.iter().map(|&i| (internal_ids[i], make())).collect();
+            // Every candidate is drawn before anything is written: a random source that fails
+            // stops the create here, with nothing stored from it.
+            let offered: Vec<(u64, String)> =
+                pending.iter().map(|&i| Ok((internal_ids[i], make()?))).collect::<Result<_, RandomUnavailable>>()?;
             let found = self.counted("create", self.insert_and_read(&offered, format, now_ms).await)?;
             for &i in &pending {
                 let id = internal_ids[i];
@@ -207,7 +220,7 @@ impl PublicIdStore {
         }
         result
             .into_iter()
-            .map(|m| m.ok_or_else(|| sqlx::Error::Protocol("public ID collisions kept repeating".into())))
+            .map(|m| m.ok_or_else(|| sqlx::Error::Protocol("public ID collisions kept repeating".into()).into()))
             .collect()
     }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use idgen_public_ids::format::{Format, Keyring};
+use idgen_public_ids::access::Access;
+use idgen_public_ids::format::{Format, Keyring, OsRandom};
 use idgen_public_ids::store::PublicIdStore;
 use idgen_public_ids::{AppState, router};
 use serde_json::{Value, json};
@@ -20,7 +21,16 @@ async fn state(with_keys: bool) -> (AppState, tempfile::TempDir) {
     let keyring = with_keys.then(|| Arc::new(Keyring::new(vec![(1, Zeroizing::new(vec![3u8; 32]))]).unwrap()));
     let quotas = Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap());
     let formats = [Format::Opaque, Format::Uuidv7, Format::Encrypted].into();
-    (AppState { store: Arc::new(store), keyring, quotas, formats }, dir)
+    let state = AppState {
+        store: Arc::new(store),
+        keyring,
+        quotas,
+        formats,
+        access: Arc::new(Access::everybody()),
+        random: Arc::new(OsRandom),
+        random_failures: Arc::default(),
+    };
+    (state, dir)
 }
 
 async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
@@ -261,4 +271,174 @@ async fn a_format_not_offered_is_a_400_that_says_so() {
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing was stored");
     let (status, _) = call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "7"}"#).await;
     assert_eq!(status, StatusCode::CREATED);
+}
+
+/// `[access]`, per operation and format: a caller not listed gets 403 `forbidden` naming the
+/// operation, before its body is read, before its quota is spent and before the database is
+/// asked (the same answer for an ID that exists and one that does not); counted by operation.
+#[tokio::test]
+async fn access_is_checked_per_operation_and_format_before_anything_else() {
+    use idgen_public_ids::access::{AccessMetrics, AccessSection, OperationLists, Rules};
+    let (mut s, dir) = state(true).await;
+    let names = |list: &[&str]| list.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+    let section = AccessSection {
+        create: names(&["storefront"]),
+        resolve: names(&["support"]),
+        lookup: names(&["storefront"]),
+        encrypted: OperationLists { create: names(&["billing"]), resolve: names(&["billing"]), lookup: vec![] },
+        ..Default::default()
+    };
+    let metrics = Arc::new(AccessMetrics::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    s.access = Arc::new(Access::new(Rules::of(&section), metrics));
+    let as_caller = |caller: &str, method: Method, uri: &str, body: &str| {
+        let mut request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
+        request.extensions_mut().insert(idgen_server::Caller::named(caller));
+        let app = router(s.clone());
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+        }
+    };
+    let forbidden = |answer: &(StatusCode, Value), what: &str| {
+        assert_eq!(
+            (answer.0, answer.1["error"]["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden")),
+            "{what}"
+        );
+        let message = answer.1["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{message:?} does not name {what:?}");
+    };
+
+    // Listed callers get what they are listed for, in the formats they are listed for.
+    let (status, opaque) = as_caller("storefront", Method::POST, "/v1/public-ids", r#"{"internal_id": "41"}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{opaque}");
+    let opaque = opaque["public_id"].as_str().unwrap().to_owned();
+    let (status, _) = as_caller("storefront", Method::GET, "/v1/internal-ids/41/public-id", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await;
+    assert_eq!(status, StatusCode::OK);
+    let encrypted_body = r#"{"internal_id": "41", "format": "encrypted"}"#;
+    let (status, encrypted) = as_caller("billing", Method::POST, "/v1/public-ids", encrypted_body).await;
+    assert_eq!(status, StatusCode::OK, "{encrypted}");
+    let encrypted = encrypted["public_id"].as_str().unwrap().to_owned();
+    let (status, _) = as_caller("billing", Method::GET, &format!("/v1/public-ids/{encrypted}"), "").await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Everybody else, per operation, and per format for a caller listed for another one.
+    let batch = r#"{"internal_ids": ["41"], "format": "uuidv7"}"#;
+    for (caller, method, uri, body, what) in [
+        (
+            "intruder",
+            Method::POST,
+            "/v1/public-ids".to_owned(),
+            r#"{"internal_id": "42"}"#,
+            "may not create public IDs",
+        ),
+        ("intruder", Method::POST, "/v1/public-ids".to_owned(), "not even JSON", "may not create public IDs"),
+        ("intruder", Method::POST, "/v1/public-ids:batch".to_owned(), batch, "may not create public IDs"),
+        ("intruder", Method::GET, format!("/v1/public-ids/{opaque}"), "", "may not resolve public IDs"),
+        ("intruder", Method::GET, "/v1/internal-ids/41/public-id".to_owned(), "", "may not look up public IDs"),
+        ("storefront", Method::GET, format!("/v1/public-ids/{opaque}"), "", "may not resolve public IDs"),
+        ("support", Method::POST, "/v1/public-ids".to_owned(), r#"{"internal_id": "42"}"#, "may not create"),
+        ("billing", Method::POST, "/v1/public-ids".to_owned(), r#"{"internal_id": "42"}"#, "create opaque public IDs"),
+        ("billing", Method::POST, "/v1/public-ids:batch".to_owned(), batch, "may not create uuidv7 public IDs"),
+        ("billing", Method::GET, format!("/v1/public-ids/{opaque}"), "", "may not resolve opaque public IDs"),
+        ("billing", Method::GET, "/v1/internal-ids/41/public-id?format=encrypted".to_owned(), "", "look up public IDs"),
+    ] {
+        forbidden(&as_caller(caller, method, &uri, body).await, what);
+    }
+    // A listed caller's bad body is still its 400.
+    let (status, _) = as_caller("storefront", Method::POST, "/v1/public-ids", "[").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // A refusal says nothing about whether the ID exists: one answer for a known and an unknown.
+    let mut unknown = opaque.clone();
+    unknown.replace_range(25..26, if opaque.ends_with('0') { "1" } else { "0" });
+    assert_eq!(
+        as_caller("intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await,
+        as_caller("intruder", Method::GET, &format!("/v1/public-ids/{unknown}"), "").await
+    );
+    // Nothing a refused create asked for was made.
+    let (status, _) = as_caller("storefront", Method::GET, "/v1/internal-ids/42/public-id", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Before the database: with the mappings table gone, a listed caller gets 503 and a refused
+    // one still its 403.
+    let mut raw = <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("p.db").display()
+    ))
+    .await
+    .unwrap();
+    sqlx::query("ALTER TABLE public_ids RENAME TO public_ids_gone").execute(&mut raw).await.unwrap();
+    let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the table is really gone");
+    forbidden(&as_caller("intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await, "resolve");
+    forbidden(&as_caller("intruder", Method::POST, "/v1/public-ids", r#"{"internal_id": "42"}"#).await, "create");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for (operation, count) in [("create", 7), ("resolve", 6), ("lookup", 2)] {
+        let series = format!("idgen_public_requests_forbidden_total{{operation=\"{operation}\"}} {count}\n");
+        assert!(text.contains(&series), "{series} missing from\n{text}");
+    }
+}
+
+/// A random source that always fails, as the OS generator may (early boot, a seccomp filter, a
+/// broken /dev/urandom).
+struct FailingRandom;
+
+impl idgen_public_ids::format::RandomSource for FailingRandom {
+    fn fill(&self, _bytes: &mut [u8]) -> Result<(), idgen_public_ids::format::RandomUnavailable> {
+        Err(idgen_public_ids::format::RandomUnavailable("unavailable in this test".into()))
+    }
+}
+
+/// When the random source fails, no opaque or UUIDv7 public ID is made (one made of zero bits
+/// would be predictable): 503 `random_source_unavailable` with `Retry-After`, nothing stored,
+/// counted by format. The encrypted format draws no random bits and still answers.
+#[tokio::test]
+async fn a_failing_random_source_refuses_and_creates_nothing() {
+    use idgen_public_ids::format::RandomSourceMetrics;
+    let (mut s, _dir) = state(true).await;
+    let metrics = Arc::new(RandomSourceMetrics::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    s.random = Arc::new(FailingRandom);
+    s.random_failures = metrics;
+    for (uri, body) in [
+        ("/v1/public-ids", r#"{"internal_id": "77", "format": "uuidv7"}"#),
+        ("/v1/public-ids", r#"{"internal_id": "77", "format": "opaque"}"#),
+        ("/v1/public-ids:batch", r#"{"internal_ids": ["77", "78"], "format": "uuidv7"}"#),
+    ] {
+        let request = Request::builder().method(Method::POST).uri(uri).body(Body::from(body)).unwrap();
+        let response = router(s.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+        let answer: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("random_source_unavailable")),
+            "{body}: {answer}"
+        );
+        assert_eq!(retry_after.as_deref(), Some("1"), "{body}");
+    }
+    for format in ["uuidv7", "opaque"] {
+        for id in ["77", "78"] {
+            let (status, _) =
+                call(&s, Method::GET, &format!("/v1/internal-ids/{id}/public-id?format={format}"), "").await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{format} {id} was stored");
+        }
+    }
+    let (status, _) = call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "77", "format": "encrypted"}"#).await;
+    assert_eq!(status, StatusCode::OK, "the encrypted format needs no random bits");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for (format, count) in [("opaque", 1), ("uuidv7", 2)] {
+        let series = format!("idgen_public_random_source_failures_total{{format=\"{format}\"}} {count}\n");
+        assert!(text.contains(&series), "{series} missing from\n{text}");
+    }
 }

@@ -2,7 +2,7 @@
 //! no relation to the internal order (Spearman's rank correlation near 0) and no character
 //! position is biased (chi-square against uniform), for `opaque` and `encrypted`.
 
-use idgen_public_ids::format::{Format, Keyring, new_opaque};
+use idgen_public_ids::format::{Format, Keyring, OsRandom, new_opaque};
 use idgen_public_ids::store::PublicIdStore;
 use zeroize::Zeroizing;
 
@@ -66,7 +66,7 @@ async fn opaque_ids_reveal_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
     let base = 97_301_141_913_751_557u64;
-    let opaque = || new_opaque().unwrap();
+    let opaque = || new_opaque(&OsRandom);
     let mut ids = Vec::with_capacity(N);
     for chunk in (0..N as u64).collect::<Vec<_>>().chunks(1000) {
         let internal: Vec<u64> = chunk.iter().map(|i| base + i).collect();

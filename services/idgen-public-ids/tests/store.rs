@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idgen_public_ids::format::{Format, new_opaque};
+use idgen_public_ids::format::{Format, OsRandom, RandomUnavailable, new_opaque};
 use idgen_public_ids::store::PublicIdStore;
 use idgen_test_support::{TestDatabase as Db, store_suite};
 
@@ -16,8 +16,8 @@ async fn postgres() -> Db {
     Db::postgres("public_ids").await
 }
 
-fn opaque() -> String {
-    new_opaque().unwrap()
+fn opaque() -> Result<String, RandomUnavailable> {
+    new_opaque(&OsRandom)
 }
 
 async fn creates_are_idempotent_per_format(db: Db) {
@@ -28,7 +28,7 @@ async fn creates_are_idempotent_per_format(db: Db) {
     let again = store.create_batch(&[42], Format::Opaque, &opaque, 2).await.unwrap().remove(0);
     assert_eq!((again.public_id.as_str(), again.created), (first.public_id.as_str(), false));
     let uuid = store
-        .create_batch(&[42], Format::Uuidv7, &|| "0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f0a0b".into(), 3)
+        .create_batch(&[42], Format::Uuidv7, &|| Ok("0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f0a0b".into()), 3)
         .await
         .unwrap()
         .remove(0);
@@ -76,7 +76,7 @@ async fn a_random_collision_is_retried_not_surfaced(db: Db) {
     let taken = store.create_batch(&[1], Format::Opaque, &opaque, 1).await.unwrap().remove(0).public_id;
     // The generator "collides" twice with the existing public ID, then draws a fresh one.
     let calls = AtomicU32::new(0);
-    let colliding = || if calls.fetch_add(1, Ordering::SeqCst) < 2 { taken.clone() } else { opaque() };
+    let colliding = || if calls.fetch_add(1, Ordering::SeqCst) < 2 { Ok(taken.clone()) } else { opaque() };
     let mapping = store.create_batch(&[2], Format::Opaque, &colliding, 2).await.unwrap().remove(0);
     assert_ne!(mapping.public_id, taken);
     assert!(mapping.created);
@@ -102,7 +102,7 @@ async fn a_runtime_role_does_what_the_service_does_and_nothing_more() {
     assert!(owner.add_wrapped_key(1, "key", &[7; 40], 0).await.unwrap(), "the owner writes data keys");
 
     let store = PublicIdStore::open(&runtime, within).await.unwrap();
-    let made = store.create_batch(&[1, 2, 3], Format::Opaque, &|| new_opaque().unwrap(), 0).await.unwrap();
+    let made = store.create_batch(&[1, 2, 3], Format::Opaque, &opaque, 0).await.unwrap();
     assert_eq!(store.resolve(&made[1].public_id).await.unwrap(), Some(2));
     assert_eq!(store.lookup(3, Format::Opaque).await.unwrap(), Some(made[2].public_id.clone()));
     assert_eq!(store.wrapped_keys().await.unwrap().len(), 1);
@@ -147,7 +147,7 @@ async fn the_probe_and_failed_calls_show_a_database_that_is_gone() {
 
     drop(db);
     assert!(!store.probe(within).await, "a probe of a dropped database answered");
-    assert!(store.resolve(&opaque()).await.is_err());
+    assert!(store.resolve(&opaque().unwrap()).await.is_err());
     assert!(store.create_batch(&[9], Format::Opaque, &opaque, 1).await.is_err());
     let text = scrape();
     assert!(text.contains("idgen_public_database_up 0\n"), "{text}");
