@@ -39,12 +39,13 @@ pub struct ServerMetrics {
 }
 
 /// Every reason a handshake is counted under, so each series exists at 0 from the start.
-const HANDSHAKE_FAILURES: [&str; 12] = [
+const HANDSHAKE_FAILURES: [&str; 15] = [
     "no_client_certificate",
     "certificate_expired",
     "certificate_not_yet_valid",
     "unknown_issuer",
     "certificate_revoked",
+    "revocation_status_unknown",
     "invalid_certificate",
     "alert_from_client",
     "incompatible",
@@ -52,6 +53,8 @@ const HANDSHAKE_FAILURES: [&str; 12] = [
     "io",
     "timeout",
     "certificate_names_nobody",
+    "certificate_names_several",
+    "reserved_identity",
 ];
 
 impl ServerMetrics {
@@ -86,6 +89,7 @@ fn reason(error: &std::io::Error) -> &'static str {
         )) => "certificate_not_yet_valid",
         Some(Error::InvalidCertificate(CertificateError::UnknownIssuer)) => "unknown_issuer",
         Some(Error::InvalidCertificate(CertificateError::Revoked)) => "certificate_revoked",
+        Some(Error::InvalidCertificate(CertificateError::UnknownRevocationStatus)) => "revocation_status_unknown",
         Some(Error::InvalidCertificate(_)) => "invalid_certificate",
         Some(Error::AlertReceived(_)) => "alert_from_client",
         Some(Error::PeerIncompatible(_) | Error::NoApplicationProtocol) => "incompatible",
@@ -133,35 +137,29 @@ where
                 tokio::spawn(async move { serve_connection(watcher, TokioIo::new(stream), service).await });
             }
             Some(tls) => {
-                let (acceptor, mutual, metrics) = (tls.acceptor(), tls.mutual(), metrics.clone());
+                let (handshake, metrics) = (tls.listener(), metrics.clone());
                 let make_service = make_service.clone();
                 tokio::spawn(async move {
-                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            metrics.failed(reason(&error));
-                            tracing::debug!(%peer, %error, "TLS handshake refused");
-                            return;
-                        }
-                        Err(_) => {
-                            metrics.failed("timeout");
-                            return;
-                        }
-                    };
-                    let caller = match stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()) {
-                        Some(leaf) => match Caller::of_certificate(leaf) {
-                            Some(caller) => caller,
-                            None => {
-                                metrics.failed("certificate_names_nobody");
-                                tracing::warn!(%peer, "a client certificate without a URI SAN or CN: closing");
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake.acceptor().accept(stream)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(error)) => {
+                                metrics.failed(reason(&error));
+                                tracing::debug!(%peer, %error, "TLS handshake refused");
                                 return;
                             }
-                        },
-                        None if mutual => {
-                            metrics.failed("no_client_certificate");
+                            Err(_) => {
+                                metrics.failed("timeout");
+                                return;
+                            }
+                        };
+                    let caller = match handshake.caller(stream.get_ref().1.peer_certificates()) {
+                        Ok(caller) => caller,
+                        Err(reason) => {
+                            metrics.failed(reason);
+                            tracing::warn!(%peer, reason, "a client certificate that names no caller it may be: closing");
                             return;
                         }
-                        None => Caller::anonymous(),
                     };
                     metrics.handshakes.inc();
                     serve_connection(watcher, TokioIo::new(stream), make_service(caller)).await
