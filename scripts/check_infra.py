@@ -760,6 +760,20 @@ def main():
             found.append(f"{launch} {limit.group(1)} >= {need}")
         return ", ".join(found)
 
+    for template_name, launch, marker, file in CONFIGS:
+        @check(f"every /etc/idgen/tls/ file {file} names is written on {template_name} {launch} (by the TLS fetcher or a download)")
+        def _(template_name=template_name, launch=launch, marker=marker, file=file):
+            script = user_data(templates[template_name], launch)
+            named = sorted(set(re.findall(r"/etc/idgen/tls/([A-Za-z0-9._-]+)", heredoc(script, marker))))
+            fetch = re.search(r'^TLS_FETCH="/usr/local/sbin/idgen-tls-fetch (\S+ ){3}([^"]*)"$', script, re.M)
+            require(fetch, f"{launch}: no TLS_FETCH line")
+            written = set(fetch.group(2).split())
+            written |= set(re.findall(r"-o /etc/idgen/tls/([A-Za-z0-9._-]+)", script))
+            missing = [name for name in named if name not in written]
+            require(not missing, f"{file} names files the host never writes: {', '.join(missing)} "
+                                 "(a start, or a SIGHUP, would refuse the missing file)")
+            return ", ".join(named)
+
     @check("the TLS fetcher is the same on every host")
     def _():
         for marker in SHARED_SCRIPTS:

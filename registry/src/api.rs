@@ -11,6 +11,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idgen_core::{EPOCH_UNIX_MS, Layout, MAX_TIMESTAMP, format_unix_ms, parse_rfc3339_ms};
 use idgen_server::Caller;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde_json::{Map, Value, json};
 
 use crate::store::{Region, RegistryError, RegistryStore, ScheduleView, ScheduledLayout};
@@ -22,8 +25,10 @@ pub struct AppState {
     pub store: Arc<RegistryStore>,
     /// The operators known by bearer token (by the token's hash).
     pub operators: Arc<crate::operators::OperatorTokens>,
-    /// Callers whose client certificate makes them operators.
+    /// Callers whose client certificate, of the operator CA, makes them operators.
     pub certificate_operators: Arc<std::collections::BTreeSet<String>>,
+    /// Writes refused for want of an operator, by reason.
+    pub refusals: Arc<WriteRefusals>,
     pub horizon_lead_ms: i64,
     /// A retirement takes effect this long after it is asked for, at the earliest (ms).
     pub retire_grace_ms: i64,
@@ -104,15 +109,58 @@ fn cross_site(headers: &HeaderMap) -> bool {
     authority.is_none() || authority != host
 }
 
-/// The operator's name: the caller of a client certificate listed in `certificate_operators`,
-/// or the name of the configured token the request carries.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// `idgen_registry_writes_refused_total{reason}`: writes refused for want of an operator.
+/// `not_an_operator_certificate` is a certificate naming a listed operator that the operator CA
+/// did not issue: someone holding a callers' certificate trying to pass for an operator.
+#[derive(Default)]
+pub struct WriteRefusals {
+    refused: Family<ReasonLabel, Counter>,
+}
+
+impl WriteRefusals {
+    /// Every reason, so each series exists at 0 from the start.
+    pub const REASONS: [&str; 4] = ["cross_site", "no_credentials", "unknown_token", "not_an_operator_certificate"];
+
+    pub fn register(self: &Arc<Self>, registry: &mut prometheus_client::registry::Registry) {
+        for reason in Self::REASONS {
+            let _ = self.refused.get_or_create(&ReasonLabel { reason });
+        }
+        registry.register(
+            "idgen_registry_writes_refused",
+            "Writes refused for want of an operator (401/403), by reason",
+            self.refused.clone(),
+        );
+    }
+
+    fn refuse(&self, reason: &'static str, error: ApiError) -> ApiError {
+        debug_assert!(Self::REASONS.contains(&reason), "{reason} is not in WriteRefusals::REASONS");
+        self.refused.get_or_create(&ReasonLabel { reason }).inc();
+        error
+    }
+
+    /// How many writes were refused for `reason` (tests).
+    pub fn count(&self, reason: &'static str) -> u64 {
+        self.refused.get_or_create(&ReasonLabel { reason }).get()
+    }
+}
+
+/// The operator's name: the caller of a certificate of the operator CA listed in
+/// `certificate_operators`, or the name of the configured token the request carries. A listed
+/// name on any other certificate is refused (403) and counted, token or not: that certificate
+/// passes for an operator.
 fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<String, ApiError> {
+    let refusals = &state.refusals;
     if cross_site(headers) {
-        return Err(ApiError::new(
+        return Err(refusals.refuse("cross_site", ApiError::new(
             StatusCode::FORBIDDEN,
             "cross_site",
             "operator requests are not taken from another site's page; use this registry's /console, the CLI or curl",
-        ));
+        )));
     }
     let unauthorized = || {
         ApiError::new(
@@ -121,15 +169,31 @@ fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<St
             "writes need an operator: Authorization: Bearer <token>, or a client certificate of an operator",
         )
     };
-    if headers.get(header::AUTHORIZATION).is_none() && state.certificate_operators.contains(caller.name()) {
-        return Ok(caller.name().to_owned());
+    if state.certificate_operators.contains(caller.name()) {
+        if !caller.has_operator_certificate() {
+            tracing::warn!(
+                caller = caller.name(),
+                "a certificate naming an operator, not issued by the operator CA: write refused"
+            );
+            return Err(refusals.refuse(
+                "not_an_operator_certificate",
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "not_an_operator_certificate",
+                    "this client certificate names an operator but was not issued by the operators' CA",
+                ),
+            ));
+        }
+        if headers.get(header::AUTHORIZATION).is_none() {
+            return Ok(caller.name().to_owned());
+        }
     }
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(unauthorized)?;
-    state.operators.operator(token).ok_or_else(unauthorized)
+    let Some(token) =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return Err(refusals.refuse("no_credentials", unauthorized()));
+    };
+    state.operators.operator(token).ok_or_else(|| refusals.refuse("unknown_token", unauthorized()))
 }
 
 async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {

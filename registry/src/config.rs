@@ -11,6 +11,9 @@ use serde::Deserialize;
 use crate::operators::{OperatorTokens, TokenHash};
 use crate::store::{InitialSchedule, ScheduledLayout};
 
+/// The operator name of the token in `operator_token_file`.
+pub const OPERATOR_TOKEN_FILE_NAME: &str = "operator";
+
 /// The longest `retire_grace_ms`: a year.
 pub const MAX_RETIRE_GRACE_MS: i64 = 366 * 86_400_000;
 
@@ -54,8 +57,10 @@ pub struct RegistryConfig {
     /// Requests per second, per caller (each request counts one; `ids_per_second` is the
     /// shared field name), for every route but `/healthz` and `/metrics`; re-read on SIGHUP.
     pub quotas: idgen_server::QuotaSection,
-    /// Callers whose client certificate makes them operators (by the identity it names), as an
-    /// alternative to a bearer token. Needs `tls.client_ca`.
+    /// Callers whose client certificate makes them operators (by the identity it names, in the
+    /// `tls.identity` form), as an alternative to a bearer token. Only a certificate of
+    /// `tls.operator_ca` counts: the same name on a certificate of the callers' CA is refused
+    /// (403 `not_an_operator_certificate`). Needs `tls.operator_ca`.
     pub certificate_operators: std::collections::BTreeSet<String>,
     /// What a peer may hold of each listener: a connection cap and the deadlines.
     pub limits: idgen_server::LimitsSection,
@@ -146,8 +151,27 @@ impl RegistryConfig {
         self.quotas.validate()?;
         self.limits.validate()?;
         idgen_server::limits::validate_health_listen(self.listen, self.health_listen)?;
-        if !self.certificate_operators.is_empty() && !self.tls.mutual() {
-            bail!("certificate_operators needs tls.client_ca: without mutual TLS no caller is identified");
+        if !self.certificate_operators.is_empty() && self.tls.operator_ca.is_none() {
+            bail!(
+                "certificate_operators needs tls.operator_ca: only a certificate of the operators' own CA makes an \
+                 operator (the callers' CA signs any name it is asked for)"
+            );
+        }
+        for name in &self.certificate_operators {
+            if idgen_server::Caller::is_reserved(name) {
+                bail!(
+                    "certificate_operators: {name:?} is reserved ({:?}); no certificate may name it",
+                    idgen_server::RESERVED
+                );
+            }
+            let token_named = self.operators.contains_key(name)
+                || (self.operator_token_file.is_some() && name == OPERATOR_TOKEN_FILE_NAME);
+            if token_named {
+                bail!(
+                    "certificate_operators: {name:?} is also the name of an operator token; the audit would not tell \
+                     the two apart: give them different names"
+                );
+            }
         }
         if !crate::api::valid_region_name(self.home_region()) {
             bail!("home_region {:?} is not a region name", self.home_region());
@@ -231,7 +255,7 @@ impl RegistryConfig {
             if token.len() < 16 {
                 bail!("the token in {} is shorter than 16 characters", file.display());
             }
-            hashes.push(("operator".into(), TokenHash::of(token)));
+            hashes.push((OPERATOR_TOKEN_FILE_NAME.into(), TokenHash::of(token)));
         }
         let tokens = OperatorTokens::new(hashes)?;
         if tokens.is_empty() && self.certificate_operators.is_empty() {
@@ -351,5 +375,29 @@ mod tests {
         );
         let said = format!("{:#}", load(dir.path(), &text).unwrap().operator_tokens().unwrap_err());
         assert!(said.contains("have the same token"), "{said}");
+    }
+
+    #[test]
+    fn certificate_operators_need_the_operator_ca_and_names_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = "[tls]\ncert = \"s.pem\"\nkey = \"k.pem\"\nclient_ca = \"ca.pem\"\n";
+        let said = format!(
+            "{:#}",
+            load(dir.path(), &format!("development = true\ncertificate_operators = [\"ops\"]\n{tls}")).unwrap_err()
+        );
+        assert!(said.contains("certificate_operators needs tls.operator_ca"), "{said}");
+        let with_ca = |operators: &str, extra: &str| {
+            load(
+                dir.path(),
+                &format!(
+                    "development = true\n{extra}certificate_operators = {operators}\n{tls}operator_ca = \"ops.pem\"\n"
+                ),
+            )
+        };
+        with_ca("[\"ops\"]", "").unwrap();
+        let said = format!("{:#}", with_ca("[\"Anonymous\"]", "").unwrap_err());
+        assert!(said.contains("reserved"), "{said}");
+        let said = format!("{:#}", with_ca("[\"operator\"]", "operator_token_file = \"t\"\n").unwrap_err());
+        assert!(said.contains("also the name of an operator token"), "{said}");
     }
 }

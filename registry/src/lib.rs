@@ -183,6 +183,7 @@ pub async fn serve(
         store,
         operators: Arc::new(operators),
         certificate_operators: Arc::new(config.certificate_operators.clone()),
+        refusals: Arc::default(),
         horizon_lead_ms: config.horizon_lead_ms,
         retire_grace_ms: config.retire_grace_ms,
         now: idgen::system_unix_ms,
@@ -196,6 +197,7 @@ pub async fn serve(
     quota_metrics.register(&mut registry);
     let server_metrics = Arc::new(idgen_server::ServerMetrics::default());
     server_metrics.register(&mut registry);
+    state.refusals.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
     let (reload_tls, reload_quotas, reload_operators) = (tls.clone(), quotas.clone(), state.operators.clone());
     idgen_server::reload_on_sighup(move || {

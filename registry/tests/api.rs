@@ -28,6 +28,7 @@ async fn state() -> (AppState, tempfile::TempDir) {
         store: Arc::new(store),
         operators: Arc::new(OperatorTokens::new([("alice".to_owned(), TokenHash::of(TOKEN))]).unwrap()),
         certificate_operators: Arc::new(std::collections::BTreeSet::from(["ops-bot".to_owned()])),
+        refusals: Arc::default(),
         horizon_lead_ms: 30 * DAY,
         retire_grace_ms: DAY,
         now: fixed_now,
@@ -369,19 +370,40 @@ async fn the_home_region_is_not_retired_while_only_it_issues() {
     assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1, before, "nothing changed");
 }
 
-/// An operator named by its client certificate writes without a token; any other caller cannot.
+/// An operator named by its client certificate writes without a token, when the operator CA issued
+/// it; the same name on a certificate of the callers' CA is refused (403) and counted, with or
+/// without a token, and any other caller without a token gets 401.
 #[tokio::test]
-async fn a_certificate_operator_writes_without_a_token() {
+async fn a_certificate_operator_writes_without_a_token_only_from_the_operator_ca() {
     let (s, _dir) = state().await;
-    let as_caller = |caller: &str, body: &'static str| {
-        let mut request = Request::builder().method(Method::POST).uri("/v1/regions").body(Body::from(body)).unwrap();
-        request.extensions_mut().insert(idgen_server::Caller::named(caller));
+    let as_caller = |caller: idgen_server::Caller, token: Option<&str>, body: &'static str| {
+        let mut request = Request::builder().method(Method::POST).uri("/v1/regions");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let mut request = request.body(Body::from(body)).unwrap();
+        request.extensions_mut().insert(caller);
         router(s.clone()).oneshot(request)
     };
-    let response = as_caller("ops-bot", r#"{"name": "us-east-1"}"#).await.unwrap();
+    let from_callers_ca = idgen_server::Caller::named("ops-bot");
+    for token in [None, Some(TOKEN)] {
+        let response = as_caller(from_callers_ca.clone(), token, r#"{"name": "us-east-1"}"#).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "token {token:?}");
+        let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_eq!(body["error"]["code"], "not_an_operator_certificate", "{body}");
+    }
+    assert_eq!(s.refusals.count("not_an_operator_certificate"), 2);
+    assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1["regions"], json!([]), "nothing written");
+
+    let operator = idgen_server::Caller::with_operator_certificate("ops-bot");
+    let response = as_caller(operator, None, r#"{"name": "us-east-1"}"#).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    let response = as_caller("orders", r#"{"name": "eu-west-1"}"#).await.unwrap();
+    let response = as_caller(idgen_server::Caller::named("orders"), None, r#"{"name": "eu-west-1"}"#).await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(s.refusals.count("no_credentials"), 1);
+    // An operator CA's certificate not listed is no operator either.
+    let unlisted = idgen_server::Caller::with_operator_certificate("someone");
+    assert_eq!(as_caller(unlisted, None, r#"{"name": "eu-west-1"}"#).await.unwrap().status(), StatusCode::UNAUTHORIZED);
     let (_, audit) = call(&s, Method::GET, "/v1/audit", Some(TOKEN), "").await;
     assert!(audit.to_string().contains("ops-bot"), "the write is recorded with the operator: {audit}");
 }

@@ -42,14 +42,19 @@ fn text(output: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
 
-/// Every file name the examples refer to under /etc/idgen/tls/, issued by one development CA.
+/// Every file name the examples refer to under /etc/idgen/tls/, issued by one development CA
+/// but the operators' CA (which must be another) and the two CAs' revocation lists.
 fn certificates(dir: &Path) {
     let ca = DevCa::new("idgen infra-config test CA").unwrap();
     for bundle in ["ca.pem", "clients-ca.pem", "rds-ca.pem"] {
         std::fs::write(dir.join(bundle), ca.ca_pem()).unwrap();
     }
     ca.server(&["localhost"]).unwrap().write(dir, "server").unwrap();
-    ca.client("idgen-worker").unwrap().write(dir, "worker").unwrap();
+    ca.client("spiffe://idgen.internal/fleet/eu-west-1").unwrap().write(dir, "worker").unwrap();
+    std::fs::write(dir.join("clients-crl.pem"), ca.crl(&[]).unwrap()).unwrap();
+    let operators = DevCa::new("idgen infra-config operator CA").unwrap();
+    std::fs::write(dir.join("operators-ca.pem"), operators.ca_pem()).unwrap();
+    std::fs::write(dir.join("operators-crl.pem"), operators.crl(&[]).unwrap()).unwrap();
 }
 
 #[test]
@@ -68,7 +73,7 @@ fn every_production_example_passes_check_config() {
         "mode: production",
         "region: eu-west-1",
         "DynamoDB in eu-west-1",
-        "mutual TLS on 0.0.0.0:8080",
+        "mutual TLS (callers named by uri_san, 1 CRL file(s)) on 0.0.0.0:8080",
         "must be synchronized",
         "health listener: plain HTTP on 0.0.0.0:8081, GET /healthz only",
         "limits: at most 4096 connections per listener; deadlines: TLS handshake 5000 ms, headers 5000 ms, body 10000 ms, idle 75000 ms",
@@ -84,7 +89,7 @@ fn every_production_example_passes_check_config() {
         "registry configuration OK",
         "database: PostgreSQL at postgres://",
         "home region: us-east-1",
-        "mutual TLS on 0.0.0.0:8700",
+        "mutual TLS (callers named by uri_san, operators by their own CA, 2 CRL file(s)) on 0.0.0.0:8700",
         "health listener: plain HTTP on 0.0.0.0:9700",
         "limits: at most 4096 connections per listener",
     ] {
@@ -99,7 +104,7 @@ fn every_production_example_passes_check_config() {
         "public-ID service configuration OK",
         "database: PostgreSQL",
         "KMS: key arn:aws:kms:",
-        "mutual TLS on 0.0.0.0:8709",
+        "mutual TLS (callers named by uri_san, 1 CRL file(s)) on 0.0.0.0:8709",
         "health listener: plain HTTP on 0.0.0.0:9709",
         "limits: at most 4096 connections per listener",
     ] {
@@ -139,6 +144,23 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
     let out = check(&["registry"], &misspelt);
     assert!(!out.status.success(), "a misspelt registry key passed:\n{}", text(&out));
     assert!(text(&out).contains("horizon_lead"), "the refusal does not name the key:\n{}", text(&out));
+
+    // Production names callers by URI SAN only: `identity = "cn"` is refused (exit 2), the key named.
+    let cn = example(dir.path(), &tls, "worker.toml", |t| t.replace("identity = \"uri_san\"", "identity = \"cn\""));
+    let out = check(&["worker"], &cn);
+    assert_eq!(out.status.code(), Some(2), "a production worker reading CNs:\n{}", text(&out));
+    assert!(text(&out).contains("tls.identity = \"uri_san\""), "the refusal does not name the key:\n{}", text(&out));
+    // Operators by a CA of their own, and only then: without it, or with the callers' CA, refused.
+    let no_operator_ca = example(dir.path(), &tls, "registry.toml", |t| {
+        t.lines().filter(|l| !l.starts_with("operator_ca = ")).collect::<Vec<_>>().join("\n")
+    });
+    let out = check(&["registry"], &no_operator_ca);
+    assert!(!out.status.success(), "certificate operators without an operator CA passed:\n{}", text(&out));
+    assert!(text(&out).contains("certificate_operators needs tls.operator_ca"), "{}", text(&out));
+    let shared = example(dir.path(), &tls, "registry.toml", |t| t.replace("operators-ca.pem", "clients-ca.pem"));
+    let out = check(&["registry"], &shared);
+    assert!(!out.status.success(), "an operator CA shared with the callers passed:\n{}", text(&out));
+    assert!(text(&out).contains("shares a CA with tls.client_ca"), "{}", text(&out));
 
     // The registry and the public-ID service without their database, or on SQLite: refused with
     // exit status 2, the key named, never a start on a local file.

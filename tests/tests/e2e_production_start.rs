@@ -40,10 +40,13 @@ fn tls_section(dir: &Path) -> String {
 
 fn registry_config(dir: &Path, url: &str, home: &str) -> String {
     let path = dir.join(format!("registry-{home}.toml"));
+    let operators = DevCa::new("idgen production-start operator CA").unwrap();
+    std::fs::write(dir.join("operators-ca.pem"), operators.ca_pem()).unwrap();
     let text = format!(
         "listen = \"127.0.0.1:0\"\ndatabase_url = \"{url}\"\nhome_region = \"{home}\"\ncertificate_operators = \
-         [\"ops-oncall\"]\n{}",
-        tls_section(dir)
+         [\"spiffe://idgen.internal/operator/ops-oncall\"]\n{}operator_ca = {:?}\n",
+        tls_section(dir),
+        dir.join("operators-ca.pem")
     );
     std::fs::write(&path, text).unwrap();
     path.to_str().unwrap().to_owned()

@@ -37,9 +37,11 @@ impl Pki {
         self.dir.path().join(file)
     }
 
+    /// The development CA names its callers by CN (`orders`, …): `identity = "cn"` (e2e_identity
+    /// covers `uri_san`, the default).
     fn tls_section(&self) -> String {
         format!(
-            "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+            "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\nidentity = \"cn\"\n",
             self.path("server.pem"),
             self.path("server-key.pem"),
             self.path("ca.pem")
@@ -106,9 +108,8 @@ async fn e2e_mtls_refuses_what_it_must_and_names_every_caller() {
         .unwrap();
     assert!(mismatch.get(format!("https://wrong.example:{port}/healthz")).send().await.is_err(), "name mismatch");
 
-    for (identity, expected) in
-        [("orders", "orders"), ("ingest", "ingest"), ("spiffe", "spiffe://corp/ns/orders/sa/api")]
-    {
+    // Under `cn` the CN names the caller, never the URI SAN beside it.
+    for (identity, expected) in [("orders", "orders"), ("ingest", "ingest"), ("spiffe", "client")] {
         let body = health(&pki.client(Some(identity)), &worker).await.unwrap();
         assert_eq!(body["caller"], expected, "{body}");
     }

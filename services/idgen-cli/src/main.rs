@@ -105,8 +105,9 @@ enum Command {
         command: public::PublicCommand,
     },
     /// Make a development CA and certificates (what `up --tls` uses): ca.pem, server.pem for
-    /// 127.0.0.1/localhost, and client certificates orders, ingest, operator and idgen-worker,
-    /// each with its -key.pem. Never for production: use a real CA (e.g. AWS Private CA).
+    /// 127.0.0.1/localhost, and client certificates orders, ingest and idgen-worker (named by
+    /// CN), each with its -key.pem; and operator-ca.pem, the operators' own CA, with
+    /// operator.pem (`local-operator`). Never for production: use a real CA (e.g. AWS Private CA).
     DevCerts {
         #[arg(long, default_value = ".idgen/tls")]
         dir: PathBuf,

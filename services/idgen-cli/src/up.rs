@@ -47,7 +47,8 @@ pub struct UpArgs {
     pub restart_after: Duration,
     /// Put every listener behind mutual TLS: makes a development CA, a server certificate for
     /// 127.0.0.1/localhost and client certificates (`orders`, `ingest`, and the platform's own
-    /// `operator` and `idgen-worker`) under <dir>/tls/, with small example quotas.
+    /// `idgen-worker`; `operator.pem` from a separate operators' CA) under <dir>/tls/, with small
+    /// example quotas.
     #[arg(long)]
     pub tls: bool,
     /// Print the endpoint summary as one JSON object (also written to <dir>/up.json, which
@@ -63,6 +64,10 @@ pub struct DevTls {
 
 /// The encrypted public-ID format's development data key, under `--dir`.
 const DEVELOPMENT_DATA_KEY: &str = "public-ids-data-key";
+
+/// The identity of `operator.pem` (from the operators' CA), a certificate operator of the
+/// registry. Not `operator`: that is the name the operator token writes under in the audit.
+const CERTIFICATE_OPERATOR: &str = "local-operator";
 
 /// Example quotas `up --tls` gives its two client identities (IDs per second, burst).
 const EXAMPLE_QUOTAS: [(&str, u32, u32); 2] = [("orders", 1_000, 2_000), ("ingest", 50_000, 100_000)];
@@ -80,9 +85,14 @@ impl DevTls {
         let ca = idgen_server::pki::DevCa::new("idgen development CA")?;
         std::fs::write(dir.join("ca.pem"), ca.ca_pem())?;
         ca.server(&["127.0.0.1", "localhost"])?.write(&dir, "server")?;
-        for identity in ["orders", "ingest", "operator", "idgen-worker"] {
+        for identity in ["orders", "ingest", "idgen-worker"] {
             ca.client(identity)?.write(&dir, identity)?;
         }
+        // Operators' certificates come from a CA of their own: the registry takes no certificate
+        // of the callers' CA as an operator's, whatever it names.
+        let operators = idgen_server::pki::DevCa::new("idgen development operator CA")?;
+        std::fs::write(dir.join("operator-ca.pem"), operators.ca_pem())?;
+        operators.client(CERTIFICATE_OPERATOR)?.write(&dir, "operator")?;
         Ok(DevTls { dir })
     }
 
@@ -90,14 +100,20 @@ impl DevTls {
         toml_string(&self.dir.join(file).to_string_lossy())
     }
 
-    /// The `[tls]` section of every listener.
+    /// The `[tls]` section of every listener. The development certificates name their callers
+    /// by CN (`orders`, …), so the listeners read the CN (`identity = "cn"`, development only).
     fn listener(&self) -> String {
         format!(
-            "\n[tls]\ncert = {}\nkey = {}\nclient_ca = {}\n",
+            "\n[tls]\ncert = {}\nkey = {}\nclient_ca = {}\nidentity = \"cn\"\n",
             self.path("server.pem"),
             self.path("server-key.pem"),
             self.path("ca.pem")
         )
+    }
+
+    /// The registry's `[tls]` section: every listener's, and the operators' CA.
+    fn registry_listener(&self) -> String {
+        format!("{}operator_ca = {}\n", self.listener(), self.path("operator-ca.pem"))
     }
 
     fn quotas(&self) -> String {
@@ -269,8 +285,8 @@ async fn start_all(
         registry_toml += &format!("initial_v2_from_ms = {from}\n");
     }
     if let Some(tls) = tls {
-        registry_toml += "certificate_operators = [\"operator\"]\n";
-        registry_toml += &tls.listener();
+        registry_toml += &format!("certificate_operators = [\"{CERTIFICATE_OPERATOR}\"]\n");
+        registry_toml += &tls.registry_listener();
     }
     std::fs::write(&registry_config, registry_toml)?;
     let registry = start_child(

@@ -167,6 +167,7 @@ impl PublicIdsConfig {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         idgen::config::refuse_missing_for("public-ID service", self.missing_for_production())?;
+        self.tls.refuse_operator_ca("the public-ID service")?;
         if let Some(unknown) = self.formats.iter().find(|f| Format::parse(f).is_none()) {
             anyhow::bail!("formats: {unknown:?} is not a format (opaque, uuidv7, encrypted)");
         }

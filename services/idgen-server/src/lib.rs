@@ -3,6 +3,10 @@
 //! handshake, per-caller quotas, the accept loop with its graceful shutdown, and the `[limits]`
 //! every listener holds its peers to (a connection cap and a deadline on every wait).
 //!
+//! A certificate names its caller in one configured form (`[tls] identity`: the URI SAN, or in
+//! development the CN); reserved names are refused; only a certificate of the separate operator
+//! CA can make an operator; revoked certificates (`[tls] crl`) are refused at the handshake.
+//!
 //! A connection's caller reaches the service built for that connection ([`serve()`] calls a
 //! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
 //! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
@@ -26,7 +30,7 @@ use axum::extract::Request;
 use axum::response::Response;
 
 pub use http_metrics::ServiceMetrics;
-pub use identity::{ANONYMOUS, Caller};
+pub use identity::{ANONYMOUS, Caller, IdentityForm, NoCaller, RESERVED};
 pub use idgen::tls::ClientTlsSection;
 pub use limits::LimitsSection;
 pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};

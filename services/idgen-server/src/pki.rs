@@ -7,8 +7,9 @@ use std::path::Path;
 
 use anyhow::Context;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, CertifiedIssuer, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason, RevokedCertParams, SanType,
+    SerialNumber,
 };
 
 /// A self-signed CA that issues server and client certificates.
@@ -16,10 +17,11 @@ pub struct DevCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
-/// A certificate and its private key, PEM.
+/// A certificate and its private key, PEM, and its serial number (what a CRL names).
 pub struct Issued {
     pub cert_pem: String,
     pub key_pem: String,
+    pub serial: Vec<u8>,
 }
 
 impl Issued {
@@ -88,10 +90,52 @@ impl DevCa {
         self.issue(params)
     }
 
+    /// A client certificate with exactly this subject CN (or none) and these URI SANs (tests:
+    /// certificates naming nobody, or several callers).
+    pub fn client_named(&self, common_name: Option<&str>, uris: &[&str]) -> anyhow::Result<Issued> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(common_name) = common_name {
+            params.distinguished_name.push(DnType::CommonName, common_name);
+        }
+        for uri in uris {
+            params.subject_alt_names.push(SanType::URI((*uri).try_into()?));
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(params)
+    }
+
+    /// A certificate revocation list of this CA revoking `revoked`, PEM (what `[tls] crl` reads).
+    /// Its number is the time it is made (seconds), so a later list supersedes an earlier one.
+    pub fn crl(&self, revoked: &[&Issued]) -> anyhow::Result<String> {
+        let number = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+        let params = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(4096, 1, 1),
+            crl_number: SerialNumber::from(number),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|issued| RevokedCertParams {
+                    serial_number: SerialNumber::from(issued.serial.clone()),
+                    revocation_time: rcgen::date_time_ymd(2020, 1, 1),
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        Ok(params.signed_by(&self.issuer)?.pem()?)
+    }
+
     fn issue(&self, params: CertificateParams) -> anyhow::Result<Issued> {
+        use x509_cert::der::Decode;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        let parsed = x509_cert::Certificate::from_der(cert.der())
+            .map_err(|error| anyhow::anyhow!("reading back the certificate just issued: {error}"))?;
+        let serial = parsed.tbs_certificate.serial_number.as_bytes().to_vec();
+        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem(), serial })
     }
 }
 

@@ -64,12 +64,13 @@ pub struct ServerMetrics {
 }
 
 /// Every reason a handshake is counted under, so each series exists at 0 from the start.
-const HANDSHAKE_FAILURES: [&str; 12] = [
+const HANDSHAKE_FAILURES: [&str; 15] = [
     "no_client_certificate",
     "certificate_expired",
     "certificate_not_yet_valid",
     "unknown_issuer",
     "certificate_revoked",
+    "revocation_status_unknown",
     "invalid_certificate",
     "alert_from_client",
     "incompatible",
@@ -77,6 +78,8 @@ const HANDSHAKE_FAILURES: [&str; 12] = [
     "io",
     "timeout",
     "certificate_names_nobody",
+    "certificate_names_several",
+    "reserved_identity",
 ];
 
 impl ServerMetrics {
@@ -138,6 +141,7 @@ fn reason(error: &std::io::Error) -> &'static str {
         )) => "certificate_not_yet_valid",
         Some(Error::InvalidCertificate(CertificateError::UnknownIssuer)) => "unknown_issuer",
         Some(Error::InvalidCertificate(CertificateError::Revoked)) => "certificate_revoked",
+        Some(Error::InvalidCertificate(CertificateError::UnknownRevocationStatus)) => "revocation_status_unknown",
         Some(Error::InvalidCertificate(_)) => "invalid_certificate",
         Some(Error::AlertReceived(_)) => "alert_from_client",
         Some(Error::PeerIncompatible(_) | Error::NoApplicationProtocol) => "incompatible",
@@ -301,12 +305,12 @@ where
                 });
             }
             Some(tls) => {
-                let (acceptor, mutual) = (tls.acceptor(), tls.mutual());
+                let handshake = tls.listener();
                 let make_service = make_service.clone();
                 tokio::spawn(async move {
                     let metrics = &listening.metrics;
-                    let handshake = acceptor.accept(stream);
-                    let stream = match tokio::time::timeout(listening.limits.handshake_timeout(), handshake).await {
+                    let accepting = handshake.acceptor().accept(stream);
+                    let stream = match tokio::time::timeout(listening.limits.handshake_timeout(), accepting).await {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(error)) => {
                             metrics.failed(reason(&error));
@@ -319,20 +323,13 @@ where
                             return;
                         }
                     };
-                    let caller = match stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()) {
-                        Some(leaf) => match Caller::of_certificate(leaf) {
-                            Some(caller) => caller,
-                            None => {
-                                metrics.failed("certificate_names_nobody");
-                                tracing::warn!(%peer, "a client certificate without a URI SAN or CN: closing");
-                                return;
-                            }
-                        },
-                        None if mutual => {
-                            metrics.failed("no_client_certificate");
+                    let caller = match handshake.caller(stream.get_ref().1.peer_certificates()) {
+                        Ok(caller) => caller,
+                        Err(reason) => {
+                            metrics.failed(reason);
+                            tracing::warn!(%peer, reason, "a client certificate that names no caller it may be: closing");
                             return;
                         }
-                        None => Caller::anonymous(),
                     };
                     metrics.handshakes.inc();
                     serve_connection(watcher, stream, make_service(caller), &listening).await;

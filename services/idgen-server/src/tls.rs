@@ -1,23 +1,28 @@
-//! TLS on a listener: the server certificate and key, and with `client_ca` mutual TLS. The
-//! configuration in force can be replaced while serving ([`Tls::reload`]): new connections
-//! handshake with the new one, open connections keep theirs, and a file that does not load
-//! leaves the old configuration in force.
+//! TLS on a listener: the server certificate and key, and with `client_ca` mutual TLS; how a
+//! client certificate names its caller (`identity`), which CA alone makes operators
+//! (`operator_ca`) and which certificates are revoked (`crl`). The configuration in force can be
+//! replaced while serving ([`Tls::reload`]): new connections handshake with the new one, open
+//! connections keep theirs, and a file that does not load leaves the old configuration in force.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use arc_swap::ArcSwap;
 use idgen::tls::{certificates, roots};
 use rustls::ServerConfig;
-use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use serde::Deserialize;
 
+use crate::identity::{Caller, IdentityForm, NoCaller};
+
 /// `[tls]`: PEM files. Without `client_ca` a listener serves TLS without client certificates
-/// (every caller is `anonymous`); with it, a connection must present a certificate from that CA,
-/// valid now, or the handshake is refused.
+/// (every caller is `anonymous`); with it, a connection must present a certificate from that CA
+/// (or from `operator_ca`), valid now and not revoked by a `crl`, naming one caller in the
+/// `identity` form, or the handshake is refused.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
@@ -26,6 +31,21 @@ pub struct TlsSection {
     pub key: Option<PathBuf>,
     /// The CA bundle client certificates must chain to.
     pub client_ca: Option<PathBuf>,
+    /// Which part of a client certificate names its caller: `uri_san` (the default; the only
+    /// form production accepts) or `cn` (development).
+    #[serde(default)]
+    pub identity: IdentityForm,
+    /// The CA of operators' certificates, kept apart from `client_ca` (the registry only): a
+    /// caller is an operator only when its certificate chains to this CA, so no certificate the
+    /// callers' CA signs can make an operator, whatever it names. Its certificates are accepted
+    /// at the handshake like the callers'.
+    pub operator_ca: Option<PathBuf>,
+    /// Certificate revocation lists (PEM, or DER as AWS Private CA publishes them) of the CAs
+    /// above; re-read on SIGHUP with the rest. With any, every client certificate must be covered
+    /// by a CRL of its issuer: one whose issuer has none here is refused
+    /// (`revocation_status_unknown`), so a missing list fails closed.
+    #[serde(default)]
+    pub crl: Vec<PathBuf>,
 }
 
 impl TlsSection {
@@ -39,20 +59,40 @@ impl TlsSection {
         self.client_ca.is_some()
     }
 
-    /// What a production listener lacks of mutual TLS, if anything (every listener's rule).
-    pub fn missing_for_production(&self) -> Option<String> {
-        let complete = self.cert.is_some() && self.key.is_some() && self.client_ca.is_some();
-        (!complete).then(|| "tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".to_owned())
+    /// What a production listener lacks of mutual TLS, or asks for that production refuses, if
+    /// anything (every listener's rule).
+    pub fn missing_for_production(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        if !(self.cert.is_some() && self.key.is_some() && self.client_ca.is_some()) {
+            missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".to_owned());
+        }
+        if self.identity != IdentityForm::UriSan {
+            missing.push(
+                "tls.identity = \"uri_san\" (a CN is free text any certificate request writes: `cn` is for development)"
+                    .to_owned(),
+            );
+        }
+        missing
     }
 
     /// For `--check-config`: loads the files (as a start would) and says what the listener asks
     /// of its callers.
-    pub fn check(&self) -> anyhow::Result<&'static str> {
+    pub fn check(&self) -> anyhow::Result<String> {
         if !self.enabled() {
-            return Ok("plain HTTP (no [tls]: development only)");
+            return Ok("plain HTTP (no [tls]: development only)".to_owned());
         }
-        self.server_config().context("loading the listener's TLS files")?;
-        Ok(if self.mutual() { "mutual TLS" } else { "TLS without client certificates" })
+        self.listener().context("loading the listener's TLS files")?;
+        if !self.mutual() {
+            return Ok("TLS without client certificates".to_owned());
+        }
+        let mut said = format!("mutual TLS (callers named by {}", self.identity.as_str());
+        if self.operator_ca.is_some() {
+            said += ", operators by their own CA";
+        }
+        if !self.crl.is_empty() {
+            said += &format!(", {} CRL file(s)", self.crl.len());
+        }
+        Ok(said + ")")
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -63,22 +103,66 @@ impl TlsSection {
         if self.client_ca.is_some() && self.cert.is_none() {
             bail!("tls.client_ca needs tls.cert and tls.key");
         }
+        if self.operator_ca.is_some() && self.client_ca.is_none() {
+            bail!("tls.operator_ca needs tls.client_ca (operators are callers of a mutual-TLS listener)");
+        }
+        if !self.crl.is_empty() && self.client_ca.is_none() {
+            bail!("tls.crl needs tls.client_ca (the lists revoke client certificates)");
+        }
+        Ok(())
+    }
+
+    /// For the services without operators (the worker, the public-ID service): `operator_ca`
+    /// there would only widen who may call.
+    pub fn refuse_operator_ca(&self, service: &str) -> anyhow::Result<()> {
+        if self.operator_ca.is_some() {
+            bail!("tls.operator_ca is the registry's (its operators write there); {service} has no operators");
+        }
         Ok(())
     }
 
     /// Builds the server configuration from the files as they are now.
     pub fn server_config(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        Ok(self.listener()?.config)
+    }
+
+    /// Everything a handshake needs, from the files as they are now.
+    fn listener(&self) -> anyhow::Result<Listener> {
         self.validate()?;
         let (Some(cert), Some(key)) = (&self.cert, &self.key) else { bail!("tls.cert and tls.key are not set") };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let chain = certificates(cert)?;
         let key =
             PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading the private key {}", key.display()))?;
-        let verifier = match &self.client_ca {
-            Some(ca) => WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider.clone())
+        let crls = self.crl.iter().map(|path| crls(path)).collect::<anyhow::Result<Vec<_>>>()?.concat();
+        let verifier_of = |roots: rustls::RootCertStore, what: &str| {
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .with_crls(crls.clone())
                 .build()
-                .with_context(|| format!("client CA bundle {}", ca.display()))?,
-            None => WebPkiClientVerifier::no_client_auth(),
+                .with_context(|| format!("{what} (or a tls.crl file)"))
+        };
+        let (verifier, operators) = match &self.client_ca {
+            Some(ca) => {
+                let mut accepted = roots(ca)?;
+                let operators = match &self.operator_ca {
+                    Some(operator_ca) => {
+                        let operator_roots = roots(operator_ca)?;
+                        let callers = certificates(ca)?;
+                        if certificates(operator_ca)?.iter().any(|root| callers.contains(root)) {
+                            bail!(
+                                "tls.operator_ca {} shares a CA with tls.client_ca {}: the callers' CA could then make operators",
+                                operator_ca.display(),
+                                ca.display()
+                            );
+                        }
+                        accepted.roots.extend(operator_roots.roots.iter().cloned());
+                        Some(verifier_of(operator_roots, &format!("operator CA bundle {}", operator_ca.display()))?)
+                    }
+                    None => None,
+                };
+                (verifier_of(accepted, &format!("client CA bundle {}", ca.display()))?, operators)
+            }
+            None => (WebPkiClientVerifier::no_client_auth(), None),
         };
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -87,37 +171,174 @@ impl TlsSection {
             .with_single_cert(chain, key)
             .context("the server certificate and key do not go together")?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+        Ok(Listener { config: Arc::new(config), mutual: self.mutual(), identity: self.identity, operators })
+    }
+}
+
+/// The CRLs of a file: PEM (`-----BEGIN X509 CRL-----`, any number), else one DER CRL.
+fn crls(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>>> {
+    let read = || format!("reading the CRL file {}", path.display());
+    let pem = CertificateRevocationListDer::pem_file_iter(path)
+        .with_context(read)?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("parsing the CRL file {}", path.display()))?;
+    if !pem.is_empty() {
+        return Ok(pem);
+    }
+    let der = std::fs::read(path).with_context(read)?;
+    // A DER CRL is a SEQUENCE; anything else is no CRL at all (the verifier parses it in full).
+    if der.first() != Some(&0x30) {
+        bail!("{} holds no CRL (PEM `X509 CRL` blocks or one DER CRL)", path.display());
+    }
+    Ok(vec![CertificateRevocationListDer::from(der)])
+}
+
+/// What one handshake runs with: the rustls configuration, and how its verified client
+/// certificate becomes a [`Caller`].
+pub(crate) struct Listener {
+    config: Arc<ServerConfig>,
+    mutual: bool,
+    identity: IdentityForm,
+    /// The operator CA alone (with the CRLs): a caller's chain is verified against it again after
+    /// the handshake to say whether the caller holds an operator's certificate.
+    operators: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+impl Listener {
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.config.clone())
+    }
+
+    /// The caller of a connection whose handshake presented `chain` (leaf first; none: `None`),
+    /// or the `reason` it is refused under.
+    pub(crate) fn caller(&self, chain: Option<&[CertificateDer<'static>]>) -> Result<Caller, &'static str> {
+        let Some((leaf, intermediates)) = chain.and_then(|chain| chain.split_first()) else {
+            return if self.mutual { Err("no_client_certificate") } else { Ok(Caller::anonymous()) };
+        };
+        let caller = Caller::of_certificate(leaf, self.identity).map_err(|refused: NoCaller| refused.reason())?;
+        let operator = self
+            .operators
+            .as_ref()
+            .is_some_and(|operators| operators.verify_client_cert(leaf, intermediates, UnixTime::now()).is_ok());
+        Ok(caller.operator_certificate(operator))
     }
 }
 
 /// The TLS configuration in force on a listener.
 pub struct Tls {
-    current: ArcSwap<ServerConfig>,
-    mutual: std::sync::atomic::AtomicBool,
+    current: ArcSwap<Listener>,
 }
 
 impl Tls {
     pub fn load(section: &TlsSection) -> anyhow::Result<Tls> {
-        Ok(Tls {
-            current: ArcSwap::new(section.server_config()?),
-            mutual: std::sync::atomic::AtomicBool::new(section.mutual()),
-        })
+        Ok(Tls { current: ArcSwap::from_pointee(section.listener()?) })
     }
 
     /// Takes the files as they are now; on any error the configuration in force stays.
     pub fn reload(&self, section: &TlsSection) -> anyhow::Result<()> {
-        let config = section.server_config()?;
-        self.current.store(config);
-        self.mutual.store(section.mutual(), std::sync::atomic::Ordering::Relaxed);
+        self.current.store(Arc::new(section.listener()?));
         Ok(())
     }
 
     pub fn mutual(&self) -> bool {
-        self.mutual.load(std::sync::atomic::Ordering::Relaxed)
+        self.current.load().mutual
     }
 
-    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.load_full())
+    /// What the next handshake runs with.
+    pub(crate) fn listener(&self) -> Arc<Listener> {
+        self.current.load_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::{DevCa, Issued};
+
+    struct Files {
+        dir: tempfile::TempDir,
+        callers: DevCa,
+        operators: DevCa,
+    }
+
+    impl Files {
+        fn new() -> Files {
+            let dir = tempfile::tempdir().unwrap();
+            let (callers, operators) = (DevCa::new("callers").unwrap(), DevCa::new("operators").unwrap());
+            std::fs::write(dir.path().join("ca.pem"), callers.ca_pem()).unwrap();
+            std::fs::write(dir.path().join("operators-ca.pem"), operators.ca_pem()).unwrap();
+            callers.server(&["localhost"]).unwrap().write(dir.path(), "server").unwrap();
+            Files { dir, callers, operators }
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+
+        fn section(&self) -> TlsSection {
+            TlsSection {
+                cert: Some(self.path("server.pem")),
+                key: Some(self.path("server-key.pem")),
+                client_ca: Some(self.path("ca.pem")),
+                operator_ca: Some(self.path("operators-ca.pem")),
+                ..TlsSection::default()
+            }
+        }
+    }
+
+    fn chain(issued: &Issued) -> Vec<CertificateDer<'static>> {
+        vec![CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap()]
+    }
+
+    #[test]
+    fn only_a_certificate_of_the_operator_ca_is_an_operators() {
+        let files = Files::new();
+        let listener = files.section().listener().unwrap();
+        let name = "spiffe://corp/operator/ops-oncall";
+        let operator = listener.caller(Some(&chain(&files.operators.client(name).unwrap()))).unwrap();
+        assert_eq!((operator.name(), operator.has_operator_certificate()), (name, true));
+        let impostor = listener.caller(Some(&chain(&files.callers.client(name).unwrap()))).unwrap();
+        assert_eq!((impostor.name(), impostor.has_operator_certificate()), (name, false));
+        assert_eq!(listener.caller(None), Err("no_client_certificate"));
+        let cn_only = files.callers.client("ops-oncall").unwrap();
+        assert_eq!(listener.caller(Some(&chain(&cn_only))), Err("certificate_names_nobody"), "uri_san by default");
+        // Without an operator CA nobody holds an operator's certificate.
+        let plain = TlsSection { operator_ca: None, ..files.section() }.listener().unwrap();
+        let caller = plain.caller(Some(&chain(&files.callers.client(name).unwrap()))).unwrap();
+        assert!(!caller.has_operator_certificate());
+    }
+
+    #[test]
+    fn the_operator_ca_may_not_be_the_callers_and_crls_load_or_refuse() {
+        let files = Files::new();
+        let shared = TlsSection { operator_ca: Some(files.path("ca.pem")), ..files.section() };
+        let said = format!("{:#}", shared.listener().err().unwrap());
+        assert!(said.contains("shares a CA with tls.client_ca"), "{said}");
+
+        std::fs::write(files.path("crl.pem"), files.callers.crl(&[]).unwrap()).unwrap();
+        let with_crl = TlsSection { crl: vec![files.path("crl.pem")], ..files.section() };
+        assert!(with_crl.check().unwrap().contains("1 CRL file(s)"));
+        for (what, text) in [
+            ("garbage", &b"not a CRL"[..]),
+            ("a bad PEM CRL", b"-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"),
+        ] {
+            std::fs::write(files.path("crl.pem"), text).unwrap();
+            assert!(with_crl.listener().is_err(), "{what} was taken as a CRL");
+        }
+        let without_client_ca = TlsSection { client_ca: None, operator_ca: None, ..with_crl };
+        assert!(format!("{:#}", without_client_ca.validate().unwrap_err()).contains("tls.crl needs tls.client_ca"));
+    }
+
+    #[test]
+    fn production_reads_uri_sans_only_and_operator_ca_is_the_registrys() {
+        let files = Files::new();
+        assert!(files.section().missing_for_production().is_empty());
+        let cn = TlsSection { identity: IdentityForm::Cn, ..files.section() };
+        assert!(cn.missing_for_production().iter().any(|m| m.contains("tls.identity = \"uri_san\"")));
+        assert!(files.section().refuse_operator_ca("the worker").is_err());
+        let parsed: TlsSection = serde_json::from_str(r#"{"identity": "cn", "crl": ["a.pem"]}"#).unwrap();
+        assert_eq!((parsed.identity, parsed.crl), (IdentityForm::Cn, vec![PathBuf::from("a.pem")]));
+        assert_eq!(serde_json::from_str::<TlsSection>("{}").unwrap().identity, IdentityForm::UriSan);
+        assert!(serde_json::from_str::<TlsSection>(r#"{"identity": "first_uri_else_cn"}"#).is_err());
     }
 }

@@ -198,6 +198,7 @@ impl WorkerConfig {
         idgen::config::refuse_missing(self.missing_for_production())?;
         self.generator.validate_settings()?;
         self.tls.validate()?;
+        self.tls.refuse_operator_ca("the worker")?;
         self.quotas.validate()?;
         self.limits.validate()?;
         idgen_server::limits::validate_health_listen(self.listen, self.health_listen)?;

@@ -1,0 +1,238 @@
+//! Identities that cannot be confused, through the real `idgen worker` and `idgen registry`: under
+//! `identity = "uri_san"` (the default) a CN-only certificate (`CN=orders`, `CN=ops-oncall`) names
+//! nobody, and neither does one with two URI SANs or the reserved `anonymous`; under `cn` a
+//! certificate named `anonymous` or `other` is refused instead of merging with those; the
+//! registry takes as an operator only a certificate of its operator CA, and a certificate of the
+//! callers' CA naming an operator is refused its write and counted; a revoked certificate is
+//! refused at the handshake, and a new CRL with SIGHUP revokes one that was accepted before. Every
+//! refusal is counted under its reason.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use idgen_e2e::{RegistryProcess, WorkerProcess, WorkerSpec};
+use idgen_server::pki::{DevCa, Issued};
+
+const ORDERS: &str = "spiffe://corp/ns/orders/sa/api";
+const OPS: &str = "spiffe://corp/operator/ops-oncall";
+
+/// A callers' CA, an operators' CA and a server certificate, written into a temporary directory.
+struct Pki {
+    dir: tempfile::TempDir,
+    callers: DevCa,
+    operators: DevCa,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let callers = DevCa::new("idgen e2e callers' CA").unwrap();
+        let operators = DevCa::new("idgen e2e operators' CA").unwrap();
+        std::fs::write(dir.path().join("ca.pem"), callers.ca_pem()).unwrap();
+        std::fs::write(dir.path().join("operators-ca.pem"), operators.ca_pem()).unwrap();
+        callers.server(&["127.0.0.1", "localhost"]).unwrap().write(dir.path(), "server").unwrap();
+        Pki { dir, callers, operators }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Writes `issued` as `name` and returns it.
+    fn keep(&self, name: &str, issued: Issued) -> Issued {
+        issued.write(self.dir.path(), name).unwrap();
+        issued
+    }
+
+    fn tls_section(&self, extra: &str) -> String {
+        format!(
+            "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n{extra}",
+            self.path("server.pem"),
+            self.path("server-key.pem"),
+            self.path("ca.pem")
+        )
+    }
+
+    /// A client trusting the server's CA, presenting `name`'s certificate.
+    fn client(&self, name: &str) -> reqwest::Client {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(self.path("ca.pem")).unwrap()).unwrap();
+        let mut pem = std::fs::read(self.path(&format!("{name}.pem"))).unwrap();
+        pem.extend(std::fs::read(self.path(&format!("{name}-key.pem"))).unwrap());
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    }
+}
+
+fn worker_spec(dir: &Path, sections: String) -> WorkerSpec {
+    let mut spec = WorkerSpec::short_lease("identity", &dir.join("leases.db"));
+    (spec.lease_ms, spec.renew_interval_ms, spec.fence_ms) = (60_000, 2_000, 500);
+    spec.sections = sections;
+    spec
+}
+
+/// `GET /healthz` as `name`: the caller the service saw, or the error of a refused handshake.
+async fn caller_seen(pki: &Pki, url: &str, name: &str) -> Result<String, String> {
+    let response = pki.client(name).get(format!("{url}/healthz")).send().await.map_err(|e| format!("{e:?}"))?;
+    let body: serde_json::Value = response.json().await.map_err(|e| format!("{e:?}"))?;
+    Ok(body["caller"].as_str().unwrap_or_default().to_owned())
+}
+
+/// The value of one series in a `/metrics` text.
+fn series(text: &str, name: &str, reason: &str) -> f64 {
+    let prefix = format!("{name}{{reason=\"{reason}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap()).unwrap_or_else(|| {
+        panic!("no {prefix:?} in\n{text}");
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_under_uri_san_only_one_uri_san_names_a_caller() {
+    let pki = Pki::new();
+    pki.keep("orders-uri", pki.callers.client(ORDERS).unwrap());
+    // The confusions: a bare CN passing for a caller (and its quota), or for anonymous.
+    pki.keep("cn-orders", pki.callers.client("orders").unwrap());
+    pki.keep("cn-ops", pki.callers.client("ops-oncall").unwrap());
+    pki.keep("uri-anonymous", pki.callers.client_named(Some("orders"), &["anonymous"]).unwrap());
+    pki.keep("two-uris", pki.callers.client_named(None, &[ORDERS, "spiffe://corp/ns/billing/sa/api"]).unwrap());
+    let work = tempfile::tempdir().unwrap();
+    // `orders` has a quota under its CN and under its URI: only the URI can spend it.
+    let quotas = format!(
+        "[quotas]\ndefault = {{ ids_per_second = 1, burst = 1 }}\n[quotas.callers]\norders = {{ ids_per_second = 1000, burst = 1000 }}\n\"{ORDERS}\" = {{ ids_per_second = 1000, burst = 1000 }}\n"
+    );
+    let spec = worker_spec(work.path(), format!("{}{quotas}", pki.tls_section("")));
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+
+    assert_eq!(caller_seen(&pki, &worker.url, "orders-uri").await, Ok(ORDERS.to_owned()));
+    for name in ["cn-orders", "cn-ops", "uri-anonymous", "two-uris"] {
+        let seen = caller_seen(&pki, &worker.url, name).await;
+        assert!(seen.is_err(), "{name}: the connection must be closed, the service saw {seen:?}");
+        let issued = pki.client(name).post(format!("{}/v1/ids", worker.url)).send().await;
+        assert!(issued.is_err(), "{name} was issued an ID: {issued:?}");
+    }
+    let text = worker.metrics(&pki.client("orders-uri")).await.unwrap();
+    let failures = "idgen_tls_handshake_failures_total";
+    // Each refused certificate tried twice (a client may try a refused connection once more).
+    assert!(series(&text, failures, "certificate_names_nobody") >= 4.0, "cn-orders and cn-ops:\n{text}");
+    assert!(series(&text, failures, "reserved_identity") >= 2.0);
+    assert!(series(&text, failures, "certificate_names_several") >= 2.0);
+    assert!(!text.contains("idgen_caller_ids_served_total{caller=\"orders\"} 1"), "CN=orders spent a quota:\n{text}");
+    println!("uri_san: one URI SAN named its caller; CN-only, anonymous and two-URI certificates refused and counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_under_cn_reserved_names_are_refused_not_merged() {
+    let pki = Pki::new();
+    pki.keep("orders", pki.callers.client("orders").unwrap());
+    pki.keep("anonymous", pki.callers.client("anonymous").unwrap());
+    pki.keep("other", pki.callers.client("Other").unwrap());
+    pki.keep("cn-and-uri", pki.callers.client_named(Some("ingest"), &[ORDERS]).unwrap());
+    let work = tempfile::tempdir().unwrap();
+    let spec = worker_spec(work.path(), pki.tls_section("identity = \"cn\"\n"));
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+
+    assert_eq!(caller_seen(&pki, &worker.url, "orders").await, Ok("orders".to_owned()));
+    assert_eq!(caller_seen(&pki, &worker.url, "cn-and-uri").await, Ok("ingest".to_owned()), "the URI is not read");
+    for name in ["anonymous", "other"] {
+        let seen = caller_seen(&pki, &worker.url, name).await;
+        assert!(seen.is_err(), "{name}: the connection must be closed, the service saw {seen:?}");
+    }
+    let text = worker.metrics(&pki.client("orders")).await.unwrap();
+    assert!(series(&text, "idgen_tls_handshake_failures_total", "reserved_identity") >= 2.0, "{text}");
+    println!("cn: the CN named its caller; CN=anonymous and CN=Other refused and counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_only_the_operator_ca_makes_a_registry_operator() {
+    let pki = Pki::new();
+    pki.keep("operator", pki.operators.client(OPS).unwrap());
+    pki.keep("impostor", pki.callers.client(OPS).unwrap());
+    pki.keep("cn-ops", pki.callers.client("ops-oncall").unwrap());
+    pki.keep("worker", pki.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
+    let extra = format!(
+        "certificate_operators = [\"{OPS}\"]\n{}",
+        pki.tls_section(&format!("operator_ca = {:?}\n", pki.path("operators-ca.pem")))
+    );
+    let registry = RegistryProcess::start(&extra).await.unwrap();
+    let add = |name: &str, region: &str| {
+        pki.client(name)
+            .post(format!("{}/v1/regions", registry.url))
+            .json(&serde_json::json!({ "name": region }))
+            .send()
+    };
+
+    // A certificate of the callers' CA with the operator's name: refused (403), with or without a
+    // token, and counted.
+    let refused = add("impostor", "eu-west-1").await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_an_operator_certificate", "{body}");
+    let with_token = pki
+        .client("impostor")
+        .post(format!("{}/v1/regions", registry.url))
+        .bearer_auth(&registry.token)
+        .json(&serde_json::json!({ "name": "eu-west-1" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_token.status(), 403);
+    // `CN=ops-oncall` without a URI SAN names nobody at all.
+    assert!(add("cn-ops", "eu-west-1").await.is_err(), "CN=ops-oncall got an answer");
+    // A worker's certificate reads, and cannot write.
+    assert_eq!(pki.client("worker").get(format!("{}/v1/regions", registry.url)).send().await.unwrap().status(), 200);
+    assert_eq!(add("worker", "eu-west-1").await.unwrap().status(), 401);
+    // The operators' CA's certificate writes, and the audit names it.
+    assert_eq!(add("operator", "eu-west-1").await.unwrap().status(), 201);
+    let audit: serde_json::Value =
+        pki.client("operator").get(format!("{}/v1/audit", registry.url)).send().await.unwrap().json().await.unwrap();
+    assert!(audit.to_string().contains(OPS), "{audit}");
+    assert_eq!(audit.to_string().matches("eu-west-1").count(), 1, "one write only: {audit}");
+
+    let text =
+        pki.client("worker").get(format!("{}/metrics", registry.url)).send().await.unwrap().text().await.unwrap();
+    let refusals = "idgen_registry_writes_refused_total";
+    assert_eq!(series(&text, refusals, "not_an_operator_certificate"), 2.0);
+    assert_eq!(series(&text, refusals, "no_credentials"), 1.0);
+    assert!(series(&text, "idgen_tls_handshake_failures_total", "certificate_names_nobody") >= 1.0);
+    println!(
+        "registry: the operator CA's certificate wrote; the same name from the callers' CA was refused twice, counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_crl_revokes_at_the_handshake_and_a_new_one_on_sighup() {
+    let pki = Pki::new();
+    let good = pki.keep("good", pki.callers.client(ORDERS).unwrap());
+    let leaked = pki.keep("leaked", pki.callers.client("spiffe://corp/ns/leaked/sa/api").unwrap());
+    std::fs::write(pki.path("crl.pem"), pki.callers.crl(&[&leaked]).unwrap()).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let crl = format!("crl = [{:?}]\n", pki.path("crl.pem"));
+    let worker = WorkerProcess::start(&worker_spec(work.path(), pki.tls_section(&crl))).await.unwrap();
+
+    assert_eq!(caller_seen(&pki, &worker.url, "good").await, Ok(ORDERS.to_owned()));
+    let refused = caller_seen(&pki, &worker.url, "leaked").await;
+    assert!(refused.is_err(), "a revoked certificate was served: {refused:?}");
+
+    // A new list revoking `good` as well, then SIGHUP: new connections with it are refused.
+    std::fs::write(pki.path("crl.pem"), pki.callers.crl(&[&leaked, &good]).unwrap()).unwrap();
+    worker.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while caller_seen(&pki, &worker.url, "good").await.is_ok() {
+        assert!(Instant::now() < deadline, "the new CRL was not in force 10 s after SIGHUP");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A list that does not parse is refused: the one in force stays.
+    std::fs::write(pki.path("crl.pem"), "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n").unwrap();
+    worker.signal(libc::SIGHUP);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(caller_seen(&pki, &worker.url, "good").await.is_err(), "a broken CRL file lifted the revocation");
+
+    pki.keep("fresh", pki.callers.client("spiffe://corp/ns/fresh/sa/api").unwrap());
+    let text = worker.metrics(&pki.client("fresh")).await.unwrap();
+    assert!(series(&text, "idgen_tls_handshake_failures_total", "certificate_revoked") >= 2.0, "{text}");
+    println!("CRL: the revoked certificate was refused; a new list on SIGHUP revoked one accepted before");
+}
