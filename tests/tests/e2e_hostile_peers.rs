@@ -57,7 +57,8 @@ impl Pki {
 
     fn tls_section(&self) -> String {
         format!(
-            "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+            // The development CA's client certificates name their caller by CN.
+            "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\nidentity = \"cn\"\n",
             self.path("server.pem"),
             self.path("server-key.pem"),
             self.path("ca.pem")
