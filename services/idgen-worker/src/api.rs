@@ -407,12 +407,14 @@ mod tests {
     /// whitespace, and `\f{}\f` was taken as `{}` by the single-ID fast path.
     #[test]
     fn only_json_whitespace_surrounds_a_body() {
-        for bytes in [&b"\x0c{}\x0c"[..], b"\x0c", b"\x0b{}", b"{}\x0c"] {
+        // Found by schemathesis: a body of only whitespace is not JSON (only no body at all is
+        // "nothing").
+        for bytes in [&b"\x0c{}\x0c"[..], b"\x0c", b"\x0b{}", b"{}\x0c", b"\n", b" \r\n"] {
             let refused = crate::body::check_single_body(bytes).unwrap_err();
             assert_eq!(refused.code, "invalid_body", "{bytes:?}");
             assert_eq!(count_of(bytes, Some(1)).unwrap_err().code, "invalid_body", "{bytes:?}");
         }
-        for bytes in [&b" \t\r\n{}\n"[..], b"", b" \r\n"] {
+        for bytes in [&b" \t\r\n{}\n"[..], b""] {
             assert_eq!(crate::body::check_single_body(bytes), Ok(()), "{bytes:?}");
         }
     }

@@ -46,11 +46,12 @@ pub fn count_of(bytes: &[u8], default: Option<u64>) -> Result<u32, BodyError> {
     }
 }
 
-/// The body as a JSON object; an empty body (or only whitespace) is `None`. This general reading
+/// The body as a JSON object; an empty body (no bytes at all) is `None`. One of only whitespace
+/// is not JSON, and refused like any other text that is not an object. This general reading
 /// is the one that words the errors; the typed fast paths below fall back to it on anything they
 /// do not accept, so every error code and message comes from here.
 pub fn parse_object(bytes: &[u8]) -> Result<Option<Map<String, Value>>, BodyError> {
-    if bytes.iter().all(is_json_whitespace) {
+    if bytes.is_empty() {
         return Ok(None);
     }
     match serde_json::from_slice::<Value>(bytes) {
@@ -69,7 +70,7 @@ pub fn accepts_no_fields(bytes: &[u8]) -> bool {
     let start = bytes.iter().position(|b| !is_json_whitespace(b)).unwrap_or(bytes.len());
     let end = bytes.iter().rposition(|b| !is_json_whitespace(b)).map_or(start, |last| last + 1);
     let trimmed = &bytes[start..end];
-    trimmed.is_empty() || trimmed == b"{}" || (is_object(bytes) && serde_json::from_slice::<NoFields>(bytes).is_ok())
+    bytes.is_empty() || trimmed == b"{}" || (is_object(bytes) && serde_json::from_slice::<NoFields>(bytes).is_ok())
 }
 
 /// `POST /v1/ids`: `{}` (any whitespace) or nothing.
