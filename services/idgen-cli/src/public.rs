@@ -30,6 +30,18 @@ pub enum PublicCommand {
         #[arg(long)]
         json: bool,
     },
+    /// PostgreSQL, after an upgrade to 16-byte mappings: check that every mapping of the table
+    /// from before (public_ids) was copied by `init`, and drop it, its triggers and functions.
+    /// Run it once no instance of the previous version is left (they would fail from then on);
+    /// refused, dropping nothing, while any mapping lacks its copy.
+    DropLegacyTable {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        owner: crate::OwnerUrl,
+        #[arg(long)]
+        json: bool,
+    },
     /// The public ID of an internal ID (created if it has none in that format).
     Create {
         internal_id: String,
@@ -99,12 +111,21 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
         }
         PublicCommand::Init { config: file, owner, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
-            let key = idgen_public_ids::init(&config, owner.url.as_deref(), owner.runtime_password.as_deref()).await?;
+            let done = idgen_public_ids::init(&config, owner.url.as_deref(), owner.runtime_password.as_deref()).await?;
+            let (key, copied) = (done.key_version_made, done.copied);
             let database = idgen::config::redacted_url(config.database_url());
             if json {
-                println!("{}", json!({"database": database, "key_version_made": key}));
+                let copied = copied.map(|c| json!({"opaque": c.opaque, "uuidv7": c.uuidv7}));
+                println!("{}", json!({"database": database, "key_version_made": key, "legacy_copied": copied}));
             } else {
                 println!("{database}: the public-ID service's tables are in place (migrations up to date)");
+                if let Some(copied) = copied {
+                    println!(
+                        "copied the mappings made before 16-byte storage: {} opaque, {} UUIDv7; once no instance of \
+                         the previous version runs: idgen public drop-legacy-table",
+                        copied.opaque, copied.uuidv7
+                    );
+                }
                 match (key, &config.kms) {
                     (Some(version), Some(kms)) => {
                         println!("data key version {version} made under KMS key {}", kms.key_id)
@@ -112,6 +133,24 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
                     (None, Some(_)) => println!("a data key is already stored: none made"),
                     (_, None) => println!("no [kms] key configured: no data key made (the encrypted format is off)"),
                 }
+            }
+            Ok(())
+        }
+        PublicCommand::DropLegacyTable { config, owner, json } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
+            let dropped = idgen_public_ids::drop_legacy_table(&config, owner.url.as_deref()).await?;
+            let rows = match dropped {
+                idgen_public_ids::store::legacy::Dropped::Dropped { rows } => Some(rows),
+                idgen_public_ids::store::legacy::Dropped::NothingToDrop => None,
+            };
+            match (json, rows) {
+                (true, _) => println!("{}", json!({"dropped": rows.is_some(), "rows": rows})),
+                (false, Some(rows)) => {
+                    println!(
+                        "dropped the table of mappings from before 16-byte storage: its {rows} rows were all copied"
+                    )
+                }
+                (false, None) => println!("nothing to drop: no table of mappings from before 16-byte storage"),
             }
             Ok(())
         }

@@ -15,15 +15,22 @@ use idgen_server::{Caller, Quotas};
 
 use crate::access::{Access, Forbidden, Operation};
 use crate::body::{self, only_fields, parse_format, parse_internal_id};
+use crate::cache::MappingCache;
 use crate::format::{self, Format, Keyring, RandomSource, RandomSourceMetrics};
 use crate::store::{CreateError, Mapping, PublicIdStore};
 
 const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const MAX_BATCH: usize = 1_000;
 
+/// PostgreSQL's SQLSTATE for a statement cancelled, by `statement_timeout` among others.
+const QUERY_CANCELED: &str = "57014";
+
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<PublicIdStore>,
+    /// Stored mappings already seen, asked before `store` by resolves and lookups, filled by
+    /// every mapping created or found (`[cache]`).
+    pub cache: Arc<MappingCache>,
     /// `None` when no KMS key is configured: the encrypted format is then unavailable.
     pub keyring: Option<Arc<Keyring>>,
     /// Public IDs created or resolved per second, per caller (a batch of N counts N).
@@ -93,13 +100,22 @@ impl ApiError {
             retry_after_secs: Some(1),
         }
     }
+    /// 503 with `Retry-After`, whatever the database did: no free connection within the
+    /// acquire timeout, a statement past its timeout, or no answer at all.
     fn storage(error: sqlx::Error) -> Self {
         tracing::error!(%error, "public-ID storage");
+        let message = match &error {
+            sqlx::Error::PoolTimedOut => "the database is busy: no connection to it was free in time",
+            sqlx::Error::Database(e) if e.code().as_deref() == Some(QUERY_CANCELED) => {
+                "the database is slow: it did not answer in time"
+            }
+            _ => "the database is unavailable",
+        };
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "storage_unavailable",
-            message: "the database is unavailable".into(),
-            retry_after_secs: None,
+            message: message.into(),
+            retry_after_secs: Some(1),
         }
     }
 }
@@ -180,13 +196,17 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                 Format::Uuidv7 => format::new_uuidv7(random, idgen::system_unix_ms()),
                 _ => format::new_opaque(random),
             };
-            state.store.create_batch(ids, format, &make, now_ms).await.map_err(|error| match error {
+            let mappings = state.store.create_batch(ids, format, &make, now_ms).await.map_err(|error| match error {
                 CreateError::Storage(error) => ApiError::storage(error),
                 CreateError::Random(error) => {
                     state.random_failures.failed(format);
                     ApiError::random_unavailable(format, error)
                 }
-            })
+            })?;
+            for m in &mappings {
+                state.cache.remember(m.internal_id, format, &m.public_id);
+            }
+            Ok(mappings)
         }
     }
 }
@@ -257,14 +277,42 @@ pub async fn resolve(
     let Some(public_id) = public_id else { return Err(ApiError::not_found()) };
     let internal = match shape {
         Some(Format::Encrypted) => state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)),
-        Some(Format::Opaque) => state.store.resolve(&public_id).await.map_err(ApiError::storage)?,
-        Some(Format::Uuidv7) => {
-            state.store.resolve(&public_id.to_ascii_lowercase()).await.map_err(ApiError::storage)?
-        }
+        Some(stored) => resolve_stored(&state, stored, &public_id).await?,
         None => None,
     };
     let internal = internal.ok_or_else(ApiError::not_found)?;
     Ok(Json(json!({"public_id": public_id, "internal_id": internal.to_string()})))
+}
+
+/// The internal ID of a stored (opaque or UUIDv7) public ID: from the cache, else from the
+/// database, and then kept in the cache. Not found is asked of the database every time.
+async fn resolve_stored(state: &AppState, format: Format, public_id: &str) -> Result<Option<u64>, ApiError> {
+    if let Some(internal_id) = state.cache.resolve(format, public_id) {
+        return Ok(Some(internal_id));
+    }
+    // UUIDs are stored in lowercase.
+    let stored = match format {
+        Format::Uuidv7 => public_id.to_ascii_lowercase(),
+        _ => public_id.to_owned(),
+    };
+    let found = state.store.resolve(format, &stored).await.map_err(ApiError::storage)?;
+    if let Some(internal_id) = found {
+        state.cache.remember(internal_id, format, &stored);
+    }
+    Ok(found)
+}
+
+/// The stored public ID of `internal_id` in `format` (opaque or UUIDv7): from the cache, else
+/// from the database, and then kept in the cache.
+async fn lookup_stored(state: &AppState, internal_id: u64, format: Format) -> Result<Option<String>, ApiError> {
+    if let Some(public_id) = state.cache.lookup(internal_id, format) {
+        return Ok(Some(public_id.to_string()));
+    }
+    let found = state.store.lookup(internal_id, format).await.map_err(ApiError::storage)?;
+    if let Some(public_id) = &found {
+        state.cache.remember(internal_id, format, public_id);
+    }
+    Ok(found)
 }
 
 /// The format a public ID's text has the shape of: 28 characters (encrypted), 26 lowercase
@@ -298,7 +346,7 @@ pub async fn lookup(
     let id = parse_internal_id(&Value::String(text))?;
     let public_id = match format {
         Format::Encrypted => map_ids(&state, &[id], format).await?.remove(0).public_id,
-        stored => state.store.lookup(id, stored).await.map_err(ApiError::storage)?.ok_or_else(|| ApiError {
+        stored => lookup_stored(&state, id, stored).await?.ok_or_else(|| ApiError {
             status: StatusCode::NOT_FOUND,
             code: "not_found",
             message: format!("internal ID {id} has no {} public ID", stored.as_str()),

@@ -2,12 +2,14 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde::Deserialize;
 
 use crate::access::AccessSection;
 use crate::format::Format;
+use crate::store::PoolSettings;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -28,6 +30,19 @@ pub struct PublicIdsConfig {
     pub database_url: Option<String>,
     /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
     pub sqlite_open_timeout_ms: u64,
+    /// PostgreSQL: a read replica of `database_url` (a region's streaming replica, an Aurora
+    /// reader). Resolves and lookups read it first; a miss or a failure there is read again on
+    /// the primary, so replica lag never answers 404 for a mapping that exists. Creates always go
+    /// to the primary. Its pool takes the same size and timeouts.
+    pub read_database_url: Option<String>,
+    /// PostgreSQL: the connections the service keeps to its database at most (default 16).
+    pub database_pool_size: u32,
+    /// PostgreSQL: how long a request waits for a free connection before it is answered 503
+    /// with `Retry-After` (ms, default 1,000).
+    pub database_acquire_timeout_ms: u64,
+    /// PostgreSQL: how long one statement may run (`statement_timeout`, set on every connection)
+    /// before it is cancelled and the request answered 503 with `Retry-After` (ms, default 3,000).
+    pub database_statement_timeout_ms: u64,
     /// The formats this service offers (default: all three). A request for another is answered
     /// 400 `format_unavailable`.
     pub formats: Vec<String>,
@@ -52,10 +67,36 @@ pub struct PublicIdsConfig {
     pub kms_probe_ms: u64,
     /// What a peer may hold of each listener: a connection cap and the deadlines.
     pub limits: idgen_server::LimitsSection,
+    /// The read cache of stored mappings ([`crate::cache`]).
+    pub cache: CacheSection,
+}
+
+/// `[cache]`: how many entries the read cache keeps in memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheSection {
+    /// At most this many entries (a mapping known both ways, resolved and looked up, is two);
+    /// 0 turns the cache off. Default 100,000.
+    pub max_entries: u64,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        CacheSection { max_entries: 100_000 }
+    }
 }
 
 /// The shortest probe interval either probe takes: a probe is a health check, not load.
 pub const MIN_PROBE_MS: u64 = 1_000;
+
+/// The most connections `database_pool_size` takes (PostgreSQL's own default `max_connections`
+/// is 100, shared by every instance).
+pub const MAX_POOL_SIZE: u32 = 500;
+
+/// The range of the database timeouts: a request is never to wait longer than a minute, and a
+/// timeout under 10 ms would refuse a healthy database.
+pub const MIN_DATABASE_TIMEOUT_MS: u64 = 10;
+pub const MAX_DATABASE_TIMEOUT_MS: u64 = 60_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,6 +123,10 @@ impl Default for PublicIdsConfig {
             health_listen: None,
             database_url: None,
             sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
+            read_database_url: None,
+            database_pool_size: PoolSettings::default().connections,
+            database_acquire_timeout_ms: PoolSettings::default().acquire_timeout.as_millis() as u64,
+            database_statement_timeout_ms: PoolSettings::default().statement_timeout.as_millis() as u64,
             formats: ["opaque", "uuidv7", "encrypted"].map(String::from).to_vec(),
             kms: None,
             development_key_file: None,
@@ -91,6 +136,7 @@ impl Default for PublicIdsConfig {
             database_probe_ms: 15_000,
             kms_probe_ms: 300_000,
             limits: idgen_server::LimitsSection::default(),
+            cache: CacheSection::default(),
         }
     }
 }
@@ -143,6 +189,15 @@ impl PublicIdsConfig {
         self.database_url.as_deref().unwrap_or(Self::DEVELOPMENT_DATABASE_URL)
     }
 
+    /// The PostgreSQL pool's size and timeouts (validated at load).
+    pub fn pool_settings(&self) -> PoolSettings {
+        PoolSettings {
+            connections: self.database_pool_size,
+            acquire_timeout: Duration::from_millis(self.database_acquire_timeout_ms),
+            statement_timeout: Duration::from_millis(self.database_statement_timeout_ms),
+        }
+    }
+
     /// The formats offered, parsed (validated at load).
     pub fn offered(&self) -> Vec<Format> {
         self.formats.iter().filter_map(|f| Format::parse(f)).collect()
@@ -182,6 +237,29 @@ impl PublicIdsConfig {
                 anyhow::bail!("{key} must be at least {MIN_PROBE_MS} (ms), not {ms}");
             }
         }
+        if let Some(read) = &self.read_database_url
+            && (!read.starts_with("postgres") || !self.database_url().starts_with("postgres"))
+        {
+            anyhow::bail!(
+                "read_database_url is for a PostgreSQL read replica of a PostgreSQL database_url; got {} beside {}",
+                idgen::config::redacted_url(read),
+                idgen::config::redacted_url(self.database_url())
+            );
+        }
+        if !(1..=MAX_POOL_SIZE).contains(&self.database_pool_size) {
+            anyhow::bail!("database_pool_size must be 1 to {MAX_POOL_SIZE}, not {}", self.database_pool_size);
+        }
+        for (key, ms) in [
+            ("database_acquire_timeout_ms", self.database_acquire_timeout_ms),
+            ("database_statement_timeout_ms", self.database_statement_timeout_ms),
+        ] {
+            if !(MIN_DATABASE_TIMEOUT_MS..=MAX_DATABASE_TIMEOUT_MS).contains(&ms) {
+                anyhow::bail!(
+                    "{key} must be {MIN_DATABASE_TIMEOUT_MS} to {MAX_DATABASE_TIMEOUT_MS} (ms), not {ms}: a request \
+                     waits at most that long for the database"
+                );
+            }
+        }
         if let Some(access) = &self.access {
             access.validate(self.development)?;
         }
@@ -196,7 +274,13 @@ impl PublicIdsConfig {
     pub fn check(&self) -> anyhow::Result<Vec<String>> {
         let listener = self.tls.check()?;
         let database = if self.database_url().starts_with("postgres") {
-            format!("PostgreSQL at {}", idgen::config::redacted_url(self.database_url()))
+            format!(
+                "PostgreSQL at {}: a pool of {} connections, {} ms to get one, {} ms a statement",
+                idgen::config::redacted_url(self.database_url()),
+                self.database_pool_size,
+                self.database_acquire_timeout_ms,
+                self.database_statement_timeout_ms
+            )
         } else {
             format!("{} (a local file: development only)", self.database_url())
         };
@@ -214,12 +298,23 @@ impl PublicIdsConfig {
                 }
             ),
             format!("database: {database}"),
+            match &self.read_database_url {
+                Some(url) => format!(
+                    "read replica: {} (resolves and lookups; a miss there is read again on the primary)",
+                    idgen::config::redacted_url(url)
+                ),
+                None => "read replica: none (every read asks the primary)".into(),
+            },
             format!("formats: {}", self.formats.join(", ")),
             format!("KMS: {kms}"),
             format!("listener: {listener} on {}", self.listen),
             idgen_server::limits::describe_health_listen(self.health_listen),
             self.limits.describe(),
             format!("access: {}", crate::access::describe(self.access.as_ref(), self.development)),
+            match self.cache.max_entries {
+                0 => "cache: off (every resolve and lookup asks the database)".into(),
+                n => format!("cache: up to {n} entries of stored mappings in memory"),
+            },
         ])
     }
 }
@@ -259,6 +354,14 @@ mod tests {
         );
         let config = load(dir.path(), "development = true\n").unwrap();
         assert_eq!(config.database_url(), "sqlite://.idgen/public-ids.db");
+        assert_eq!(config.cache.max_entries, 100_000, "the cache is on by default");
+        let config = load(dir.path(), "development = true\n[cache]\nmax_entries = 0\n").unwrap();
+        assert_eq!(config.cache.max_entries, 0);
+        assert!(config.check().unwrap().iter().any(|line| line.starts_with("cache: off")));
+        assert!(
+            format!("{:#}", load(dir.path(), "development = true\n[cache]\nmax_entrys = 5\n").unwrap_err())
+                .contains("max_entrys")
+        );
         assert_eq!(config.offered(), vec![Format::Opaque, Format::Uuidv7, Format::Encrypted]);
     }
 }

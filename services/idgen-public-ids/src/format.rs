@@ -150,6 +150,26 @@ pub fn new_uuidv7(random: &dyn RandomSource, unix_ms: i64) -> Result<String, Ran
     Ok(idgen::core::uuid::format(&idgen::core::uuid::new_v7(unix_ms, counter, tail)))
 }
 
+/// The 16 bytes of a stored public ID's text in `format` (opaque: 26 Crockford characters;
+/// UUIDv7: its hyphenated text, either case); `None` for text of another shape, and for the
+/// encrypted format, which is never stored.
+pub fn stored_bytes(format: Format, text: &str) -> Option<[u8; 16]> {
+    match format {
+        Format::Opaque => crockford_decode(text, 16)?.try_into().ok(),
+        Format::Uuidv7 => idgen::core::uuid::parse_v7(text).ok(),
+        Format::Encrypted => None,
+    }
+}
+
+/// The text of a stored public ID from its 16 bytes, as it was handed out: opaque as 26
+/// lowercase Crockford characters, UUIDv7 hyphenated in lowercase.
+pub fn stored_text(format: Format, bytes: &[u8; 16]) -> String {
+    match format {
+        Format::Uuidv7 => idgen::core::uuid::format(bytes),
+        _ => crockford_encode(bytes),
+    }
+}
+
 pub fn is_opaque_text(text: &str) -> bool {
     crockford_decode(text, 16).is_some() && text.bytes().all(|b| !b.is_ascii_uppercase())
 }

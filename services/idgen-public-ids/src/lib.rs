@@ -3,11 +3,13 @@
 //! AES-256 under a data key that AWS KMS generated and unwraps at start-up). Resolving an
 //! unknown, malformed or forged public ID gives one and the same 404. Who may create, resolve and
 //! look up is configured per caller identity, operation and format (`[access]`): anyone else is
-//! refused 403 before any database or KMS work.
+//! refused 403 before any database or KMS work. Stored mappings never change once made, so the
+//! ones an instance has seen are kept in a bounded read cache ([`cache`]); a miss never is.
 
 pub mod access;
 pub mod api;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod format;
 pub mod kms;
@@ -61,8 +63,18 @@ pub async fn init(
     config: &PublicIdsConfig,
     owner_url: Option<&str>,
     runtime_password: Option<&str>,
-) -> anyhow::Result<Option<u8>> {
+) -> anyhow::Result<Initialized> {
     init_counting(config, owner_url, runtime_password, &kms::KmsMetrics::default()).await
+}
+
+/// What [`init`] did beyond the migrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Initialized {
+    /// The data key version it made, if it made one.
+    pub key_version_made: Option<u8>,
+    /// The mappings made before 16-byte storage that it copied, if there were any to copy
+    /// ([`store::legacy`]).
+    pub copied: Option<store::legacy::Copied>,
 }
 
 /// [`init`], counting its KMS calls in `metrics`.
@@ -71,20 +83,37 @@ async fn init_counting(
     owner_url: Option<&str>,
     runtime_password: Option<&str>,
     metrics: &kms::KmsMetrics,
-) -> anyhow::Result<Option<u8>> {
+) -> anyhow::Result<Initialized> {
     let within = std::time::Duration::from_millis(config.sqlite_open_timeout_ms);
     let url = owner_url.unwrap_or(config.database_url());
     let runtime_role = idgen_server::database::runtime_role(owner_url, config.database_url())?;
     let runtime = runtime_role.as_deref().map(|role| (role, runtime_password));
-    store::PublicIdStore::initialize(url, within, runtime)
+    let copied = store::PublicIdStore::initialize(url, within, runtime)
         .await
         .with_context(|| format!("initializing the public-ID database {}", idgen::config::redacted_url(url)))?;
     let (Some(kms), true) = (&config.kms, config.offered().contains(&format::Format::Encrypted)) else {
-        return Ok(None);
+        return Ok(Initialized { key_version_made: None, copied });
     };
     let store = store::PublicIdStore::open(url, within).await?;
     let client = kms::client(&kms.settings()).await;
-    kms::init_keys(&store, &client, &kms.key_id, metrics).await
+    Ok(Initialized { key_version_made: kms::init_keys(&store, &client, &kms.key_id, metrics).await?, copied })
+}
+
+/// `idgen public drop-legacy-table`: drops PostgreSQL's table of mappings from before 16-byte
+/// storage once every row of it is copied ([`store::legacy::drop_legacy_table`]), as the
+/// schema's owner (`owner_url`) or the configured database's user.
+pub async fn drop_legacy_table(
+    config: &PublicIdsConfig,
+    owner_url: Option<&str>,
+) -> anyhow::Result<store::legacy::Dropped> {
+    let url = owner_url.unwrap_or(config.database_url());
+    let connection = idgen_server::database::Connection::connect(url).await?;
+    let dropped = match &connection {
+        idgen_server::database::Connection::Postgres(pool) => store::legacy::drop_legacy_table(pool).await,
+        idgen_server::database::Connection::Sqlite(_) => Ok(store::legacy::Dropped::NothingToDrop),
+    };
+    connection.close().await;
+    dropped
 }
 
 /// Says at start-up (and on reload) who may do what; a warning when an operation is open to
@@ -161,10 +190,14 @@ pub async fn serve(
         tracing::warn!(database = %idgen::config::redacted_url(url), "DEVELOPMENT mode: the public-ID database (and a first data key) is made at start-up");
         init_counting(&config, None, None, &kms_metrics).await?;
     }
-    let store = store::PublicIdStore::open(url, within)
+    let mut store = store::PublicIdStore::open_with(url, within, config.pool_settings())
         .await
         .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?;
     store.metrics().register(&mut registry);
+    if let Some(read) = &config.read_database_url {
+        store = store.with_replica(read, config.pool_settings())?;
+        store.metrics().register_replica(&mut registry);
+    }
     let offered = config.offered();
     let mut kms_probe = None;
     let keyring = match (&config.kms, &config.development_key_file) {
@@ -221,8 +254,11 @@ pub async fn serve(
         log_access(&fresh);
         Ok(())
     });
+    let cache = Arc::new(cache::MappingCache::new(config.cache.max_entries));
+    cache.register(&mut registry);
     let state = AppState {
         store: Arc::new(store),
+        cache,
         keyring,
         quotas,
         formats: offered.into(),
@@ -240,7 +276,12 @@ pub async fn serve(
         idgen_server::serve::health_suffix(health.as_ref())?
     );
     let store = state.store.clone();
-    let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
+    let pool = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
+    let cache = state.cache.clone();
+    let refresh = move || {
+        pool();
+        cache.refresh_gauge();
+    };
     let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
     metrics.http.create_documented(api::OPENAPI, str::to_owned);
     let health_routes = health_router(state.clone(), metrics.clone());

@@ -1,8 +1,22 @@
-//! Mappings and wrapped data keys, in PostgreSQL (production) or SQLite (embedded default): one
-//! implementation over sqlx `Any`, the same suite run on both.
+//! Mappings and wrapped data keys, in PostgreSQL (production) or SQLite (embedded default), the
+//! same suite run on both.
+//!
+//! PostgreSQL keeps a mapping at its cost: a table per stored format (the format is the table,
+//! not a text on every row), the public ID as its 16 bytes in a `uuid` (opaque IDs are 128
+//! random bits, UUIDv7s are UUIDs), the internal ID as a `bigint`, and nothing else: no read
+//! needs the creation time the first schema kept, so it went. A row is 24 bytes of data after
+//! PostgreSQL's 24-byte tuple header; the primary key (internal ID) serves lookups, and a unique
+//! index of the public ID's last 8 bytes resolves ([`public_id_key`]; migration 0003 says why).
+//! It is reached through its own driver: prepared statements, a batch bound as two arrays, a
+//! bounded pool and a statement timeout ([`PoolSettings`]), and an optional read replica that
+//! never answers "not found" alone ([`PublicIdStore::with_replica`]). SQLite, the embedded
+//! default, keeps the first schema (one table, the public ID as its text).
 
+use std::collections::HashMap;
+use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use idgen_server::database::{Connection, Schema};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -10,10 +24,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use sqlx::any::AnyPoolOptions;
-use sqlx::{AnyPool, Row};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::{PgPool, SqlitePool};
 
-use crate::format::{Format, RandomUnavailable};
+use crate::format::{self, Format, RandomUnavailable};
+
+pub mod legacy;
 
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/sqlite");
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/postgres");
@@ -23,8 +40,16 @@ const SCHEMA: Schema = Schema {
     service: "public-ID service",
     // What the running service does: adds mappings and reads them, reads the wrapped data keys.
     // A mapping is never changed or deleted; data keys are made and re-wrapped by `idgen public
-    // init` and `rotate-key`, under the role that owns the schema.
-    tables: &[("public_ids", "SELECT, INSERT"), ("public_id_keys", "SELECT")],
+    // init` and `rotate-key`, under the role that owns the schema. PostgreSQL keeps mappings in
+    // a table per format; `public_ids` is SQLite's one table, and PostgreSQL's from before, kept
+    // in step with the new ones ([`legacy`]) until `idgen public drop-legacy-table`.
+    tables: &[
+        ("public_ids_opaque", "SELECT, INSERT"),
+        ("public_ids_uuidv7", "SELECT, INSERT"),
+        ("public_ids", "SELECT, INSERT"),
+        ("public_ids_legacy_copy", "SELECT"),
+        ("public_id_keys", "SELECT"),
+    ],
     sequences: &[],
     sqlite: &SQLITE,
     postgres: &POSTGRES,
@@ -64,7 +89,24 @@ pub struct StoreMetrics {
     /// 1 if the last probe (`SELECT 1`) answered within its time, 0 if not.
     pub up: Gauge,
     pub errors: Family<StorageOperationLabel, Counter>,
+    /// Resolves and lookups asked of the read replica, by what came of it ([`REPLICA_OUTCOMES`]).
+    pub replica_reads: Family<ReplicaOutcomeLabel, Counter>,
 }
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaOutcomeLabel {
+    pub outcome: &'static str,
+}
+
+/// What a read meant for the replica: `found` there; `missed` there and asked of the primary
+/// (replica lag, or an ID that exists nowhere); `failed` there (asked of the primary, and the
+/// replica left alone for [`REPLICA_RETRY`]); `skipped` (asked only of the primary, within that
+/// time).
+pub const REPLICA_OUTCOMES: [&str; 4] = ["found", "missed", "failed", "skipped"];
+
+/// How long reads leave a replica alone after it failed one, so that a replica that is gone costs
+/// one timeout, not one per request.
+pub const REPLICA_RETRY: Duration = Duration::from_secs(5);
 
 impl StoreMetrics {
     pub fn register(&self, registry: &mut Registry) {
@@ -82,23 +124,151 @@ impl StoreMetrics {
             self.errors.clone(),
         );
     }
+
+    /// The replica's series, each at 0 from the start: only with a `read_database_url`.
+    pub fn register_replica(&self, registry: &mut Registry) {
+        for outcome in REPLICA_OUTCOMES {
+            let _ = self.replica_reads.get_or_create(&ReplicaOutcomeLabel { outcome });
+        }
+        registry.register(
+            "idgen_public_replica_reads",
+            "Resolves and lookups asked of the read replica, by outcome: found there; missed there and asked of the \
+             primary; failed there and asked of the primary; skipped (the replica failed within the last 5 s)",
+            self.replica_reads.clone(),
+        );
+    }
+}
+
+/// How the service's PostgreSQL pool behaves under load ([`crate::config::PublicIdsConfig`]'s
+/// `database_*` keys): a request waits at most `acquire_timeout` for a connection and a
+/// statement runs at most `statement_timeout` (PostgreSQL's own `statement_timeout`, set on every
+/// connection), so an exhausted pool or a slow database answers 503 quickly, never hangs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub connections: u32,
+    pub acquire_timeout: Duration,
+    pub statement_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings {
+            connections: 16,
+            acquire_timeout: Duration::from_millis(1_000),
+            statement_timeout: Duration::from_millis(3_000),
+        }
+    }
+}
+
+/// The one database: PostgreSQL through its own driver (prepared statements, a public ID bound
+/// as a `uuid`), or SQLite's one file.
+#[derive(Clone)]
+enum Pool {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+/// PostgreSQL's statements on the mappings of one stored format, each prepared once per
+/// connection (sqlx keeps them by their text). A batch is bound as two arrays, so a batch of any
+/// size is one statement.
+struct Statements {
+    resolve: &'static str,
+    lookup: &'static str,
+    /// Inserts what is offered, and answers every offered internal ID's mapping: the ones it
+    /// inserted and the ones that were there (a data-modifying CTE: the join reads the table as
+    /// it was before the insert, so nothing is answered twice).
+    create: &'static str,
+}
+
+macro_rules! statements {
+    ($table:literal) => {
+        Statements {
+            // The unique index is of the public ID's last 8 bytes ($1); all 16 are compared.
+            resolve: concat!(
+                "SELECT internal_id FROM ",
+                $table,
+                " WHERE public_id_key(public_id) = $1 AND public_id = $2"
+            ),
+            lookup: concat!("SELECT public_id FROM ", $table, " WHERE internal_id = $1"),
+            create: concat!(
+                "WITH offered (internal_id, public_id) AS (SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[])), \
+                 inserted AS (INSERT INTO ",
+                $table,
+                " (internal_id, public_id) SELECT internal_id, public_id FROM offered \
+                 ON CONFLICT DO NOTHING RETURNING internal_id, public_id) \
+                 SELECT internal_id, public_id FROM inserted \
+                 UNION ALL SELECT t.internal_id, t.public_id FROM ",
+                $table,
+                " t JOIN offered o ON t.internal_id = o.internal_id"
+            ),
+        }
+    };
+}
+
+const OPAQUE: Statements = statements!("public_ids_opaque");
+const UUIDV7: Statements = statements!("public_ids_uuidv7");
+
+fn statements(format: Format) -> &'static Statements {
+    match format {
+        Format::Uuidv7 => &UUIDV7,
+        _ => &OPAQUE,
+    }
+}
+
+/// A PostgreSQL URL's options with the statement timeout of `settings` on every connection.
+fn pg_options(url: &str, settings: PoolSettings) -> Result<PgConnectOptions, sqlx::Error> {
+    let statement_timeout = settings.statement_timeout.as_millis().to_string();
+    Ok(PgConnectOptions::from_str(url)?.options([("statement_timeout", statement_timeout)]))
+}
+
+/// A stored public ID's text as the `uuid` PostgreSQL keeps; `None` for text of another shape.
+fn as_uuid(format: Format, text: &str) -> Option<uuid::Uuid> {
+    format::stored_bytes(format, text).map(uuid::Uuid::from_bytes)
 }
 
 #[derive(Clone)]
 pub struct PublicIdStore {
-    pool: AnyPool,
-    postgres: bool,
+    pool: Pool,
+    /// The read replica resolves and lookups ask first, if one is configured.
+    replica: Option<Replica>,
     metrics: Arc<StoreMetrics>,
+}
+
+/// A read replica (a streaming replica, an Aurora reader): asked first by resolves and lookups,
+/// never trusted with "not found" (a miss there is asked of the primary: replica lag never
+/// answers 404 for a mapping that exists), and left alone for [`REPLICA_RETRY`] after it fails.
+#[derive(Clone)]
+struct Replica {
+    pool: PgPool,
+    /// Until when (ms on the process's monotonic clock) reads skip it.
+    skip_until_ms: Arc<AtomicU64>,
+    began: Instant,
+}
+
+impl Replica {
+    fn now_ms(&self) -> u64 {
+        self.began.elapsed().as_millis() as u64
+    }
 }
 
 fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
 }
 
+/// Runs `$body` with `$pool` bound to whichever pool the store has (the same sqlx calls on both).
+macro_rules! on_pool {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match &$store.pool {
+            Pool::Postgres($pool) => $body,
+            Pool::Sqlite($pool) => $body,
+        }
+    };
+}
+
 impl PublicIdStore {
     /// The database pool's open connections and how many of them are idle (for `/metrics`).
     pub fn pool_connections(&self) -> (u32, usize) {
-        (self.pool.size(), self.pool.num_idle())
+        on_pool!(self, |pool| (pool.size(), pool.num_idle()))
     }
 
     /// What `/metrics` shows of the database: register it once.
@@ -119,9 +289,9 @@ impl PublicIdStore {
     /// within `within`. Sets `idgen_public_database_up` and returns whether it answered; a
     /// failure is counted (`probe`) and logged.
     pub async fn probe(&self, within: Duration) -> bool {
-        let asked = sqlx::query("SELECT 1").fetch_one(&self.pool);
+        let asked = async { on_pool!(self, |pool| sqlx::query("SELECT 1").execute(pool).await.map(|_| ())) };
         let answer = match tokio::time::timeout(within, asked).await {
-            Ok(answer) => answer.map(|_| ()),
+            Ok(answer) => answer,
             Err(_) => Err(sqlx::Error::PoolTimedOut),
         };
         if let Err(error) = &answer {
@@ -140,40 +310,57 @@ impl PublicIdStore {
 
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
     /// file ([`idgen::open_lock`]).
-    pub async fn connect_waiting(url: &str, within: std::time::Duration) -> anyhow::Result<Self> {
+    pub async fn connect_waiting(url: &str, within: Duration) -> anyhow::Result<Self> {
         Self::initialize(url, within, None).await?;
         Self::open(url, within).await
     }
 
     /// The migrations (`idgen public init`): makes an empty database the service's, or applies
-    /// those still pending; refuses another service's database. With `runtime_role`
-    /// (PostgreSQL), that role (made with the password, if one is given) is then granted exactly
-    /// what the service uses.
+    /// those still pending, then copies the mappings of a PostgreSQL database made before
+    /// mappings were kept at 16 bytes ([`legacy`]); refuses another service's database. With
+    /// `runtime_role` (PostgreSQL), that role (made with the password, if one is given) is then
+    /// granted exactly what the service uses.
     pub async fn initialize(
         url: &str,
-        within: std::time::Duration,
+        within: Duration,
         runtime_role: Option<(&str, Option<&str>)>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<legacy::Copied>> {
         // Held until the file is set up.
         let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
         let connection = Connection::connect(url).await?;
-        let mut done = connection.migrate(&SCHEMA).await;
-        if let (Ok(()), Some((role, password))) = (&done, runtime_role) {
-            done = connection.grant(&SCHEMA, role, password).await;
+        let done = async {
+            connection.migrate(&SCHEMA).await?;
+            let copied = match &connection {
+                Connection::Postgres(pool) => legacy::copy(pool, legacy::BATCH).await?,
+                Connection::Sqlite(_) => None,
+            };
+            if let Some((role, password)) = runtime_role {
+                connection.grant(&SCHEMA, role, password).await?;
+            }
+            Ok(copied)
         }
+        .await;
         connection.close().await;
         done
     }
 
+    /// [`Self::open_with`] the default pool settings (the CLI's short tasks).
+    pub async fn open(url: &str, within: Duration) -> anyhow::Result<Self> {
+        Self::open_with(url, within, PoolSettings::default()).await
+    }
+
     /// Opens the service's database to serve from it. Never initializes: an empty database, one
-    /// with migrations pending or another service's is refused ([`idgen::config::Refused`], saying
-    /// what to run).
-    pub async fn open(url: &str, within: std::time::Duration) -> anyhow::Result<Self> {
-        sqlx::any::install_default_drivers();
+    /// with migrations pending, one whose mappings made before are not all copied yet, or another
+    /// service's is refused ([`idgen::config::Refused`], saying what to run).
+    pub async fn open_with(url: &str, within: Duration, settings: PoolSettings) -> anyhow::Result<Self> {
+        let init = "idgen public init --config <this file>";
         {
             let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
             let connection = Connection::connect(url).await?;
-            let refusal = connection.refusal(&SCHEMA, "idgen public init --config <this file>").await;
+            let mut refusal = connection.refusal(&SCHEMA, init).await;
+            if let (Ok(None), Connection::Postgres(pool)) = (&refusal, &connection) {
+                refusal = legacy::refusal(pool, init).await;
+            }
             connection.close().await;
             if let Some(why) = refusal? {
                 return Err(idgen::config::Refused(format!(
@@ -183,10 +370,78 @@ impl PublicIdStore {
                 .into());
             }
         }
-        let postgres = url.starts_with("postgres");
-        let connections = if postgres { 16 } else { 1 };
-        let pool = AnyPoolOptions::new().max_connections(connections).connect(url).await?;
-        Ok(PublicIdStore { pool, postgres, metrics: Arc::default() })
+        let pool = if url.starts_with("postgres") {
+            let options = pg_options(url, settings)?;
+            Pool::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(settings.connections)
+                    .acquire_timeout(settings.acquire_timeout)
+                    .connect_with(options)
+                    .await?,
+            )
+        } else {
+            let options = SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(5));
+            Pool::Sqlite(
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(settings.acquire_timeout)
+                    .connect_with(options)
+                    .await?,
+            )
+        };
+        Ok(PublicIdStore { pool, replica: None, metrics: Arc::default() })
+    }
+
+    /// Resolves and lookups ask the PostgreSQL replica at `url` first ([`Replica`]), through a
+    /// pool of the same settings. Connected lazily: a replica that is down at start-up does not
+    /// keep the service from starting, its reads go to the primary.
+    pub fn with_replica(mut self, url: &str, settings: PoolSettings) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            matches!(self.pool, Pool::Postgres(_)),
+            "read_database_url: a read replica needs a PostgreSQL database_url"
+        );
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_lazy_with(pg_options(url, settings)?);
+        self.replica = Some(Replica { pool, skip_until_ms: Arc::default(), began: Instant::now() });
+        Ok(self)
+    }
+
+    /// The replica, unless there is none or it failed within [`REPLICA_RETRY`] (`skipped`).
+    fn replica(&self) -> Option<&Replica> {
+        let replica = self.replica.as_ref()?;
+        if replica.now_ms() < replica.skip_until_ms.load(Ordering::Relaxed) {
+            self.replica_outcome("skipped");
+            return None;
+        }
+        Some(replica)
+    }
+
+    fn replica_outcome(&self, outcome: &'static str) {
+        self.metrics.replica_reads.get_or_create(&ReplicaOutcomeLabel { outcome }).inc();
+    }
+
+    /// What the replica answered, if it is to be the answer: found there. A miss or a failure
+    /// is `None` (the caller asks the primary); a failure also leaves the replica alone for a
+    /// while.
+    fn answer_of_replica<T>(&self, replica: &Replica, answer: Result<Option<T>, sqlx::Error>) -> Option<T> {
+        match answer {
+            Ok(Some(found)) => {
+                self.replica_outcome("found");
+                Some(found)
+            }
+            Ok(None) => {
+                self.replica_outcome("missed");
+                None
+            }
+            Err(error) => {
+                tracing::warn!(%error, "public-ID storage: the read replica failed; reading the primary");
+                self.replica_outcome("failed");
+                replica.skip_until_ms.store(replica.now_ms() + REPLICA_RETRY.as_millis() as u64, Ordering::Relaxed);
+                None
+            }
+        }
     }
 
     /// The mapping of each internal ID in `format`, creating the missing ones with `make()`,
@@ -224,105 +479,96 @@ impl PublicIdStore {
             .collect()
     }
 
-    /// One statement on PostgreSQL (a data-modifying CTE), one transaction of two on SQLite.
+    /// One statement on PostgreSQL, one transaction of two on SQLite.
     async fn insert_and_read(
         &self,
         offered: &[(u64, String)],
         format: Format,
         now_ms: i64,
-    ) -> Result<std::collections::HashMap<u64, String>, sqlx::Error> {
-        let mut found = std::collections::HashMap::new();
-        if self.postgres {
-            let values: Vec<String> =
-                (0..offered.len()).map(|i| format!("(${}::BIGINT, ${}::TEXT)", 2 * i + 3, 2 * i + 4)).collect();
-            let sql = format!(
-                "WITH offered (internal_id, public_id) AS (VALUES {}), \
-                 inserted AS (INSERT INTO public_ids (internal_id, format, public_id, created_at_ms) \
-                              SELECT internal_id, $1, public_id, $2 FROM offered ON CONFLICT DO NOTHING \
-                              RETURNING internal_id, public_id) \
-                 SELECT internal_id, public_id FROM inserted \
-                 UNION ALL SELECT p.internal_id, p.public_id FROM public_ids p JOIN offered o ON p.internal_id = o.internal_id \
-                 WHERE p.format = $1",
-                values.join(", ")
-            );
-            let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms);
-            for (id, public) in offered {
-                query = query.bind(*id as i64).bind(public.clone());
-            }
-            for row in query.fetch_all(&self.pool).await? {
-                let id: i64 = row.try_get("internal_id")?;
-                found.insert(id as u64, row.try_get("public_id")?);
-            }
-            return Ok(found);
+    ) -> Result<HashMap<u64, String>, sqlx::Error> {
+        let mut found = HashMap::with_capacity(offered.len());
+        let pool = match &self.pool {
+            Pool::Sqlite(pool) => return insert_and_read_sqlite(pool, offered, format, now_ms).await,
+            Pool::Postgres(pool) => pool,
+        };
+        let mut internal_ids = Vec::with_capacity(offered.len());
+        let mut public_ids = Vec::with_capacity(offered.len());
+        for (id, text) in offered {
+            let public_id = as_uuid(format, text)
+                .ok_or_else(|| sqlx::Error::Protocol(format!("{text:?} is not a {} public ID", format.as_str())))?;
+            internal_ids.push(*id as i64);
+            public_ids.push(public_id);
         }
-        let mut tx = self.pool.begin().await?;
-        let values: Vec<String> =
-            (0..offered.len()).map(|i| format!("(${}, $1, ${}, $2)", 2 * i + 3, 2 * i + 4)).collect();
-        let sql = format!(
-            "INSERT INTO public_ids (internal_id, format, public_id, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
-            values.join(", ")
-        );
-        let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms);
-        for (id, public) in offered {
-            query = query.bind(*id as i64).bind(public.clone());
+        let rows: Vec<(i64, uuid::Uuid)> =
+            sqlx::query_as(statements(format).create).bind(internal_ids).bind(public_ids).fetch_all(pool).await?;
+        for (id, public_id) in rows {
+            found.insert(id as u64, format::stored_text(format, public_id.as_bytes()));
         }
-        query.execute(&mut *tx).await?;
-        let list: Vec<String> = (0..offered.len()).map(|i| format!("${}", i + 2)).collect();
-        let sql = format!(
-            "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id IN ({})",
-            list.join(", ")
-        );
-        let mut query = sqlx::query(&sql).bind(format.as_str());
-        for (id, _) in offered {
-            query = query.bind(*id as i64);
-        }
-        for row in query.fetch_all(&mut *tx).await? {
-            let id: i64 = row.try_get("internal_id")?;
-            found.insert(id as u64, row.try_get("public_id")?);
-        }
-        tx.commit().await?;
         Ok(found)
     }
 
-    /// The internal ID a stored public ID maps to.
-    pub async fn resolve(&self, public_id: &str) -> Result<Option<u64>, sqlx::Error> {
-        let row = sqlx::query("SELECT internal_id FROM public_ids WHERE public_id = $1")
-            .bind(public_id)
-            .fetch_optional(&self.pool)
-            .await;
-        let row = self.counted("resolve", row)?;
-        row.map(|r| r.try_get::<i64, _>("internal_id").map(|id| id as u64)).transpose()
+    /// The internal ID a stored public ID of `format` maps to (`None` for text not of its shape).
+    pub async fn resolve(&self, format: Format, public_id: &str) -> Result<Option<u64>, sqlx::Error> {
+        let found: Result<Option<i64>, sqlx::Error> = match &self.pool {
+            Pool::Postgres(pool) => {
+                let Some(public_id) = as_uuid(format, public_id) else { return Ok(None) };
+                if let Some(replica) = self.replica() {
+                    let answer = resolve_on(&replica.pool, format, public_id).await;
+                    if let Some(found) = self.answer_of_replica(replica, answer) {
+                        return Ok(Some(found as u64));
+                    }
+                }
+                resolve_on(pool, format, public_id).await
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_scalar("SELECT internal_id FROM public_ids WHERE public_id = $1 AND format = $2")
+                    .bind(public_id)
+                    .bind(format.as_str())
+                    .fetch_optional(pool)
+                    .await
+            }
+        };
+        Ok(self.counted("resolve", found)?.map(|id| id as u64))
     }
 
     /// The stored public ID of an internal ID in a format.
     pub async fn lookup(&self, internal_id: u64, format: Format) -> Result<Option<String>, sqlx::Error> {
-        let row = sqlx::query("SELECT public_id FROM public_ids WHERE internal_id = $1 AND format = $2")
-            .bind(internal_id as i64)
-            .bind(format.as_str())
-            .fetch_optional(&self.pool)
-            .await;
-        let row = self.counted("lookup", row)?;
-        row.map(|r| r.try_get("public_id")).transpose()
+        let found = match &self.pool {
+            Pool::Postgres(pool) => {
+                let text = |public_id: uuid::Uuid| format::stored_text(format, public_id.as_bytes());
+                if let Some(replica) = self.replica() {
+                    let answer = lookup_on(&replica.pool, format, internal_id).await;
+                    if let Some(found) = self.answer_of_replica(replica, answer) {
+                        return Ok(Some(text(found)));
+                    }
+                }
+                lookup_on(pool, format, internal_id).await.map(|found| found.map(text))
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_scalar("SELECT public_id FROM public_ids WHERE internal_id = $1 AND format = $2")
+                    .bind(internal_id as i64)
+                    .bind(format.as_str())
+                    .fetch_optional(pool)
+                    .await
+            }
+        };
+        self.counted("lookup", found)
     }
 
     /// Wrapped data keys by version, oldest first.
     pub async fn wrapped_keys(&self) -> Result<Vec<WrappedKey>, sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT version, kms_key_id, wrapped_key, encryption_context FROM public_id_keys ORDER BY version",
-        )
-        .fetch_all(&self.pool)
-        .await;
+        let sql = "SELECT version, kms_key_id, wrapped_key, encryption_context FROM public_id_keys ORDER BY version";
+        let rows: Result<Vec<KeyRow>, sqlx::Error> = on_pool!(self, |pool| sqlx::query_as(sql).fetch_all(pool).await);
         let rows = self.counted("read_keys", rows)?;
-        rows.iter()
-            .map(|r| {
-                Ok(WrappedKey {
-                    version: r.try_get::<i64, _>("version")? as u8,
-                    kms_key_id: r.try_get("kms_key_id")?,
-                    wrapped: r.try_get("wrapped_key")?,
-                    with_context: r.try_get::<i64, _>("encryption_context")? != 0,
-                })
+        Ok(rows
+            .into_iter()
+            .map(|(version, kms_key_id, wrapped, context)| WrappedKey {
+                version: version as u8,
+                kms_key_id,
+                wrapped,
+                with_context: context != 0,
             })
-            .collect()
+            .collect())
     }
 
     /// Stores a wrapped key (made with the encryption context) as the next version. `false` if
@@ -334,16 +580,18 @@ impl PublicIdStore {
         wrapped: &[u8],
         now_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        let inserted = sqlx::query(
-            "INSERT INTO public_id_keys (version, kms_key_id, wrapped_key, created_at_ms, encryption_context) \
-             VALUES ($1, $2, $3, $4, 1)",
-        )
-        .bind(i64::from(version))
-        .bind(kms_key_id)
-        .bind(wrapped.to_vec())
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await;
+        let sql = "INSERT INTO public_id_keys (version, kms_key_id, wrapped_key, created_at_ms, encryption_context) \
+                   VALUES ($1, $2, $3, $4, 1)";
+        let inserted = on_pool!(self, |pool| {
+            sqlx::query(sql)
+                .bind(i64::from(version))
+                .bind(kms_key_id)
+                .bind(wrapped)
+                .bind(now_ms)
+                .execute(pool)
+                .await
+                .map(|_| ())
+        });
         match inserted {
             Ok(_) => Ok(true),
             Err(error) if is_unique_violation(&error) => Ok(false),
@@ -354,17 +602,71 @@ impl PublicIdStore {
     /// Replaces a version's wrapped form by one made under the encryption context (by `kms_key_id`),
     /// where the stored one was made without.
     pub async fn rewrap(&self, version: u8, kms_key_id: &str, wrapped: &[u8]) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "UPDATE public_id_keys SET wrapped_key = $1, kms_key_id = $2, encryption_context = 1 \
-             WHERE version = $3 AND encryption_context = 0",
-        )
-        .bind(wrapped.to_vec())
-        .bind(kms_key_id)
-        .bind(i64::from(version))
-        .execute(&self.pool)
-        .await?;
+        let sql = "UPDATE public_id_keys SET wrapped_key = $1, kms_key_id = $2, encryption_context = 1 \
+                   WHERE version = $3 AND encryption_context = 0";
+        on_pool!(self, |pool| {
+            sqlx::query(sql).bind(wrapped).bind(kms_key_id).bind(i64::from(version)).execute(pool).await.map(|_| ())
+        })?;
         Ok(())
     }
+}
+
+/// A row of `public_id_keys`: version, KMS key, wrapped key, whether under the encryption context.
+type KeyRow = (i64, String, Vec<u8>, i64);
+
+/// PostgreSQL's resolve on the primary or the replica.
+async fn resolve_on(pool: &PgPool, format: Format, public_id: uuid::Uuid) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(statements(format).resolve)
+        .bind(public_id_key(&public_id))
+        .bind(public_id)
+        .fetch_optional(pool)
+        .await
+}
+
+/// What migration 0003's `public_id_key` makes of a public ID: its last 8 bytes, big-endian, as
+/// the `bigint` its unique index holds.
+pub fn public_id_key(public_id: &uuid::Uuid) -> i64 {
+    i64::from_be_bytes(public_id.as_bytes()[8..].try_into().expect("8 of 16 bytes"))
+}
+
+/// PostgreSQL's lookup on the primary or the replica.
+async fn lookup_on(pool: &PgPool, format: Format, internal_id: u64) -> Result<Option<uuid::Uuid>, sqlx::Error> {
+    sqlx::query_scalar(statements(format).lookup).bind(internal_id as i64).fetch_optional(pool).await
+}
+
+/// SQLite's create: the insert and the read in one transaction (its one connection).
+async fn insert_and_read_sqlite(
+    pool: &SqlitePool,
+    offered: &[(u64, String)],
+    format: Format,
+    now_ms: i64,
+) -> Result<HashMap<u64, String>, sqlx::Error> {
+    let mut found = HashMap::with_capacity(offered.len());
+    let mut tx = pool.begin().await?;
+    let values: Vec<String> = (0..offered.len()).map(|i| format!("(${}, $1, ${}, $2)", 2 * i + 3, 2 * i + 4)).collect();
+    let sql = format!(
+        "INSERT INTO public_ids (internal_id, format, public_id, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+        values.join(", ")
+    );
+    let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms);
+    for (id, public) in offered {
+        query = query.bind(*id as i64).bind(public.as_str());
+    }
+    query.execute(&mut *tx).await?;
+    let list: Vec<String> = (0..offered.len()).map(|i| format!("${}", i + 2)).collect();
+    let sql = format!(
+        "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id IN ({})",
+        list.join(", ")
+    );
+    let mut query = sqlx::query_as::<_, (i64, String)>(&sql).bind(format.as_str());
+    for (id, _) in offered {
+        query = query.bind(*id as i64);
+    }
+    for (id, public_id) in query.fetch_all(&mut *tx).await? {
+        found.insert(id as u64, public_id);
+    }
+    tx.commit().await?;
+    Ok(found)
 }
 
 /// One data-key version as stored: only its KMS-wrapped form.

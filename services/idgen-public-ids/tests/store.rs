@@ -33,11 +33,11 @@ async fn creates_are_idempotent_per_format(db: Db) {
         .unwrap()
         .remove(0);
     assert_ne!(uuid.public_id, first.public_id, "one public ID per format");
-    assert_eq!(store.resolve(&first.public_id).await.unwrap(), Some(42));
-    assert_eq!(store.resolve(&uuid.public_id).await.unwrap(), Some(42));
+    assert_eq!(store.resolve(Format::Opaque, &first.public_id).await.unwrap(), Some(42));
+    assert_eq!(store.resolve(Format::Uuidv7, &uuid.public_id).await.unwrap(), Some(42));
     assert_eq!(store.lookup(42, Format::Opaque).await.unwrap(), Some(first.public_id.clone()));
     assert_eq!(store.lookup(43, Format::Opaque).await.unwrap(), None);
-    assert_eq!(store.resolve("0000000000000000000000000z").await.unwrap(), None);
+    assert_eq!(store.resolve(Format::Opaque, "0000000000000000000000000z").await.unwrap(), None);
 }
 
 async fn a_batch_of_a_thousand_in_one_call(db: Db) {
@@ -50,7 +50,7 @@ async fn a_batch_of_a_thousand_in_one_call(db: Db) {
     let distinct: std::collections::HashSet<_> = mappings.iter().map(|m| m.public_id.clone()).collect();
     assert_eq!(distinct.len(), 1000);
     for m in mappings.iter().step_by(97) {
-        assert_eq!(store.resolve(&m.public_id).await.unwrap(), Some(m.internal_id));
+        assert_eq!(store.resolve(Format::Opaque, &m.public_id).await.unwrap(), Some(m.internal_id));
     }
 }
 
@@ -81,7 +81,7 @@ async fn a_random_collision_is_retried_not_surfaced(db: Db) {
     assert_ne!(mapping.public_id, taken);
     assert!(mapping.created);
     assert!(calls.load(Ordering::SeqCst) >= 3);
-    assert_eq!(store.resolve(&taken).await.unwrap(), Some(1), "the existing mapping is untouched");
+    assert_eq!(store.resolve(Format::Opaque, &taken).await.unwrap(), Some(1), "the existing mapping is untouched");
 }
 
 store_suite!(sqlite: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced);
@@ -103,18 +103,19 @@ async fn a_runtime_role_does_what_the_service_does_and_nothing_more() {
 
     let store = PublicIdStore::open(&runtime, within).await.unwrap();
     let made = store.create_batch(&[1, 2, 3], Format::Opaque, &opaque, 0).await.unwrap();
-    assert_eq!(store.resolve(&made[1].public_id).await.unwrap(), Some(2));
+    assert_eq!(store.resolve(Format::Opaque, &made[1].public_id).await.unwrap(), Some(2));
     assert_eq!(store.lookup(3, Format::Opaque).await.unwrap(), Some(made[2].public_id.clone()));
     assert_eq!(store.wrapped_keys().await.unwrap().len(), 1);
     assert!(store.add_wrapped_key(2, "key", &[8; 40], 0).await.is_err(), "the runtime role wrote a data key");
 
     let mut conn = sqlx::PgConnection::connect(&runtime).await.unwrap();
     for statement in [
-        "DELETE FROM public_ids",
-        "UPDATE public_ids SET internal_id = 9",
+        "DELETE FROM public_ids_opaque",
+        "UPDATE public_ids_opaque SET internal_id = 9",
+        "DELETE FROM public_ids_uuidv7",
         "DELETE FROM public_id_keys",
         "UPDATE public_id_keys SET kms_key_id = 'other'",
-        "TRUNCATE public_ids",
+        "TRUNCATE public_ids_uuidv7",
         "DROP TABLE public_id_keys",
         "CREATE TABLE shadow (a BIGINT)",
     ] {
@@ -147,7 +148,7 @@ async fn the_probe_and_failed_calls_show_a_database_that_is_gone() {
 
     drop(db);
     assert!(!store.probe(within).await, "a probe of a dropped database answered");
-    assert!(store.resolve(&opaque().unwrap()).await.is_err());
+    assert!(store.resolve(Format::Opaque, &opaque().unwrap()).await.is_err());
     assert!(store.create_batch(&[9], Format::Opaque, &opaque, 1).await.is_err());
     let text = scrape();
     assert!(text.contains("idgen_public_database_up 0\n"), "{text}");

@@ -36,7 +36,7 @@ pub enum Found {
 }
 
 /// One connection in the database's own driver (`sqlite:` or `postgres:` URL), for the
-/// migrations and the checks around them; the services' pools use sqlx `Any`.
+/// migrations and the checks around them.
 pub enum Connection {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
@@ -150,7 +150,7 @@ impl Connection {
 
     /// PostgreSQL: gives `role` (the one the service runs as, not the one that owns the schema
     /// and runs the migrations) exactly what the service uses: its tables' privileges from
-    /// `schema`, its sequences, and reading `_sqlx_migrations`; nothing else (whatever it had in
+    /// `schema` (those the database holds), its sequences, and reading `_sqlx_migrations`; nothing else (whatever it had in
     /// this schema is revoked first, so running it again after an upgrade leaves exactly the
     /// new set). No DDL, no DELETE, no TRUNCATE: a compromised or confused service cannot drop
     /// or empty its tables. SQLite has no roles: nothing to do.
@@ -186,7 +186,10 @@ impl Connection {
             format!("GRANT USAGE ON SCHEMA {namespace} TO {role}"),
             format!("GRANT SELECT ON {namespace}._sqlx_migrations TO {role}"),
         ]);
-        for (table, privileges) in schema.tables {
+        // A table the service names but the database does not hold (one a later migration or
+        // command dropped) has nothing to grant.
+        let present = self.tables().await?;
+        for (table, privileges) in schema.tables.iter().filter(|(table, _)| present.iter().any(|t| t == table)) {
             statements.push(format!("GRANT {privileges} ON {namespace}.{} TO {role}", quoted(table)));
         }
         for sequence in schema.sequences {

@@ -1,0 +1,173 @@
+//! The read cache: stored mappings (opaque and UUIDv7) this instance has created, resolved or
+//! looked up, kept in memory both ways (public ID → internal ID for a resolve, internal ID and
+//! format → public ID for a lookup), so that a hit answers without the database.
+//!
+//! A mapping never changes and is never deleted once made, so a cached one is always right and
+//! nothing here is ever invalidated. Only mappings that were found are kept: a miss is never
+//! remembered, so a mapping another instance creates a moment later resolves here at once. The
+//! cache is bounded by `[cache] max_entries` (moka, which evicts the entries least likely to be
+//! asked for again); encrypted public IDs are computed from the key and never cached. Access
+//! checks and quotas are the handlers', before the cache is asked.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::format::{self, Format};
+
+/// What an entry is found by. A public ID is kept as its 16 bytes with its format (so the
+/// upper- and lowercase texts of one UUID are one entry, and an opaque and a UUIDv7 public ID
+/// with the same bits are two).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+enum Key {
+    Public(Format, [u8; 16]),
+    Internal(Format, u64),
+}
+
+#[derive(Debug, Clone)]
+enum Value {
+    Internal(u64),
+    Public(Arc<str>),
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheOperationLabel {
+    operation: &'static str,
+}
+
+/// The operations that ask the cache, each series at 0 from the start.
+pub const CACHE_OPERATIONS: [&str; 2] = ["resolve", "lookup"];
+
+/// Hits and misses by operation, and how many entries the cache holds (refreshed when
+/// `/metrics` is read).
+#[derive(Debug, Default)]
+struct CacheMetrics {
+    hits: Family<CacheOperationLabel, Counter>,
+    misses: Family<CacheOperationLabel, Counter>,
+    entries: Gauge,
+}
+
+/// The bounded map of stored mappings ([module docs](self)). With `max_entries = 0` it holds
+/// nothing and every question is a miss.
+pub struct MappingCache {
+    entries: Option<moka::sync::Cache<Key, Value>>,
+    metrics: CacheMetrics,
+}
+
+impl std::fmt::Debug for MappingCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappingCache {{ entries: {} }}", self.entry_count())
+    }
+}
+
+impl MappingCache {
+    /// A cache of at most `max_entries` entries; a mapping known both ways takes two.
+    pub fn new(max_entries: u64) -> Self {
+        let entries = (max_entries > 0).then(|| moka::sync::Cache::new(max_entries));
+        let metrics = CacheMetrics::default();
+        for operation in CACHE_OPERATIONS {
+            let _ = metrics.hits.get_or_create(&CacheOperationLabel { operation });
+            let _ = metrics.misses.get_or_create(&CacheOperationLabel { operation });
+        }
+        MappingCache { entries, metrics }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "idgen_public_cache_hits",
+            "Resolves and lookups answered from the public-ID service's memory, by operation (resolve, lookup)",
+            self.metrics.hits.clone(),
+        );
+        registry.register(
+            "idgen_public_cache_misses",
+            "Resolves and lookups of stored public IDs the cache did not hold (asked of the database), by operation",
+            self.metrics.misses.clone(),
+        );
+        registry.register(
+            "idgen_public_cache_entries",
+            "Entries in the public-ID service's read cache (a mapping known both ways is two)",
+            self.metrics.entries.clone(),
+        );
+    }
+
+    fn get(&self, operation: &'static str, key: Option<Key>) -> Option<Value> {
+        let found = self.entries.as_ref().zip(key).and_then(|(entries, key)| entries.get(&key));
+        let counter = if found.is_some() { &self.metrics.hits } else { &self.metrics.misses };
+        counter.get_or_create(&CacheOperationLabel { operation }).inc();
+        found
+    }
+
+    /// The internal ID of a stored public ID in `format`, if cached (counted as a resolve hit
+    /// or miss).
+    pub fn resolve(&self, format: Format, public_id: &str) -> Option<u64> {
+        match self.get("resolve", format::stored_bytes(format, public_id).map(|bytes| Key::Public(format, bytes)))? {
+            Value::Internal(id) => Some(id),
+            Value::Public(_) => None,
+        }
+    }
+
+    /// The public ID of `internal_id` in `format`, if cached (counted as a lookup hit or miss).
+    pub fn lookup(&self, internal_id: u64, format: Format) -> Option<Arc<str>> {
+        match self.get("lookup", Some(Key::Internal(format, internal_id)))? {
+            Value::Public(public_id) => Some(public_id),
+            Value::Internal(_) => None,
+        }
+    }
+
+    /// Keeps a mapping that exists in the database, both ways. Only ever called with one that
+    /// was found or created: the cache never holds a mapping the database does not.
+    pub fn remember(&self, internal_id: u64, format: Format, public_id: &str) {
+        let (Some(entries), Some(bytes)) = (&self.entries, format::stored_bytes(format, public_id)) else { return };
+        entries.insert(Key::Public(format, bytes), Value::Internal(internal_id));
+        entries.insert(Key::Internal(format, internal_id), Value::Public(public_id.into()));
+    }
+
+    /// The entries held, after moka has applied every pending insert and eviction.
+    pub fn entry_count(&self) -> u64 {
+        self.entries.as_ref().map_or(0, |entries| {
+            entries.run_pending_tasks();
+            entries.entry_count()
+        })
+    }
+
+    /// Sets `idgen_public_cache_entries` (when `/metrics` is read).
+    pub fn refresh_gauge(&self) {
+        self.metrics.entries.set(self.entry_count() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idgen::core::uuid;
+
+    use super::*;
+
+    #[test]
+    fn both_ways_bounded_and_counted() {
+        let cache = MappingCache::new(4);
+        let opaque = format::crockford_encode(&[7u8; 16]);
+        assert_eq!(cache.resolve(Format::Opaque, &opaque), None);
+        cache.remember(42, Format::Opaque, &opaque);
+        assert_eq!(cache.resolve(Format::Opaque, &opaque), Some(42));
+        assert_eq!(cache.lookup(42, Format::Opaque).as_deref(), Some(opaque.as_str()));
+        // The same bits in another format are another public ID.
+        assert_eq!(cache.lookup(42, Format::Uuidv7), None);
+        let text = uuid::format(&uuid::new_v7(1_700_000_000_000, 1, 2));
+        cache.remember(43, Format::Uuidv7, &text);
+        assert_eq!(cache.resolve(Format::Uuidv7, &text.to_ascii_uppercase()), Some(43));
+        for id in 100..200 {
+            cache.remember(id, Format::Opaque, &format::crockford_encode(&u128::from(id).to_be_bytes()));
+        }
+        assert!(cache.entry_count() <= 4, "{}", cache.entry_count());
+        let hits = cache.metrics.hits.get_or_create(&CacheOperationLabel { operation: "resolve" }).get();
+        let misses = cache.metrics.misses.get_or_create(&CacheOperationLabel { operation: "resolve" }).get();
+        assert_eq!((hits, misses), (2, 1));
+        let off = MappingCache::new(0);
+        off.remember(42, Format::Opaque, &opaque);
+        assert_eq!((off.resolve(Format::Opaque, &opaque), off.entry_count()), (None, 0));
+    }
+}
