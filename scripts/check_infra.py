@@ -88,6 +88,8 @@ EXAMPLE_VALUES = {
         "RegistryDb.Endpoint.Port": "5432",
         "PublicIdsDb.Endpoint.Address": "idgen-public-ids.c0example0.us-east-1.rds.amazonaws.com",
         "PublicIdsDb.Endpoint.Port": "5432",
+        "PublicIdsDbReader.Endpoint.Address": "idgen-public-ids-reader.c0example0.us-east-1.rds.amazonaws.com",
+        "PublicIdsDbReader.Endpoint.Port": "5432",
         "PublicIdsKey.Arn": "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     },
 }
