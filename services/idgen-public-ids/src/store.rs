@@ -174,10 +174,12 @@ enum Pool {
 struct Statements {
     resolve: &'static str,
     lookup: &'static str,
-    /// Inserts what is offered, and answers every offered internal ID's mapping: the ones it
-    /// inserted and the ones that were there (a data-modifying CTE: the join reads the table as
-    /// it was before the insert, so nothing is answered twice).
-    create: &'static str,
+    /// Inserts what is offered (a conflict on either key inserts nothing for that row) and
+    /// answers the rows it inserted.
+    insert: &'static str,
+    /// The mappings of the internal IDs the insert did not map: asked only when there are any
+    /// (an idempotent create, or a collision), so a create of new IDs is one statement.
+    existing: &'static str,
 }
 
 macro_rules! statements {
@@ -190,17 +192,13 @@ macro_rules! statements {
                 " WHERE public_id_key(public_id) = $1 AND public_id = $2"
             ),
             lookup: concat!("SELECT public_id FROM ", $table, " WHERE internal_id = $1"),
-            create: concat!(
-                "WITH offered (internal_id, public_id) AS (SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[])), \
-                 inserted AS (INSERT INTO ",
+            insert: concat!(
+                "INSERT INTO ",
                 $table,
-                " (internal_id, public_id) SELECT internal_id, public_id FROM offered \
-                 ON CONFLICT DO NOTHING RETURNING internal_id, public_id) \
-                 SELECT internal_id, public_id FROM inserted \
-                 UNION ALL SELECT t.internal_id, t.public_id FROM ",
-                $table,
-                " t JOIN offered o ON t.internal_id = o.internal_id"
+                " (internal_id, public_id) SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[]) \
+                 ON CONFLICT DO NOTHING RETURNING internal_id, public_id"
             ),
+            existing: concat!("SELECT internal_id, public_id FROM ", $table, " WHERE internal_id = ANY($1::BIGINT[])"),
         }
     };
 }
@@ -479,7 +477,8 @@ impl PublicIdStore {
             .collect()
     }
 
-    /// One statement on PostgreSQL, one transaction of two on SQLite.
+    /// One statement on PostgreSQL (two when some internal IDs were mapped already), one
+    /// transaction of two on SQLite.
     async fn insert_and_read(
         &self,
         offered: &[(u64, String)],
@@ -499,10 +498,21 @@ impl PublicIdStore {
             internal_ids.push(*id as i64);
             public_ids.push(public_id);
         }
-        let rows: Vec<(i64, uuid::Uuid)> =
-            sqlx::query_as(statements(format).create).bind(internal_ids).bind(public_ids).fetch_all(pool).await?;
-        for (id, public_id) in rows {
+        let statements = statements(format);
+        let inserted: Vec<(i64, uuid::Uuid)> =
+            sqlx::query_as(statements.insert).bind(&internal_ids).bind(public_ids).fetch_all(pool).await?;
+        for (id, public_id) in inserted {
             found.insert(id as u64, format::stored_text(format, public_id.as_bytes()));
+        }
+        // Read after the insert, not in its snapshot: a mapping another create committed while
+        // this one waited on its key is seen here, not left for a retry.
+        let missing: Vec<i64> = internal_ids.into_iter().filter(|id| !found.contains_key(&(*id as u64))).collect();
+        if !missing.is_empty() {
+            let existing: Vec<(i64, uuid::Uuid)> =
+                sqlx::query_as(statements.existing).bind(missing).fetch_all(pool).await?;
+            for (id, public_id) in existing {
+                found.insert(id as u64, format::stored_text(format, public_id.as_bytes()));
+            }
         }
         Ok(found)
     }
