@@ -3,16 +3,23 @@
 -- and nothing a read does not need (the creation time went: no read ever used it). A row is
 -- then 24 bytes of data after the 24-byte tuple header, 48 in all, no padding: internal_id first
 -- (8-aligned), public_id after it (uuid has no alignment). The primary key serves lookups
--- (internal → public).
+-- (internal → public) and keeps one public ID per internal ID.
 --
--- Resolves (public → internal) go through a unique index of the public ID's last 8 bytes, not of
--- all 16: an entry of 8 bytes is 20 bytes a mapping with its header and line pointer instead of
--- 28, and random keys leave a B-tree's pages about 70 % full, so that is 12 bytes a mapping less.
+-- Resolves (public → internal) go through an index of the public ID's last 8 bytes, not of all
+-- 16: an entry of 8 bytes is 20 bytes a mapping with its header and line pointer instead of 28,
+-- and random keys leave a B-tree's pages about 70 % full, so that is 12 bytes a mapping less.
 -- Those 8 bytes are random in both formats (an opaque ID is all random; a UUIDv7's last 8 bytes
--- are its variant and 62 random bits). Their uniqueness is what the index keeps, which keeps the
--- whole public ID unique, and a new public ID whose last 8 bytes are another's (about once in
--- 10^9 creates at 10^10 mappings) is refused like a full collision and drawn again. A resolve
--- compares all 16 bytes.
+-- are its variant and 62 random bits), and a resolve compares all 16. The index is not unique:
+-- two public IDs may share their last 8 bytes (about 3 pairs in 10^10 opaque IDs, 13 in as
+-- many UUIDv7s), and a mapping made before this version must be copied whatever its bytes. A
+-- public ID's own uniqueness is the create's to keep: it inserts a public ID only where no row
+-- holds it already (store.rs), and the old table's unique constraint still holds for as long as
+-- it is kept.
+--
+-- Nothing here waits long for a lock: a migration that cannot have one in 5 s fails, to be run
+-- again, rather than queue every reader of the old table behind it.
+SET LOCAL lock_timeout = '5s';
+
 CREATE FUNCTION public_id_key(id UUID) RETURNS BIGINT
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     SELECT ('x' || right(replace(id::TEXT, '-', ''), 16))::BIT(64)::BIGINT
@@ -22,13 +29,13 @@ CREATE TABLE public_ids_opaque (
     internal_id BIGINT PRIMARY KEY,
     public_id   UUID   NOT NULL
 );
-CREATE UNIQUE INDEX public_ids_opaque_key ON public_ids_opaque (public_id_key(public_id));
+CREATE INDEX public_ids_opaque_key ON public_ids_opaque (public_id_key(public_id));
 
 CREATE TABLE public_ids_uuidv7 (
     internal_id BIGINT PRIMARY KEY,
     public_id   UUID   NOT NULL
 );
-CREATE UNIQUE INDEX public_ids_uuidv7_key ON public_ids_uuidv7 (public_id_key(public_id));
+CREATE INDEX public_ids_uuidv7_key ON public_ids_uuidv7 (public_id_key(public_id));
 
 -- The 26 lowercase Crockford base32 characters of an opaque public ID as its 16 bytes, and back
 -- (the service's own text: format.rs), for the copy of the mappings made before.
@@ -50,6 +57,10 @@ BEGIN
         END IF;
         value := value * 32 + digit;
     END LOOP;
+    -- 26 characters hold 130 bits: the top two must be clear (the first character 0 to 7).
+    IF value >= 2::NUMERIC ^ 128 THEN
+        RAISE EXCEPTION 'not an opaque public ID: %', text;
+    END IF;
     FOR i IN 1..16 LOOP
         hex := lpad(to_hex(mod(value, 256)::INT), 2, '0') || hex;
         value := div(value, 256);

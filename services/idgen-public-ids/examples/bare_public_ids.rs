@@ -5,10 +5,11 @@
 //!   shape, and does nothing else: what HTTP alone costs;
 //! - `database ADDR DATABASE_URL`: the same routes as the service, each doing only its one
 //!   statement on the service's PostgreSQL table through a native pool of the service's size:
-//!   a resolve is the unique-index `SELECT internal_id FROM public_ids_opaque WHERE
+//!   a resolve is the indexed `SELECT internal_id FROM public_ids_opaque WHERE
 //!   public_id_key(public_id) = $1 AND public_id = $2` (404 if none), a create (`POST
-//!   /v1/public-ids`, `POST /v1/public-ids:batch`) draws opaque public IDs and runs one `INSERT …
-//!   SELECT FROM UNNEST(…) ON CONFLICT DO NOTHING` of them (prepared once, as the service's is),
+//!   /v1/public-ids`, `POST /v1/public-ids:batch`) draws opaque public IDs and runs the service's
+//!   `INSERT … SELECT FROM UNNEST(…) WHERE NOT EXISTS (…) ON CONFLICT DO NOTHING` of them (prepared
+//!   once, as the service's is),
 //!   without reading back what another create made (the service's idempotency) and without
 //!   access, quota or cache: the database's floor for the same work.
 //!
@@ -84,7 +85,10 @@ async fn insert(pool: &PgPool, ids: &[i64]) -> Response {
         public_ids.push(uuid::Uuid::from_bytes(bytes));
     }
     let query = sqlx::query(
-        "INSERT INTO public_ids_opaque (internal_id, public_id) SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[]) \
+        "INSERT INTO public_ids_opaque (internal_id, public_id) SELECT o.internal_id, o.public_id \
+         FROM UNNEST($1::BIGINT[], $2::UUID[]) AS o (internal_id, public_id) \
+         WHERE NOT EXISTS (SELECT 1 FROM public_ids_opaque x \
+                           WHERE public_id_key(x.public_id) = public_id_key(o.public_id) AND x.public_id = o.public_id) \
          ON CONFLICT DO NOTHING",
     )
     .bind(ids)

@@ -5,7 +5,7 @@
 //! not a text on every row), the public ID as its 16 bytes in a `uuid` (opaque IDs are 128
 //! random bits, UUIDv7s are UUIDs), the internal ID as a `bigint`, and nothing else: no read
 //! needs the creation time the first schema kept, so it went. A row is 24 bytes of data after
-//! PostgreSQL's 24-byte tuple header; the primary key (internal ID) serves lookups, and a unique
+//! PostgreSQL's 24-byte tuple header; the primary key (internal ID) serves lookups, and an
 //! index of the public ID's last 8 bytes resolves ([`public_id_key`]; migration 0003 says why).
 //! It is reached through its own driver: prepared statements, a batch bound as two arrays, a
 //! bounded pool and a statement timeout ([`PoolSettings`]), and an optional read replica that
@@ -174,8 +174,11 @@ enum Pool {
 struct Statements {
     resolve: &'static str,
     lookup: &'static str,
-    /// Inserts what is offered (a conflict on either key inserts nothing for that row) and
-    /// answers the rows it inserted.
+    /// Inserts what is offered, except a row whose internal ID is mapped already (the primary
+    /// key) or whose public ID another row holds (looked up through the index of its last 8
+    /// bytes, which is not unique: migration 0003 says why), and answers the rows it inserted.
+    /// Two creates drawing the same 128 random bits at the same moment could both pass the
+    /// look; a resolve would then find two rows and answer 503, never a wrong internal ID.
     insert: &'static str,
     /// The mappings of the internal IDs the insert did not map: asked only when there are any
     /// (an idempotent create, or a collision), so a create of new IDs is one statement.
@@ -185,17 +188,22 @@ struct Statements {
 macro_rules! statements {
     ($table:literal) => {
         Statements {
-            // The unique index is of the public ID's last 8 bytes ($1); all 16 are compared.
+            // The index is of the public ID's last 8 bytes ($1); all 16 are compared.
+            // Two rows would be a public ID held twice, which creates never make: LIMIT 2 finds it.
             resolve: concat!(
                 "SELECT internal_id FROM ",
                 $table,
-                " WHERE public_id_key(public_id) = $1 AND public_id = $2"
+                " WHERE public_id_key(public_id) = $1 AND public_id = $2 LIMIT 2"
             ),
             lookup: concat!("SELECT public_id FROM ", $table, " WHERE internal_id = $1"),
             insert: concat!(
                 "INSERT INTO ",
                 $table,
-                " (internal_id, public_id) SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[]) \
+                " (internal_id, public_id) SELECT o.internal_id, o.public_id \
+                 FROM UNNEST($1::BIGINT[], $2::UUID[]) AS o (internal_id, public_id) \
+                 WHERE NOT EXISTS (SELECT 1 FROM ",
+                $table,
+                " x WHERE public_id_key(x.public_id) = public_id_key(o.public_id) AND x.public_id = o.public_id) \
                  ON CONFLICT DO NOTHING RETURNING internal_id, public_id"
             ),
             existing: concat!("SELECT internal_id, public_id FROM ", $table, " WHERE internal_id = ANY($1::BIGINT[])"),
@@ -230,6 +238,8 @@ pub struct PublicIdStore {
     /// The read replica resolves and lookups ask first, if one is configured.
     replica: Option<Replica>,
     metrics: Arc<StoreMetrics>,
+    /// The longest a call may take, whatever the database does ([`Self::within`]).
+    deadline: Duration,
 }
 
 /// A read replica (a streaming replica, an Aurora reader): asked first by resolves and lookups,
@@ -387,7 +397,10 @@ impl PublicIdStore {
                     .await?,
             )
         };
-        Ok(PublicIdStore { pool, replica: None, metrics: Arc::default() })
+        // statement_timeout is the server's: a database that is gone without a word (a partition,
+        // packets dropped) would keep a call waiting on TCP for minutes. This bounds it here.
+        let deadline = settings.acquire_timeout + settings.statement_timeout + Duration::from_secs(1);
+        Ok(PublicIdStore { pool, replica: None, metrics: Arc::default(), deadline })
     }
 
     /// Resolves and lookups ask the PostgreSQL replica at `url` first ([`Replica`]), through a
@@ -404,6 +417,18 @@ impl PublicIdStore {
             .connect_lazy_with(pg_options(url, settings)?);
         self.replica = Some(Replica { pool, skip_until_ms: Arc::default(), began: Instant::now() });
         Ok(self)
+    }
+
+    /// `asked`, or a timeout error once [`Self::deadline`] (the acquire timeout, the statement
+    /// timeout and a second) has passed without an answer.
+    async fn within<T>(&self, asked: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, sqlx::Error> {
+        match tokio::time::timeout(self.deadline, asked).await {
+            Ok(answer) => answer,
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the database did not answer within {} ms", self.deadline.as_millis()),
+            ))),
+        }
     }
 
     /// The replica, unless there is none or it failed within [`REPLICA_RETRY`] (`skipped`).
@@ -460,9 +485,13 @@ impl PublicIdStore {
             }
             // Every candidate is drawn before anything is written: a random source that fails
             // stops the create here, with nothing stored from it.
-            let offered: Vec<(u64, String)> =
+            let mut offered: Vec<(u64, String)> =
                 pending.iter().map(|&i| Ok((internal_ids[i], make()?))).collect::<Result<_, RandomUnavailable>>()?;
-            let found = self.counted("create", self.insert_and_read(&offered, format, now_ms).await)?;
+            // One public ID offered twice in a batch (a random source repeating itself) is offered
+            // once: the other internal ID draws again in the next round.
+            let mut seen = std::collections::HashSet::with_capacity(offered.len());
+            offered.retain(|(_, public_id)| seen.insert(public_id.clone()));
+            let found = self.counted("create", self.within(self.insert_and_read(&offered, format, now_ms)).await)?;
             for &i in &pending {
                 let id = internal_ids[i];
                 if let Some(public_id) = found.get(&id) {
@@ -523,12 +552,12 @@ impl PublicIdStore {
             Pool::Postgres(pool) => {
                 let Some(public_id) = as_uuid(format, public_id) else { return Ok(None) };
                 if let Some(replica) = self.replica() {
-                    let answer = resolve_on(&replica.pool, format, public_id).await;
+                    let answer = self.within(resolve_on(&replica.pool, format, public_id)).await;
                     if let Some(found) = self.answer_of_replica(replica, answer) {
                         return Ok(Some(found as u64));
                     }
                 }
-                resolve_on(pool, format, public_id).await
+                self.within(resolve_on(pool, format, public_id)).await
             }
             Pool::Sqlite(pool) => {
                 sqlx::query_scalar("SELECT internal_id FROM public_ids WHERE public_id = $1 AND format = $2")
@@ -547,12 +576,12 @@ impl PublicIdStore {
             Pool::Postgres(pool) => {
                 let text = |public_id: uuid::Uuid| format::stored_text(format, public_id.as_bytes());
                 if let Some(replica) = self.replica() {
-                    let answer = lookup_on(&replica.pool, format, internal_id).await;
+                    let answer = self.within(lookup_on(&replica.pool, format, internal_id)).await;
                     if let Some(found) = self.answer_of_replica(replica, answer) {
                         return Ok(Some(text(found)));
                     }
                 }
-                lookup_on(pool, format, internal_id).await.map(|found| found.map(text))
+                self.within(lookup_on(pool, format, internal_id)).await.map(|found| found.map(text))
             }
             Pool::Sqlite(pool) => {
                 sqlx::query_scalar("SELECT public_id FROM public_ids WHERE internal_id = $1 AND format = $2")
@@ -626,15 +655,23 @@ type KeyRow = (i64, String, Vec<u8>, i64);
 
 /// PostgreSQL's resolve on the primary or the replica.
 async fn resolve_on(pool: &PgPool, format: Format, public_id: uuid::Uuid) -> Result<Option<i64>, sqlx::Error> {
-    sqlx::query_scalar(statements(format).resolve)
+    let found: Vec<i64> = sqlx::query_scalar(statements(format).resolve)
         .bind(public_id_key(&public_id))
         .bind(public_id)
-        .fetch_optional(pool)
-        .await
+        .fetch_all(pool)
+        .await?;
+    match found[..] {
+        [] => Ok(None),
+        [internal_id] => Ok(Some(internal_id)),
+        _ => Err(sqlx::Error::Protocol(format!(
+            "the {} public ID {public_id} is held by more than one internal ID ({found:?}): not answered",
+            format.as_str()
+        ))),
+    }
 }
 
 /// What migration 0003's `public_id_key` makes of a public ID: its last 8 bytes, big-endian, as
-/// the `bigint` its unique index holds.
+/// the `bigint` its index holds.
 pub fn public_id_key(public_id: &uuid::Uuid) -> i64 {
     i64::from_be_bytes(public_id.as_bytes()[8..].try_into().expect("8 of 16 bytes"))
 }

@@ -38,6 +38,13 @@ async fn add_as_before(connection: &mut PgConnection, format: Format, mappings: 
     .unwrap();
 }
 
+/// Another opaque public ID with the same last 8 bytes as `text`.
+fn twin_of(text: &str) -> String {
+    let mut bytes = format::stored_bytes(Format::Opaque, text).unwrap();
+    bytes[0] ^= 0x5a;
+    format::stored_text(Format::Opaque, &bytes)
+}
+
 /// What the previous version reads: the old table's public ID of an internal ID.
 async fn read_as_before(connection: &mut PgConnection, internal_id: i64, format: Format) -> Option<String> {
     sqlx::query_scalar("SELECT public_id FROM public_ids WHERE internal_id = $1 AND format = $2")
@@ -67,8 +74,10 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     let db = Db::postgres("public_ids_migration").await;
     let owner = PgPool::connect(db.url()).await.unwrap();
     migrate_before(&owner, 3).await;
-    // Both formats, more rows than one copy batch, some internal IDs in both.
-    let opaque: Vec<(i64, String)> = (1..=12_500).map(|i| (i, new_opaque(&OsRandom).unwrap())).collect();
+    // Both formats, more rows than one copy batch, some internal IDs in both, and two public IDs
+    // that share their last 8 bytes (what the new tables index): both are copied.
+    let mut opaque: Vec<(i64, String)> = (1..=12_500).map(|i| (i, new_opaque(&OsRandom).unwrap())).collect();
+    opaque.extend([(12_501, twin_of(&opaque[0].1)), (12_502, twin_of(&opaque[1].1))]);
     let uuids: Vec<(i64, String)> =
         (5_001..=8_000).map(|i| (i, new_uuidv7(&OsRandom, 1_700_000_000_000 + i).unwrap())).collect();
     let mut before = owner.acquire().await.unwrap().detach();
@@ -86,7 +95,7 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     let runtime = db.login_role().await;
     let role = idgen_server::database::user_of(&runtime).unwrap();
     let copied = PublicIdStore::initialize(db.url(), WITHIN, Some((&role, None))).await.unwrap();
-    assert_eq!(copied, Some(Copied { opaque: 12_500, uuidv7: 3_000 }));
+    assert_eq!(copied, Some(Copied { opaque: 12_502, uuidv7: 3_000 }));
     assert_eq!(PublicIdStore::initialize(db.url(), WITHIN, None).await.unwrap(), None, "copied twice");
     let store = PublicIdStore::open(&runtime, WITHIN).await.unwrap();
     assert_resolves_both_ways(&store, Format::Opaque, &opaque).await;
@@ -121,11 +130,18 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     sqlx::query("ALTER TABLE public_ids ENABLE TRIGGER public_ids_legacy_added").execute(&owner).await.unwrap();
     let taken = store.create_batch(&[20_004], Format::Opaque, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
     assert_eq!((taken.public_id.as_str(), taken.created), (uncopied[0].1.as_str(), false));
+    // A public ID drawn now that shares its last 8 bytes with one made before: a mapping of its
+    // own, in both tables, and both resolve.
+    let twin = twin_of(&opaque[2].1);
+    let made = store.create_batch(&[20_005], Format::Opaque, &|| Ok(twin.clone()), 0).await.unwrap().remove(0);
+    assert_eq!((made.public_id.as_str(), made.created), (twin.as_str(), true));
+    assert_eq!(read_as_before(&mut previous, 20_005, Format::Opaque).await, Some(twin.clone()));
+    assert_resolves_both_ways(&store, Format::Opaque, &[(20_005, twin), opaque[2].clone()]).await;
 
     // The old table goes only when every row of it has its copy.
     sqlx::query("DELETE FROM public_ids_opaque WHERE internal_id = 77").execute(&owner).await.unwrap();
     let refused = format!("{:#}", legacy::drop_legacy_table(&owner).await.expect_err("dropped with a row missing"));
-    assert!(refused.contains("1 of its 15505 rows have no copy"), "{refused}");
+    assert!(refused.contains("1 of its 15508 rows have no copy"), "{refused}");
     assert!(tables(db.url()).await.contains(&"public_ids".to_owned()), "dropped after a refusal");
     let (_, text) = &opaque[76];
     sqlx::query("INSERT INTO public_ids_opaque VALUES (77, public_id_opaque_to_uuid($1))")
@@ -133,7 +149,7 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
         .execute(&owner)
         .await
         .unwrap();
-    assert_eq!(legacy::drop_legacy_table(&owner).await.unwrap(), Dropped::Dropped { rows: 15_505 });
+    assert_eq!(legacy::drop_legacy_table(&owner).await.unwrap(), Dropped::Dropped { rows: 15_508 });
     assert_eq!(legacy::drop_legacy_table(&owner).await.unwrap(), Dropped::NothingToDrop);
     assert_eq!(
         tables(db.url()).await,
@@ -162,20 +178,21 @@ async fn a_new_database_has_only_the_16_byte_tables() {
     assert_eq!(store.resolve(Format::Opaque, &made.public_id).await.unwrap(), Some(1));
     // The opaque and the UUIDv7 text of the same 16 bytes are two public IDs, in two tables.
     assert_eq!(store.resolve(Format::Uuidv7, &made.public_id).await.unwrap(), None);
-    // A new public ID whose last 8 bytes (what the unique index holds) are another's is refused
-    // and drawn again, like a full collision; the existing one is untouched.
-    let mut bytes = format::stored_bytes(Format::Opaque, &made.public_id).unwrap();
-    bytes[0] ^= 0xff;
-    let twin = format::stored_text(Format::Opaque, &bytes);
-    let drawn = std::sync::atomic::AtomicU32::new(0);
-    let colliding = || match drawn.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-        0 => Ok(twin.clone()),
-        _ => new_opaque(&OsRandom),
-    };
-    let other = store.create_batch(&[2], Format::Opaque, &colliding, 0).await.unwrap().remove(0);
-    assert!(other.created && other.public_id != twin && drawn.load(std::sync::atomic::Ordering::SeqCst) == 2);
-    assert_eq!(store.resolve(Format::Opaque, &twin).await.unwrap(), None);
+    // A public ID sharing its last 8 bytes (what the index holds) with another is another public
+    // ID: stored, and each resolves to its own internal ID (a resolve compares all 16 bytes). The
+    // same public ID again is refused and drawn again (the store suite's collision test).
+    let twin = twin_of(&made.public_id);
+    let other = store.create_batch(&[2], Format::Opaque, &|| Ok(twin.clone()), 0).await.unwrap().remove(0);
+    assert_eq!((other.public_id.as_str(), other.created), (twin.as_str(), true));
+    assert_eq!(store.resolve(Format::Opaque, &twin).await.unwrap(), Some(2));
     assert_eq!(store.resolve(Format::Opaque, &made.public_id).await.unwrap(), Some(1));
+    // Two of one public ID (which no create makes: a row written by hand) are not answered.
+    let owner = PgPool::connect(db.url()).await.unwrap();
+    sqlx::query("INSERT INTO public_ids_opaque SELECT 3, public_id FROM public_ids_opaque WHERE internal_id = 1")
+        .execute(&owner)
+        .await
+        .unwrap();
+    assert!(store.resolve(Format::Opaque, &made.public_id).await.is_err(), "a public ID held twice was answered");
     assert_eq!(
         legacy::drop_legacy_table(&PgPool::connect(db.url()).await.unwrap()).await.unwrap(),
         Dropped::NothingToDrop

@@ -131,27 +131,54 @@ pub async fn drop_legacy_table(pool: &PgPool) -> anyhow::Result<Dropped> {
     if let Some(why) = refusal(pool, "idgen public init").await? {
         anyhow::bail!("not dropping the old mappings table: {why}");
     }
-    // Read without a lock: a row the previous version adds meanwhile is copied by the trigger in
+    // Checked in batches, read without a lock: each a primary-key range of the old table and the
+    // same internal IDs of the new one, the texts converted here, so no statement runs long enough
+    // to hold back vacuum. A row the previous version adds meanwhile is copied by the trigger in
     // its own transaction, so it cannot be missing.
-    let (rows, missing): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE n.public_id IS NULL OR n.public_id <> \
-         CASE l.format WHEN 'opaque' THEN public_id_opaque_to_uuid(l.public_id) ELSE l.public_id::UUID END) \
-         FROM public_ids l \
-         LEFT JOIN (SELECT internal_id, public_id, 'opaque' AS format FROM public_ids_opaque \
-                    UNION ALL SELECT internal_id, public_id, 'uuidv7' FROM public_ids_uuidv7) n \
-         ON n.internal_id = l.internal_id AND n.format = l.format",
-    )
-    .fetch_one(pool)
-    .await?;
+    let (mut rows, mut missing) = (0u64, 0u64);
+    for format in STORED {
+        let copies_of = match format {
+            Format::Uuidv7 => "SELECT internal_id, public_id FROM public_ids_uuidv7 WHERE internal_id = ANY($1)",
+            _ => "SELECT internal_id, public_id FROM public_ids_opaque WHERE internal_id = ANY($1)",
+        };
+        let mut after = i64::MIN;
+        loop {
+            let batch: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id > $2 \
+                 ORDER BY internal_id LIMIT $3",
+            )
+            .bind(format.as_str())
+            .bind(after)
+            .bind(BATCH)
+            .fetch_all(pool)
+            .await?;
+            let Some(&(last, _)) = batch.last() else { break };
+            let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+            let copies: std::collections::HashMap<i64, uuid::Uuid> =
+                sqlx::query_as(copies_of).bind(ids).fetch_all(pool).await?.into_iter().collect();
+            for (id, text) in &batch {
+                rows += 1;
+                let copied = format::stored_bytes(format, text).map(uuid::Uuid::from_bytes);
+                if copied.is_none() || copies.get(id) != copied.as_ref() {
+                    missing += 1;
+                }
+            }
+            after = last;
+        }
+    }
     if missing > 0 {
         anyhow::bail!(
             "not dropping the old mappings table: {missing} of its {rows} rows have no copy with the same public ID; \
              nothing was dropped"
         );
     }
+    // The new tables first, then the old one: the order a create of this version takes them in
+    // (its insert, then the trigger's), so a create running now waits instead of deadlocking.
+    // Not for long: a lock not had in 5 s fails the command, to be run again.
     let mut tx = pool.begin().await?;
     for statement in [
-        "LOCK TABLE public_ids IN ACCESS EXCLUSIVE MODE",
+        "SET LOCAL lock_timeout = '5s'",
+        "LOCK TABLE public_ids_opaque, public_ids_uuidv7, public_ids IN ACCESS EXCLUSIVE MODE",
         "DROP TRIGGER public_ids_opaque_added ON public_ids_opaque",
         "DROP TRIGGER public_ids_uuidv7_added ON public_ids_uuidv7",
         "DROP TABLE public_ids",
@@ -164,5 +191,5 @@ pub async fn drop_legacy_table(pool: &PgPool) -> anyhow::Result<Dropped> {
         sqlx::query(statement).execute(&mut *tx).await?;
     }
     tx.commit().await?;
-    Ok(Dropped::Dropped { rows: rows as u64 })
+    Ok(Dropped::Dropped { rows })
 }
