@@ -170,6 +170,44 @@ pub fn stored_text(format: Format, bytes: &[u8; 16]) -> String {
     }
 }
 
+/// The longest TypeID prefix (the specification's 63 characters).
+pub const MAX_TYPE_PREFIX: usize = 63;
+
+/// Whether `prefix` is a TypeID prefix: 1 to 63 of `a`–`z` and `_`, neither first nor last an
+/// underscore (the specification, v0.3). The empty prefix (no type) is not one.
+pub fn is_type_prefix(prefix: &str) -> bool {
+    (1..=MAX_TYPE_PREFIX).contains(&prefix.len())
+        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        && !prefix.starts_with('_')
+        && !prefix.ends_with('_')
+}
+
+/// A TypeID's text: `prefix_` and the 26 lowercase Crockford characters of the 16 bytes (the text
+/// an opaque public ID already has), or the 26 characters alone for the empty prefix. `None` for
+/// a prefix the specification does not allow.
+pub fn typeid_text(prefix: &str, bytes: &[u8; 16]) -> Option<String> {
+    match prefix {
+        "" => Some(crockford_encode(bytes)),
+        prefix if is_type_prefix(prefix) => Some(format!("{prefix}_{}", crockford_encode(bytes))),
+        _ => None,
+    }
+}
+
+/// A TypeID's prefix (empty for none) and 16 bytes; `None` for anything the specification
+/// refuses: a bad prefix, a separator without one, a suffix that is not 26 lowercase characters
+/// of the alphabet, or one above 128 bits (first character past `7`).
+pub fn parse_typeid(text: &str) -> Option<(&str, [u8; 16])> {
+    let (prefix, suffix) = match text.rsplit_once('_') {
+        Some((prefix, suffix)) if is_type_prefix(prefix) => (prefix, suffix),
+        Some(_) => return None,
+        None => ("", text),
+    };
+    if suffix.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    Some((prefix, crockford_decode(suffix, 16)?.try_into().ok()?))
+}
+
 pub fn is_opaque_text(text: &str) -> bool {
     crockford_decode(text, 16).is_some() && text.bytes().all(|b| !b.is_ascii_uppercase())
 }
