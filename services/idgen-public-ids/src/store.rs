@@ -181,8 +181,12 @@ struct Statements {
     /// look; a resolve would then find two rows and answer 503, never a wrong internal ID.
     insert: &'static str,
     /// The mappings of the internal IDs the insert did not map: asked only when there are any
-    /// (an idempotent create, or a collision), so a create of new IDs is one statement.
+    /// (an idempotent create, or a collision), so a create of new IDs is one statement. Also
+    /// what [`legacy`] compares the old table's rows with.
     existing: &'static str,
+    /// [`legacy::copy`]'s insert of rows from the old table: as they are, the internal ID's
+    /// conflict only skipping a row copied before (by the trigger, or an earlier run).
+    copy: &'static str,
 }
 
 macro_rules! statements {
@@ -207,6 +211,11 @@ macro_rules! statements {
                  ON CONFLICT DO NOTHING RETURNING internal_id, public_id"
             ),
             existing: concat!("SELECT internal_id, public_id FROM ", $table, " WHERE internal_id = ANY($1::BIGINT[])"),
+            copy: concat!(
+                "INSERT INTO ",
+                $table,
+                " (internal_id, public_id) SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[]) ON CONFLICT DO NOTHING"
+            ),
         }
     };
 }

@@ -12,7 +12,7 @@
 //! public drop-legacy-table`) checks that every old row has its copy and drops the old table, its
 //! triggers and functions.
 
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 
 use crate::format::{self, Format};
 
@@ -24,6 +24,25 @@ const STORED: [Format; 2] = [Format::Opaque, Format::Uuidv7];
 
 async fn legacy_exists(pool: &PgPool) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("SELECT to_regclass('public_ids_legacy_copy') IS NOT NULL").fetch_one(pool).await
+}
+
+/// The old table's mappings of `format` after internal ID `after`, at most `limit`, in order: one
+/// page of the primary key, for the copy and for the check before the drop.
+async fn old_rows<'c>(
+    executor: impl PgExecutor<'c>,
+    format: Format,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<(i64, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id > $2 \
+         ORDER BY internal_id LIMIT $3",
+    )
+    .bind(format.as_str())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(executor)
+    .await
 }
 
 /// Why a service must not start yet: the mappings made before are not all copied.
@@ -59,30 +78,12 @@ pub async fn copy(pool: &PgPool, batch: i64) -> anyhow::Result<Option<Copied>> {
     }
     let mut counts = Copied::default();
     for format in STORED {
-        let insert = match format {
-            Format::Uuidv7 => {
-                "INSERT INTO public_ids_uuidv7 (internal_id, public_id) \
-                 SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[]) ON CONFLICT DO NOTHING"
-            }
-            _ => {
-                "INSERT INTO public_ids_opaque (internal_id, public_id) \
-                 SELECT * FROM UNNEST($1::BIGINT[], $2::UUID[]) ON CONFLICT DO NOTHING"
-            }
-        };
         let mut after = i64::MIN;
         loop {
             let mut tx = pool.begin().await?;
             // The new tables' trigger is not to write these rows back to the old one.
             sqlx::query("SET LOCAL idgen.copying = 'on'").execute(&mut *tx).await?;
-            let rows: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id > $2 \
-                 ORDER BY internal_id LIMIT $3",
-            )
-            .bind(format.as_str())
-            .bind(after)
-            .bind(batch)
-            .fetch_all(&mut *tx)
-            .await?;
+            let rows = old_rows(&mut *tx, format, after, batch).await?;
             let Some(&(last, _)) = rows.last() else { break };
             let mut internal_ids = Vec::with_capacity(rows.len());
             let mut public_ids = Vec::with_capacity(rows.len());
@@ -90,14 +91,14 @@ pub async fn copy(pool: &PgPool, batch: i64) -> anyhow::Result<Option<Copied>> {
                 let bytes = format::stored_bytes(format, text).ok_or_else(|| {
                     anyhow::anyhow!(
                         "public_ids holds {text:?} as the {} public ID of {internal_id}, which is not one: \
-                         nothing was dropped; correct or remove that row and run init again",
+                         the copy stops here, unfinished; correct or remove that row and run init again",
                         format.as_str()
                     )
                 })?;
                 internal_ids.push(*internal_id);
                 public_ids.push(uuid::Uuid::from_bytes(bytes));
             }
-            sqlx::query(insert).bind(internal_ids).bind(public_ids).execute(&mut *tx).await?;
+            sqlx::query(super::statements(format).copy).bind(internal_ids).bind(public_ids).execute(&mut *tx).await?;
             tx.commit().await?;
             match format {
                 Format::Uuidv7 => counts.uuidv7 += rows.len() as u64,
@@ -137,25 +138,17 @@ pub async fn drop_legacy_table(pool: &PgPool) -> anyhow::Result<Dropped> {
     // its own transaction, so it cannot be missing.
     let (mut rows, mut missing) = (0u64, 0u64);
     for format in STORED {
-        let copies_of = match format {
-            Format::Uuidv7 => "SELECT internal_id, public_id FROM public_ids_uuidv7 WHERE internal_id = ANY($1)",
-            _ => "SELECT internal_id, public_id FROM public_ids_opaque WHERE internal_id = ANY($1)",
-        };
         let mut after = i64::MIN;
         loop {
-            let batch: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id > $2 \
-                 ORDER BY internal_id LIMIT $3",
-            )
-            .bind(format.as_str())
-            .bind(after)
-            .bind(BATCH)
-            .fetch_all(pool)
-            .await?;
+            let batch = old_rows(pool, format, after, BATCH).await?;
             let Some(&(last, _)) = batch.last() else { break };
             let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
-            let copies: std::collections::HashMap<i64, uuid::Uuid> =
-                sqlx::query_as(copies_of).bind(ids).fetch_all(pool).await?.into_iter().collect();
+            let copies: std::collections::HashMap<i64, uuid::Uuid> = sqlx::query_as(super::statements(format).existing)
+                .bind(ids)
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .collect();
             for (id, text) in &batch {
                 rows += 1;
                 let copied = format::stored_bytes(format, text).map(uuid::Uuid::from_bytes);
