@@ -2,14 +2,16 @@
 //! path has its own test): round trips in every format, idempotency, one 404 for unknown,
 //! malformed and forged IDs, and bad input.
 
+mod common;
+
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
+use common::call;
 use http_body_util::BodyExt;
 use idgen_public_ids::access::Access;
-use idgen_public_ids::cache::MappingCache;
-use idgen_public_ids::format::{Format, Keyring, OsRandom};
+use idgen_public_ids::format::{Format, Keyring};
 use idgen_public_ids::store::PublicIdStore;
 use idgen_public_ids::{AppState, router};
 use serde_json::{Value, json};
@@ -20,27 +22,9 @@ async fn state(with_keys: bool) -> (AppState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
     let keyring = with_keys.then(|| Arc::new(Keyring::new(vec![(1, Zeroizing::new(vec![3u8; 32]))]).unwrap()));
-    let quotas = Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap());
     let formats = [Format::Opaque, Format::Uuidv7, Format::Encrypted].into();
-    let state = AppState {
-        store: Arc::new(store),
-        cache: Arc::new(MappingCache::new(100_000)),
-        keyring,
-        quotas,
-        formats,
-        access: Arc::new(Access::everybody()),
-        random: Arc::new(OsRandom),
-        random_failures: Arc::default(),
-    };
+    let state = AppState { keyring, formats, ..common::instance(store, 100_000) };
     (state, dir)
-}
-
-async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
-    let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-    let response = router(state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 #[tokio::test]

@@ -2,17 +2,19 @@
 //! never remembered (a mapping another instance creates resolves at once), the cache stays
 //! within its bound, access and quotas still come first, and hits and misses are counted.
 
+mod common;
+
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use common::call;
 use idgen_public_ids::access::Access;
 use idgen_public_ids::cache::MappingCache;
-use idgen_public_ids::format::{self, Format, OsRandom, RandomSource, RandomUnavailable};
+use idgen_public_ids::format::{self, RandomSource, RandomUnavailable};
 use idgen_public_ids::store::PublicIdStore;
 use idgen_public_ids::{AppState, router};
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::Connection;
 use tower::ServiceExt;
 
@@ -22,25 +24,7 @@ fn url(dir: &tempfile::TempDir) -> String {
 
 /// A service instance on the database in `dir` with a cache of `max_entries`.
 async fn instance(dir: &tempfile::TempDir, max_entries: u64) -> AppState {
-    let store = PublicIdStore::connect(&url(dir)).await.unwrap();
-    AppState {
-        store: Arc::new(store),
-        cache: Arc::new(MappingCache::new(max_entries)),
-        keyring: None,
-        quotas: Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap()),
-        formats: [Format::Opaque, Format::Uuidv7].into(),
-        access: Arc::new(Access::everybody()),
-        random: Arc::new(OsRandom),
-        random_failures: Arc::default(),
-    }
-}
-
-async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
-    let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-    let response = router(state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    common::instance(PublicIdStore::connect(&url(dir)).await.unwrap(), max_entries)
 }
 
 async fn create(state: &AppState, internal_id: u64, format: &str) -> String {

@@ -3,29 +3,21 @@
 //! 500; and it answers again as soon as the database does. A fresh database on
 //! `IDGEN_POSTGRES_URL` (./scripts/test starts it).
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
-use idgen_public_ids::access::Access;
-use idgen_public_ids::cache::MappingCache;
-use idgen_public_ids::format::{Format, OsRandom};
+use axum::http::{Method, StatusCode};
+use idgen_public_ids::AppState;
 use idgen_public_ids::store::{PoolSettings, PublicIdStore};
-use idgen_public_ids::{AppState, router};
 use idgen_test_support::TestDatabase as Db;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
-use tower::ServiceExt;
 
+/// A request's status, its `Retry-After` and its body.
 async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Option<String>, Value) {
-    let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-    let response = router(state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, retry_after, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let (status, headers, body) = common::send(state, method, uri, body).await;
+    (status, headers.get("retry-after").map(|v| v.to_str().unwrap().to_owned()), body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,17 +30,8 @@ async fn a_slow_database_or_an_exhausted_pool_answers_503_with_retry_after() {
         statement_timeout: Duration::from_millis(300),
     };
     let store = PublicIdStore::open_with(db.url(), Duration::from_secs(5), settings).await.unwrap();
-    let state = AppState {
-        store: Arc::new(store),
-        // No cache: every resolve asks the database.
-        cache: Arc::new(MappingCache::new(0)),
-        keyring: None,
-        quotas: Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap()),
-        formats: [Format::Opaque, Format::Uuidv7].into(),
-        access: Arc::new(Access::everybody()),
-        random: Arc::new(OsRandom),
-        random_failures: Arc::default(),
-    };
+    // No cache: every resolve asks the database.
+    let state = common::instance(store, 0);
     let (status, _, made) = call(&state, Method::POST, "/v1/public-ids", r#"{"internal_id": "7"}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     let resolve = format!("/v1/public-ids/{}", made["public_id"].as_str().unwrap());

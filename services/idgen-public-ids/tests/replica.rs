@@ -4,22 +4,18 @@
 //! still resolves at once, read again on the primary; with it stopped, resolves go on from the
 //! primary; each outcome counted in `idgen_public_replica_reads_total`.
 
+mod common;
+
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
-use idgen_public_ids::access::Access;
-use idgen_public_ids::cache::MappingCache;
-use idgen_public_ids::format::{Format, OsRandom};
+use axum::http::{Method, StatusCode};
+use common::call;
+use idgen_public_ids::AppState;
+use idgen_public_ids::format::Format;
 use idgen_public_ids::store::{PoolSettings, PublicIdStore};
-use idgen_public_ids::{AppState, router};
 use idgen_test_support::TestDatabase as Db;
-use serde_json::Value;
 use sqlx::{Connection, PgConnection};
-use tower::ServiceExt;
 
 fn env(name: &str) -> String {
     std::env::var(name)
@@ -60,26 +56,9 @@ impl Drop for RestoreReplica {
     }
 }
 
+/// An instance without a cache: every read reaches the store, so each is the replica's to answer.
 fn instance(store: PublicIdStore) -> AppState {
-    AppState {
-        store: Arc::new(store),
-        // No cache: every read reaches the store, so each is the replica's to answer.
-        cache: Arc::new(MappingCache::new(0)),
-        keyring: None,
-        quotas: Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap()),
-        formats: [Format::Opaque, Format::Uuidv7].into(),
-        access: Arc::new(Access::everybody()),
-        random: Arc::new(OsRandom),
-        random_failures: Arc::default(),
-    }
-}
-
-async fn call(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
-    let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-    let response = router(state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    common::instance(store, 0)
 }
 
 async fn create(state: &AppState, internal_id: u64) -> String {
