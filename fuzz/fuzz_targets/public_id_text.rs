@@ -1,7 +1,8 @@
 //! Public-ID text as customers send it back (SPEC §7): Crockford base32 of opaque IDs (16 bytes)
-//! and encrypted ones (17: a key version and one AES-256 block), forged ones included. Whatever
-//! decodes encodes back to the same text; an encrypted ID resolves to what it was made from, in
-//! either case; one character changed resolves to nothing.
+//! and encrypted ones (17: a key version and one AES-256 block), forged ones included, and typed
+//! ones (TypeIDs: a prefix, `_`, 26 characters). Whatever decodes encodes back to the same text;
+//! an encrypted ID resolves to what it was made from, in either case; one character changed
+//! resolves to nothing.
 //!
 //! `format.rs` uses nothing else of the service, so it is compiled in as it is: the fuzz build
 //! does not build the database and KMS stacks the service links.
@@ -16,7 +17,7 @@ use zeroize::Zeroizing;
 #[path = "../../services/idgen-public-ids/src/format.rs"]
 mod format;
 
-use format::{Keyring, crockford_decode, crockford_encode, is_opaque_text};
+use format::{Keyring, crockford_decode, crockford_encode, is_opaque_text, is_type_prefix, parse_typeid, typeid_text};
 
 fn keyring() -> &'static Keyring {
     static KEYRING: OnceLock<Keyring> = OnceLock::new();
@@ -35,6 +36,10 @@ fuzz_target!(|data: &[u8]| {
         }
         if is_opaque_text(text) {
             assert!(text.len() == 26 && text.bytes().all(|b| !b.is_ascii_uppercase()), "{text:?}");
+        }
+        if let Some((prefix, bytes)) = parse_typeid(text) {
+            assert!(prefix.is_empty() || is_type_prefix(prefix), "{text:?}");
+            assert_eq!(typeid_text(prefix, &bytes).as_deref(), Some(text), "{text:?}");
         }
         if let Some(id) = keyring.decrypt(text) {
             let version = crockford_decode(text, 17).expect("it decrypted")[0];

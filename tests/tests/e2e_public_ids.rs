@@ -1,5 +1,6 @@
 //! The public-ID service as a real process, with its data key from KMS (moto on loopback):
-//! `idgen public create|resolve`, idempotency under 32 concurrent creates, and a forged ID.
+//! `idgen public create|resolve`, typed public IDs (`[types]`), idempotency under 32 concurrent
+//! creates, and a forged ID.
 
 use std::time::Duration;
 
@@ -15,7 +16,8 @@ async fn e2e_public_ids_through_the_binary() {
 
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
-        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n\
+         [types]\norder = {{ number = 1 }}\nuser = {{ number = 2, format = \"uuidv7\" }}\n",
         dir.path().join("p.db").display(),
         shared_dynamodb_endpoint()
     );
@@ -31,8 +33,23 @@ async fn e2e_public_ids_through_the_binary() {
         assert_eq!(internal.trim(), "97301141913751557", "{format}");
     }
 
-    // 32 concurrent creates of one internal ID: one mapping, every caller gets it.
+    // Typed: `order_…` and `user_…` (a UUIDv7's TypeID), which resolve with their prefix only.
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    for public_type in ["order", "user"] {
+        let public = idgen(&["public", "create", "--url", &url, "31337", "--type", public_type]).await.unwrap();
+        let public = public.trim();
+        let (prefix, _) = idgen_public_ids::format::parse_typeid(public).unwrap_or_else(|| panic!("{public}"));
+        assert_eq!(prefix, public_type);
+        let internal = idgen(&["public", "resolve", "--url", &url, public]).await.unwrap();
+        assert_eq!(internal.trim(), "31337", "{public_type}");
+        let untyped = &public[public_type.len() + 1..];
+        let response = http.get(format!("{url}/v1/public-ids/{untyped}")).send().await.unwrap();
+        assert_eq!(response.status(), 404, "{public} without its type");
+    }
+    let refused = idgen(&["public", "create", "--url", &url, "31337", "--type", "ghost"]).await.unwrap_err();
+    assert!(format!("{refused:#}").contains("unknown type"), "{refused:#}");
+
+    // 32 concurrent creates of one internal ID: one mapping, every caller gets it.
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let (http, url) = (http.clone(), url.clone());
@@ -82,7 +99,8 @@ async fn e2e_public_ids_through_the_binary() {
         "{rotated}"
     );
     println!(
-        "public IDs: three formats round-tripped through `idgen public`, 32 concurrent creates agreed, a forged ID was 404"
+        "public IDs: three formats and two types round-tripped through `idgen public`, 32 concurrent creates agreed, a \
+         forged ID was 404"
     );
     child.kill().await.unwrap();
 }

@@ -45,8 +45,12 @@ pub enum PublicCommand {
     /// The public ID of an internal ID (created if it has none in that format).
     Create {
         internal_id: String,
-        #[arg(long, default_value = "opaque")]
-        format: String,
+        /// opaque (the default), uuidv7 or encrypted; with --type, the type's own.
+        #[arg(long)]
+        format: Option<String>,
+        /// A type the service configures ([types]): the public ID is then `TYPE_…`.
+        #[arg(long = "type")]
+        public_type: Option<String>,
         #[arg(long, env = "IDGEN_PUBLIC_IDS_URL", default_value = "http://127.0.0.1:8709")]
         url: String,
         #[arg(long)]
@@ -90,8 +94,14 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
             let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
             idgen_public_ids::serve(config, file, idgen_worker::shutdown_signal()).await
         }
-        PublicCommand::Create { internal_id, format, url, json } => {
-            let body = json!({"internal_id": internal_id, "format": format});
+        PublicCommand::Create { internal_id, format, public_type, url, json } => {
+            let mut body = json!({"internal_id": internal_id});
+            if let Some(format) = format {
+                body["format"] = json!(format);
+            }
+            if let Some(public_type) = public_type {
+                body["type"] = json!(public_type);
+            }
             let answer = call(http.post(format!("{}/v1/public-ids", url.trim_end_matches('/'))).json(&body)).await?;
             if json {
                 println!("{answer}");

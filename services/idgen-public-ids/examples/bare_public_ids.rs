@@ -5,7 +5,7 @@
 //!   shape, and does nothing else: what HTTP alone costs;
 //! - `database ADDR DATABASE_URL`: the same routes as the service, each doing only its one
 //!   statement on the service's PostgreSQL table through a native pool of the service's size:
-//!   a resolve is the indexed `SELECT internal_id FROM public_ids_opaque WHERE
+//!   a resolve is the indexed `SELECT internal_id, id_type FROM public_ids_opaque WHERE
 //!   public_id_key(public_id) = $1 AND public_id = $2` (404 if none), a create (`POST
 //!   /v1/public-ids`, `POST /v1/public-ids:batch`) draws opaque public IDs and runs the service's
 //!   `INSERT … SELECT FROM UNNEST(…) WHERE NOT EXISTS (…) ON CONFLICT DO NOTHING` of them (prepared
@@ -50,15 +50,15 @@ async fn resolve(State(pool): State<PgPool>, Path(public_id): Path<String>) -> R
         return StatusCode::NOT_FOUND.into_response();
     };
     let public = uuid::Uuid::from_bytes(bytes);
-    let row: Result<Option<i64>, _> = sqlx::query_scalar(
-        "SELECT internal_id FROM public_ids_opaque WHERE public_id_key(public_id) = $1 AND public_id = $2",
+    let row: Result<Option<(i64, Option<i16>)>, _> = sqlx::query_as(
+        "SELECT internal_id, id_type FROM public_ids_opaque WHERE public_id_key(public_id) = $1 AND public_id = $2",
     )
     .bind(idgen_public_ids::store::public_id_key(&public))
     .bind(public)
     .fetch_optional(&pool)
     .await;
     match row {
-        Ok(Some(internal_id)) => {
+        Ok(Some((internal_id, _))) => {
             axum::Json(json!({"public_id": public_id, "internal_id": internal_id.to_string()})).into_response()
         }
         Ok(None) => StatusCode::NOT_FOUND.into_response(),
@@ -85,7 +85,7 @@ async fn insert(pool: &PgPool, ids: &[i64]) -> Response {
         public_ids.push(uuid::Uuid::from_bytes(bytes));
     }
     let query = sqlx::query(
-        "INSERT INTO public_ids_opaque (internal_id, public_id) SELECT o.internal_id, o.public_id \
+        "INSERT INTO public_ids_opaque (internal_id, public_id, id_type) SELECT o.internal_id, o.public_id, NULL \
          FROM UNNEST($1::BIGINT[], $2::UUID[]) AS o (internal_id, public_id) \
          WHERE NOT EXISTS (SELECT 1 FROM public_ids_opaque x \
                            WHERE public_id_key(x.public_id) = public_id_key(o.public_id) AND x.public_id = o.public_id) \

@@ -8,7 +8,6 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use idgen::core::uuid;
 use serde_json::{Map, Value, json};
 
 use idgen_server::{Caller, Quotas};
@@ -18,6 +17,7 @@ use crate::body::{self, only_fields, parse_format, parse_internal_id};
 use crate::cache::MappingCache;
 use crate::format::{self, Format, Keyring, RandomSource, RandomSourceMetrics};
 use crate::store::{CreateError, Mapping, PublicIdStore};
+use crate::types::{Parsed, PublicType, Types};
 
 const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const MAX_BATCH: usize = 1_000;
@@ -43,6 +43,8 @@ pub struct AppState {
     pub random: Arc<dyn RandomSource>,
     /// Creates refused because `random` failed.
     pub random_failures: Arc<RandomSourceMetrics>,
+    /// The configured types of public IDs (`[types]`), whose names prefix typed IDs.
+    pub types: Arc<Types>,
 }
 
 #[derive(Debug)]
@@ -89,6 +91,11 @@ impl ApiError {
     /// The caller is not listed for this operation (and format): 403, before any other work.
     fn forbidden(refused: Forbidden) -> Self {
         ApiError { status: StatusCode::FORBIDDEN, code: "forbidden", message: refused.message, retry_after_secs: None }
+    }
+    /// A create for an internal ID whose public ID in that format exists with another type (or
+    /// none): a mapping never changes, so the caller is told which one it has.
+    fn type_mismatch(message: String) -> Self {
+        ApiError { status: StatusCode::CONFLICT, code: "type_mismatch", message, retry_after_secs: None }
     }
     /// The random source failed: no public ID is made from bits that may be predictable.
     fn random_unavailable(format: Format, error: format::RandomUnavailable) -> Self {
@@ -151,8 +158,14 @@ async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
     Ok(body::parse_object(&bytes)?)
 }
 
-/// Creates (or finds) the public IDs of `ids` in `format`.
-pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Vec<Mapping>, ApiError> {
+/// Creates (or finds) the public IDs of `ids` in `format`, of type `public_type` (whose format is
+/// `format`): 409 `type_mismatch` for an internal ID whose mapping exists with another type.
+pub async fn map_ids(
+    state: &AppState,
+    ids: &[u64],
+    format: Format,
+    public_type: Option<PublicType>,
+) -> Result<Vec<Mapping>, ApiError> {
     // A format this deployment does not offer is the caller's to change: a 4xx that says so.
     let unavailable = |message: String| ApiError {
         status: StatusCode::BAD_REQUEST,
@@ -185,7 +198,7 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                         message: "no data key is loaded for the encrypted format".into(),
                         retry_after_secs: None,
                     })?;
-                    Ok(Mapping { internal_id: id, format, public_id, created: false })
+                    Ok(Mapping { internal_id: id, format, public_id, type_number: None, created: false })
                 })
                 .collect()
         }
@@ -196,44 +209,114 @@ pub async fn map_ids(state: &AppState, ids: &[u64], format: Format) -> Result<Ve
                 Format::Uuidv7 => format::new_uuidv7(random, idgen::system_unix_ms()),
                 _ => format::new_opaque(random),
             };
-            let mappings = state.store.create_batch(ids, format, &make, now_ms).await.map_err(|error| match error {
-                CreateError::Storage(error) => ApiError::storage(error),
-                CreateError::Random(error) => {
-                    state.random_failures.failed(format);
-                    ApiError::random_unavailable(format, error)
-                }
-            })?;
+            let asked = public_type.map(|t| t.number);
+            let mappings =
+                state.store.create_batch(ids, format, asked, &make, now_ms).await.map_err(|error| match error {
+                    CreateError::Storage(error) => ApiError::storage(error),
+                    CreateError::Random(error) => {
+                        state.random_failures.failed(format);
+                        ApiError::random_unavailable(format, error)
+                    }
+                })?;
             for m in &mappings {
-                state.cache.remember(m.internal_id, format, &m.public_id);
+                state.cache.remember(m.internal_id, format, &m.public_id, m.type_number);
+            }
+            let other: Vec<String> = mappings
+                .iter()
+                .filter(|m| m.type_number != asked)
+                .map(|m| format!("{} ({})", m.internal_id, type_name(&state.types, m.type_number)))
+                .collect();
+            if !other.is_empty() {
+                return Err(ApiError::type_mismatch(format!(
+                    "the {} public IDs of these internal IDs exist with another type than {} (a mapping never \
+                     changes): {}",
+                    format.as_str(),
+                    type_name(&state.types, asked),
+                    other.join(", ")
+                )));
             }
             Ok(mappings)
         }
     }
 }
 
-fn mapping_json(m: &Mapping) -> Value {
-    json!({"public_id": m.public_id, "internal_id": m.internal_id.to_string(), "format": m.format.as_str()})
+/// A type number as messages name it: the type's name, "no type", or a number no longer
+/// configured.
+fn type_name(types: &Types, type_number: Option<u16>) -> String {
+    match type_number {
+        None => "no type".into(),
+        Some(number) => match types.name_of(number) {
+            Some(name) => format!("type {name}"),
+            None => format!("type number {number} (no longer configured)"),
+        },
+    }
+}
+
+/// A mapping as the API answers it: its public ID as handed out (typed: `name_` and the 26
+/// characters), and its type's name when it has one. Only called with a mapping whose type is
+/// configured (the create checked it is the one asked).
+fn mapping_json(types: &Types, m: &Mapping) -> Value {
+    let public_id = types.text(m.format, m.type_number, &m.public_id).unwrap_or_else(|| m.public_id.clone());
+    let mut json =
+        json!({"public_id": public_id, "internal_id": m.internal_id.to_string(), "format": m.format.as_str()});
+    if let Some(name) = m.type_number.and_then(|number| types.name_of(number)) {
+        json["type"] = json!(name);
+    }
+    json
+}
+
+/// The format and type a create or lookup asks for: `type` (a configured type's name) implies
+/// its format, and a `format` beside it must be that one; without a type, `format` (default
+/// opaque).
+fn format_and_type(
+    types: &Types,
+    format: Option<&Value>,
+    public_type: Option<&Value>,
+) -> Result<(Format, Option<PublicType>), ApiError> {
+    let public_type = match public_type {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(types.named(name).ok_or_else(|| match types.names()[..] {
+            [] => ApiError::bad(format!("unknown type {name:?}: this service has no types of public IDs")),
+            ref names => ApiError::bad(format!("unknown type {name:?}; this service's types: {}", names.join(", "))),
+        })?),
+        Some(other) => return Err(ApiError::bad(format!("type must be a string, not {other}"))),
+    };
+    match (format, public_type) {
+        (None, Some(public_type)) => Ok((public_type.format, Some(public_type))),
+        (format, public_type) => {
+            let format = parse_format(format)?;
+            if let Some(t) = public_type.filter(|t| t.format != format) {
+                return Err(ApiError::bad(format!(
+                    "the type's public IDs are {}, not {}: leave format out, or ask for {}",
+                    t.format.as_str(),
+                    format.as_str(),
+                    t.format.as_str()
+                )));
+            }
+            Ok((format, public_type))
+        }
+    }
 }
 
 pub async fn create(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
     let body = json_object(body).await?;
-    only_fields(&body, &["internal_id", "format"])?;
-    let format = parse_format(body.get("format"))?;
+    only_fields(&body, &["internal_id", "format", "type"])?;
+    let (format, public_type) = format_and_type(&state.types, body.get("format"), body.get("type"))?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
     admit(&state, &caller, 1)?;
     let id = parse_internal_id(body.get("internal_id").ok_or_else(|| ApiError::bad("internal_id is required"))?)?;
-    let mapping = map_ids(&state, &[id], format).await?.remove(0);
+    let mapping = map_ids(&state, &[id], format, public_type).await?.remove(0);
     // Encrypted IDs are computed, never created: always 200.
     let status = if mapping.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(mapping_json(&mapping))).into_response())
+    Ok((status, Json(mapping_json(&state.types, &mapping))).into_response())
 }
 
 pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
     let body = json_object(body).await?;
-    only_fields(&body, &["internal_ids", "format"])?;
-    let format = parse_format(body.get("format"))?;
+    only_fields(&body, &["internal_ids", "format", "type"])?;
+    let (format, public_type) = format_and_type(&state.types, body.get("format"), body.get("type"))?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
     let ids = body
         .get("internal_ids")
@@ -246,13 +329,13 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
     admit(&state, &caller, ids.len() as u32)?;
     parsed.sort_unstable();
     parsed.dedup();
-    let mappings = map_ids(&state, &parsed, format).await?;
+    let mappings = map_ids(&state, &parsed, format, public_type).await?;
     let by_id: std::collections::HashMap<u64, &Mapping> = mappings.iter().map(|m| (m.internal_id, m)).collect();
     let ordered: Vec<Value> = ids
         .iter()
         .map(|v| {
             let m = by_id[&parse_internal_id(v).expect("parsed above")];
-            let mut j = mapping_json(m);
+            let mut j = mapping_json(&state.types, m);
             j["created"] = json!(m.created);
             j
         })
@@ -266,69 +349,77 @@ pub async fn resolve(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &caller, Operation::Resolve, None)?;
-    // The format is read from the ID's shape alone (never from whether it exists), so a refusal
-    // for a format tells the caller nothing it did not send.
+    // The text is read once, into its format (from its shape, or its type's configuration:
+    // never from whether it exists, so a refusal for a format tells the caller nothing it did not
+    // send), its bytes, and the type its prefix names.
     let public_id = path.ok().map(|Path(public_id)| public_id);
-    let shape = public_id.as_deref().and_then(format_of);
-    if let Some(format) = shape {
-        authorize(&state, &caller, Operation::Resolve, Some(format))?;
+    let parsed = public_id.as_deref().and_then(|text| state.types.parse(text));
+    match &parsed {
+        Some(Parsed::Encrypted) => authorize(&state, &caller, Operation::Resolve, Some(Format::Encrypted))?,
+        Some(Parsed::Stored { format, .. }) => authorize(&state, &caller, Operation::Resolve, Some(*format))?,
+        None => {}
     }
     admit(&state, &caller, 1)?;
-    let Some(public_id) = public_id else { return Err(ApiError::not_found()) };
-    let internal = match shape {
-        Some(Format::Encrypted) => state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)),
-        Some(stored) => resolve_stored(&state, stored, &public_id).await?,
-        None => None,
+    let (Some(public_id), Some(parsed)) = (public_id, parsed) else { return Err(ApiError::not_found()) };
+    let (internal, type_number) = match parsed {
+        Parsed::Encrypted => match state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)) {
+            Some(internal) => (internal, None),
+            None => return Err(ApiError::not_found()),
+        },
+        Parsed::Stored { format, bytes, type_number } => match resolve_stored(&state, format, &bytes).await? {
+            // A typed ID resolves only with its own type's prefix, an untyped one only without
+            // any: anything else is the same 404 as an unknown ID.
+            Some((internal, found_type)) if found_type == type_number => (internal, type_number),
+            _ => return Err(ApiError::not_found()),
+        },
     };
-    let internal = internal.ok_or_else(ApiError::not_found)?;
-    Ok(Json(json!({"public_id": public_id, "internal_id": internal.to_string()})))
+    let mut resolved = json!({"public_id": public_id, "internal_id": internal.to_string()});
+    if let Some(name) = type_number.and_then(|number| state.types.name_of(number)) {
+        resolved["type"] = json!(name);
+    }
+    Ok(Json(resolved))
 }
 
-/// The internal ID of a stored (opaque or UUIDv7) public ID: from the cache, else from the
-/// database, and then kept in the cache. Not found is asked of the database every time.
-async fn resolve_stored(state: &AppState, format: Format, public_id: &str) -> Result<Option<u64>, ApiError> {
-    if let Some(internal_id) = state.cache.resolve(format, public_id) {
-        return Ok(Some(internal_id));
+/// The internal ID and type number of a stored (opaque or UUIDv7) public ID: from the cache,
+/// else from the database, and then kept in the cache. Not found is asked of the database every
+/// time.
+async fn resolve_stored(
+    state: &AppState,
+    format: Format,
+    public_id: &[u8; 16],
+) -> Result<Option<(u64, Option<u16>)>, ApiError> {
+    if let Some(found) = state.cache.resolve(format, public_id) {
+        return Ok(Some(found));
     }
-    // UUIDs are stored in lowercase.
-    let stored = match format {
-        Format::Uuidv7 => public_id.to_ascii_lowercase(),
-        _ => public_id.to_owned(),
-    };
-    let found = state.store.resolve(format, &stored).await.map_err(ApiError::storage)?;
-    if let Some(internal_id) = found {
-        state.cache.remember(internal_id, format, &stored);
+    let found = state.store.resolve(format, public_id).await.map_err(ApiError::storage)?;
+    if let Some((internal_id, type_number)) = found {
+        state.cache.remember(internal_id, format, &format::stored_text(format, public_id), type_number);
     }
     Ok(found)
 }
 
-/// The stored public ID of `internal_id` in `format` (opaque or UUIDv7): from the cache, else
-/// from the database, and then kept in the cache.
-async fn lookup_stored(state: &AppState, internal_id: u64, format: Format) -> Result<Option<String>, ApiError> {
-    if let Some(public_id) = state.cache.lookup(internal_id, format) {
-        return Ok(Some(public_id.to_string()));
+/// The stored public ID (without a type's prefix) and type number of `internal_id` in `format`
+/// (opaque or UUIDv7): from the cache, else from the database, and then kept in the cache.
+async fn lookup_stored(
+    state: &AppState,
+    internal_id: u64,
+    format: Format,
+) -> Result<Option<(String, Option<u16>)>, ApiError> {
+    if let Some((public_id, type_number)) = state.cache.lookup(internal_id, format) {
+        return Ok(Some((public_id.to_string(), type_number)));
     }
     let found = state.store.lookup(internal_id, format).await.map_err(ApiError::storage)?;
-    if let Some(public_id) = &found {
-        state.cache.remember(internal_id, format, public_id);
+    if let Some((public_id, type_number)) = &found {
+        state.cache.remember(internal_id, format, public_id, *type_number);
     }
     Ok(found)
-}
-
-/// The format a public ID's text has the shape of: 28 characters (encrypted), 26 lowercase
-/// Crockford base32 (opaque) or a UUIDv7; `None` for anything else.
-fn format_of(public_id: &str) -> Option<Format> {
-    match public_id.len() {
-        28 => Some(Format::Encrypted),
-        26 if format::is_opaque_text(public_id) => Some(Format::Opaque),
-        36 if uuid::parse_v7(public_id).is_ok() => Some(Format::Uuidv7),
-        _ => None,
-    }
 }
 
 #[derive(serde::Deserialize)]
 pub struct FormatQuery {
     format: Option<String>,
+    #[serde(rename = "type")]
+    public_type: Option<String>,
 }
 
 pub async fn lookup(
@@ -340,20 +431,46 @@ pub async fn lookup(
     authorize(&state, &caller, Operation::Lookup, None)?;
     let Path(text) = path.map_err(|_| ApiError::bad("the internal ID in the path is not valid UTF-8"))?;
     let Query(query) = query.map_err(|e| ApiError::bad(e.body_text()))?;
-    let format = parse_format(query.format.map(Value::String).as_ref())?;
+    let (format, public_type) = format_and_type(
+        &state.types,
+        query.format.map(Value::String).as_ref(),
+        query.public_type.map(Value::String).as_ref(),
+    )?;
     authorize(&state, &caller, Operation::Lookup, Some(format))?;
     admit(&state, &caller, 1)?;
     let id = parse_internal_id(&Value::String(text))?;
-    let public_id = match format {
-        Format::Encrypted => map_ids(&state, &[id], format).await?.remove(0).public_id,
-        stored => lookup_stored(&state, id, stored).await?.ok_or_else(|| ApiError {
-            status: StatusCode::NOT_FOUND,
-            code: "not_found",
-            message: format!("internal ID {id} has no {} public ID", stored.as_str()),
-            retry_after_secs: None,
-        })?,
+    let none = |message: String| ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "not_found",
+        message,
+        retry_after_secs: None,
     };
-    Ok(Json(json!({"public_id": public_id, "internal_id": id.to_string(), "format": format.as_str()})))
+    let mapping = match format {
+        Format::Encrypted => map_ids(&state, &[id], format, None).await?.remove(0),
+        stored => {
+            let Some((public_id, type_number)) = lookup_stored(&state, id, stored).await? else {
+                return Err(none(format!("internal ID {id} has no {} public ID", stored.as_str())));
+            };
+            let asked = public_type.map(|t| t.number);
+            if asked.is_some() && asked != type_number {
+                return Err(none(format!(
+                    "internal ID {id} has no {} public ID of {}: it has one of {}",
+                    stored.as_str(),
+                    type_name(&state.types, asked),
+                    type_name(&state.types, type_number)
+                )));
+            }
+            if type_number.is_some_and(|number| state.types.name_of(number).is_none()) {
+                return Err(none(format!(
+                    "internal ID {id}'s {} public ID is of {}: its text has no prefix to show",
+                    stored.as_str(),
+                    type_name(&state.types, type_number)
+                )));
+            }
+            Mapping { internal_id: id, format, public_id, type_number, created: false }
+        }
+    };
+    Ok(Json(mapping_json(&state.types, &mapping)))
 }
 
 pub async fn healthz(State(state): State<AppState>) -> Json<Value> {

@@ -28,10 +28,12 @@ enum Key {
     Internal(Format, u64),
 }
 
+/// One side of a mapping, with the mapping's type number ([`crate::types`]; `None`: untyped).
 #[derive(Debug, Clone)]
 enum Value {
-    Internal(u64),
-    Public(Arc<str>),
+    Internal(u64, Option<u16>),
+    /// The stored text, without a type's prefix.
+    Public(Arc<str>, Option<u16>),
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,29 +103,31 @@ impl MappingCache {
         found
     }
 
-    /// The internal ID of a stored public ID in `format`, if cached (counted as a resolve hit
-    /// or miss).
-    pub fn resolve(&self, format: Format, public_id: &str) -> Option<u64> {
-        match self.get("resolve", format::stored_bytes(format, public_id).map(|bytes| Key::Public(format, bytes)))? {
-            Value::Internal(id) => Some(id),
-            Value::Public(_) => None,
+    /// The internal ID and type number of the stored public ID in `format` with these 16
+    /// bytes, if cached (counted as a resolve hit or miss).
+    pub fn resolve(&self, format: Format, public_id: &[u8; 16]) -> Option<(u64, Option<u16>)> {
+        match self.get("resolve", Some(Key::Public(format, *public_id)))? {
+            Value::Internal(id, type_number) => Some((id, type_number)),
+            Value::Public(..) => None,
         }
     }
 
-    /// The public ID of `internal_id` in `format`, if cached (counted as a lookup hit or miss).
-    pub fn lookup(&self, internal_id: u64, format: Format) -> Option<Arc<str>> {
+    /// The stored public ID (without a type's prefix) and type number of `internal_id` in
+    /// `format`, if cached (counted as a lookup hit or miss).
+    pub fn lookup(&self, internal_id: u64, format: Format) -> Option<(Arc<str>, Option<u16>)> {
         match self.get("lookup", Some(Key::Internal(format, internal_id)))? {
-            Value::Public(public_id) => Some(public_id),
-            Value::Internal(_) => None,
+            Value::Public(public_id, type_number) => Some((public_id, type_number)),
+            Value::Internal(..) => None,
         }
     }
 
-    /// Keeps a mapping that exists in the database, both ways. Only ever called with one that
-    /// was found or created: the cache never holds a mapping the database does not.
-    pub fn remember(&self, internal_id: u64, format: Format, public_id: &str) {
+    /// Keeps a mapping that exists in the database, both ways: its stored text (without a
+    /// type's prefix) and type number. Only ever called with one that was found or created: the
+    /// cache never holds a mapping the database does not.
+    pub fn remember(&self, internal_id: u64, format: Format, public_id: &str, type_number: Option<u16>) {
         let (Some(entries), Some(bytes)) = (&self.entries, format::stored_bytes(format, public_id)) else { return };
-        entries.insert(Key::Public(format, bytes), Value::Internal(internal_id));
-        entries.insert(Key::Internal(format, internal_id), Value::Public(public_id.into()));
+        entries.insert(Key::Public(format, bytes), Value::Internal(internal_id, type_number));
+        entries.insert(Key::Internal(format, internal_id), Value::Public(public_id.into(), type_number));
     }
 
     /// The entries held, after moka has applied every pending insert and eviction.
@@ -150,24 +154,25 @@ mod tests {
     fn both_ways_bounded_and_counted() {
         let cache = MappingCache::new(4);
         let opaque = format::crockford_encode(&[7u8; 16]);
-        assert_eq!(cache.resolve(Format::Opaque, &opaque), None);
-        cache.remember(42, Format::Opaque, &opaque);
-        assert_eq!(cache.resolve(Format::Opaque, &opaque), Some(42));
-        assert_eq!(cache.lookup(42, Format::Opaque).as_deref(), Some(opaque.as_str()));
+        assert_eq!(cache.resolve(Format::Opaque, &[7u8; 16]), None);
+        cache.remember(42, Format::Opaque, &opaque, None);
+        assert_eq!(cache.resolve(Format::Opaque, &[7u8; 16]), Some((42, None)));
+        let (public_id, type_number) = cache.lookup(42, Format::Opaque).unwrap();
+        assert_eq!((&*public_id, type_number), (opaque.as_str(), None));
         // The same bits in another format are another public ID.
-        assert_eq!(cache.lookup(42, Format::Uuidv7), None);
-        let text = uuid::format(&uuid::new_v7(1_700_000_000_000, 1, 2));
-        cache.remember(43, Format::Uuidv7, &text);
-        assert_eq!(cache.resolve(Format::Uuidv7, &text.to_ascii_uppercase()), Some(43));
+        assert!(cache.lookup(42, Format::Uuidv7).is_none());
+        let bytes = uuid::new_v7(1_700_000_000_000, 1, 2);
+        cache.remember(43, Format::Uuidv7, &uuid::format(&bytes), Some(3));
+        assert_eq!(cache.resolve(Format::Uuidv7, &bytes), Some((43, Some(3))), "kept with its type");
         for id in 100..200 {
-            cache.remember(id, Format::Opaque, &format::crockford_encode(&u128::from(id).to_be_bytes()));
+            cache.remember(id, Format::Opaque, &format::crockford_encode(&u128::from(id).to_be_bytes()), None);
         }
         assert!(cache.entry_count() <= 4, "{}", cache.entry_count());
         let hits = cache.metrics.hits.get_or_create(&CacheOperationLabel { operation: "resolve" }).get();
         let misses = cache.metrics.misses.get_or_create(&CacheOperationLabel { operation: "resolve" }).get();
         assert_eq!((hits, misses), (2, 1));
         let off = MappingCache::new(0);
-        off.remember(42, Format::Opaque, &opaque);
-        assert_eq!((off.resolve(Format::Opaque, &opaque), off.entry_count()), (None, 0));
+        off.remember(42, Format::Opaque, &opaque, None);
+        assert_eq!((off.resolve(Format::Opaque, &[7u8; 16]), off.entry_count()), (None, 0));
     }
 }

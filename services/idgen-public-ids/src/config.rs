@@ -1,5 +1,6 @@
 //! Configuration: a TOML file plus `IDGEN_PUBLIC_IDS_…` environment variables.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use crate::access::AccessSection;
 use crate::format::Format;
 use crate::store::PoolSettings;
+use crate::types::{TypeSection, Types};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -69,6 +71,10 @@ pub struct PublicIdsConfig {
     pub limits: idgen_server::LimitsSection,
     /// The read cache of stored mappings ([`crate::cache`]).
     pub cache: CacheSection,
+    /// Typed public IDs ([`crate::types`]): `order = { number = 1, format = "opaque" }` makes
+    /// `order_…` public IDs. A number is stored on each mapping in place of the name, so it is
+    /// for ever; not re-read on SIGHUP. Empty by default: every public ID is untyped.
+    pub types: BTreeMap<String, TypeSection>,
 }
 
 /// `[cache]`: how many entries the read cache keeps in memory.
@@ -137,6 +143,7 @@ impl Default for PublicIdsConfig {
             kms_probe_ms: 300_000,
             limits: idgen_server::LimitsSection::default(),
             cache: CacheSection::default(),
+            types: BTreeMap::new(),
         }
     }
 }
@@ -203,6 +210,11 @@ impl PublicIdsConfig {
         self.formats.iter().filter_map(|f| Format::parse(f)).collect()
     }
 
+    /// The configured types (validated at load).
+    pub fn types(&self) -> anyhow::Result<Types> {
+        Types::from_config(&self.types, &self.offered())
+    }
+
     /// What a production service must be told, and is not. Empty in development mode.
     pub fn missing_for_production(&self) -> Vec<String> {
         if self.development {
@@ -263,6 +275,7 @@ impl PublicIdsConfig {
         if let Some(access) = &self.access {
             access.validate(self.development)?;
         }
+        self.types()?;
         self.tls.validate()?;
         self.quotas.validate()?;
         self.limits.validate()?;
@@ -315,6 +328,7 @@ impl PublicIdsConfig {
                 0 => "cache: off (every resolve and lookup asks the database)".into(),
                 n => format!("cache: up to {n} entries of stored mappings in memory"),
             },
+            self.types()?.describe(),
         ])
     }
 }
@@ -363,5 +377,37 @@ mod tests {
                 .contains("max_entrys")
         );
         assert_eq!(config.offered(), vec![Format::Opaque, Format::Uuidv7, Format::Encrypted]);
+    }
+
+    #[test]
+    fn types_are_checked_at_load_and_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = load(
+            dir.path(),
+            "development = true\n[types]\norder = { number = 1 }\nuser = { number = 2, format = \"uuidv7\" }\n",
+        )
+        .unwrap();
+        let lines = config.check().unwrap();
+        assert!(lines.contains(&"types: order_ (1, opaque), user_ (2, uuidv7)".to_owned()), "{lines:?}");
+        assert!(
+            load(dir.path(), "development = true\n")
+                .unwrap()
+                .check()
+                .unwrap()
+                .iter()
+                .any(|l| l.starts_with("types: none"))
+        );
+        for (text, said) in [
+            (
+                "formats = [\"opaque\"]\n[types]\nuser = { number = 2, format = \"uuidv7\" }\n",
+                "not among this service's formats",
+            ),
+            ("[types]\norder = { number = 1, colour = \"red\" }\n", "colour"),
+            ("[types]\norder = { number = 1 }\ninvoice = { number = 1 }\n", "both have number 1"),
+            ("[types]\n\"order-line\" = { number = 1 }\n", "a-z and _"),
+        ] {
+            let error = format!("{:#}", load(dir.path(), &format!("development = true\n{text}")).unwrap_err());
+            assert!(error.contains(said), "{text}: {error}");
+        }
     }
 }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod format;
 pub mod kms;
 pub mod store;
+pub mod types;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -199,6 +200,17 @@ pub async fn serve(
         store.metrics().register_replica(&mut registry);
     }
     let offered = config.offered();
+    let types = Arc::new(config.types()?);
+    if !types.is_empty() && store.legacy_table_remains().await? {
+        return Err(idgen::config::Refused(
+            "[types]: typed public IDs need the table of mappings from before 16-byte storage dropped first: once no \
+             instance of the previous version runs (it knows no types, and would resolve a typed public ID without its \
+             prefix), run `idgen public drop-legacy-table`"
+                .into(),
+        )
+        .into());
+    }
+    tracing::info!("{}", types.describe());
     let mut kms_probe = None;
     let keyring = match (&config.kms, &config.development_key_file) {
         _ if !offered.contains(&format::Format::Encrypted) => None,
@@ -265,6 +277,7 @@ pub async fn serve(
         access,
         random: Arc::new(format::OsRandom),
         random_failures,
+        types,
     };
     let _probes = Probes::start(&config, state.store.clone(), kms_probe.map(|probe| (probe, kms_metrics))).await;
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;

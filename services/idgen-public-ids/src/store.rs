@@ -59,9 +59,28 @@ const SCHEMA: Schema = Schema {
 pub struct Mapping {
     pub internal_id: u64,
     pub format: Format,
+    /// The stored text, without a type's prefix: 26 Crockford characters (opaque) or a
+    /// hyphenated UUID ([`format::stored_text`]); [`crate::types::Types::text`] makes what is
+    /// handed out.
     pub public_id: String,
+    /// The mapping's type number ([`crate::types`]), `None` for an untyped one. A create finding
+    /// a mapping made before answers with that mapping's type, which may not be the one asked.
+    pub type_number: Option<u16>,
     /// False when the mapping already existed (the create was idempotent).
     pub created: bool,
+}
+
+/// A stored mapping as PostgreSQL's statements answer it: internal ID, public ID, type number.
+type Row = (i64, uuid::Uuid, Option<i16>);
+
+/// A type number as the database keeps it (a `smallint`; numbers are 1 to 32767, [`crate::types`]).
+fn type_column(type_number: Option<u16>) -> Option<i16> {
+    type_number.map(|n| i16::try_from(n).expect("type numbers are validated to 1..=32767"))
+}
+
+/// A type number as the database answered it: only positive ones are ever written (and checked).
+fn type_of(column: Option<i16>) -> Option<u16> {
+    column.and_then(|n| u16::try_from(n).ok())
 }
 
 /// Why a create did not finish: the database, or the random source the public IDs are drawn
@@ -195,22 +214,27 @@ macro_rules! statements {
             // The index is of the public ID's last 8 bytes ($1); all 16 are compared.
             // Two rows would be a public ID held twice, which creates never make: LIMIT 2 finds it.
             resolve: concat!(
-                "SELECT internal_id FROM ",
+                "SELECT internal_id, id_type FROM ",
                 $table,
                 " WHERE public_id_key(public_id) = $1 AND public_id = $2 LIMIT 2"
             ),
-            lookup: concat!("SELECT public_id FROM ", $table, " WHERE internal_id = $1"),
+            lookup: concat!("SELECT public_id, id_type FROM ", $table, " WHERE internal_id = $1"),
+            // $3 is the type number of every row offered (NULL: untyped).
             insert: concat!(
                 "INSERT INTO ",
                 $table,
-                " (internal_id, public_id) SELECT o.internal_id, o.public_id \
+                " (internal_id, public_id, id_type) SELECT o.internal_id, o.public_id, $3::SMALLINT \
                  FROM UNNEST($1::BIGINT[], $2::UUID[]) AS o (internal_id, public_id) \
                  WHERE NOT EXISTS (SELECT 1 FROM ",
                 $table,
                 " x WHERE public_id_key(x.public_id) = public_id_key(o.public_id) AND x.public_id = o.public_id) \
                  ON CONFLICT DO NOTHING RETURNING internal_id, public_id"
             ),
-            existing: concat!("SELECT internal_id, public_id FROM ", $table, " WHERE internal_id = ANY($1::BIGINT[])"),
+            existing: concat!(
+                "SELECT internal_id, public_id, id_type FROM ",
+                $table,
+                " WHERE internal_id = ANY($1::BIGINT[])"
+            ),
             copy: concat!(
                 "INSERT INTO ",
                 $table,
@@ -412,6 +436,16 @@ impl PublicIdStore {
         Ok(PublicIdStore { pool, replica: None, metrics: Arc::default(), deadline })
     }
 
+    /// Whether PostgreSQL still keeps the table of mappings made before 16-byte storage, kept in
+    /// step with the new ones for instances of the previous version ([`legacy`]), which know no
+    /// types: the service refuses `[types]` until it is dropped.
+    pub async fn legacy_table_remains(&self) -> Result<bool, sqlx::Error> {
+        match &self.pool {
+            Pool::Postgres(pool) => legacy::legacy_exists(pool).await,
+            Pool::Sqlite(_) => Ok(false),
+        }
+    }
+
     /// Resolves and lookups ask the PostgreSQL replica at `url` first ([`Replica`]), through a
     /// pool of the same settings. Connected lazily: a replica that is down at start-up does not
     /// keep the service from starting, its reads go to the primary.
@@ -476,13 +510,15 @@ impl PublicIdStore {
         }
     }
 
-    /// The mapping of each internal ID in `format`, creating the missing ones with `make()`,
-    /// idempotently: concurrent creates of one internal ID all get the one mapping that won. A
-    /// collision of random public IDs is retried with a fresh one, never surfaced.
+    /// The mapping of each internal ID in `format`, creating the missing ones with `make()` and
+    /// `type_number`, idempotently: concurrent creates of one internal ID all get the one mapping
+    /// that won (whose type the caller compares with the one it asked for). A collision of random
+    /// public IDs is retried with a fresh one, never surfaced.
     pub async fn create_batch(
         &self,
         internal_ids: &[u64],
         format: Format,
+        type_number: Option<u16>,
         make: &(dyn Fn() -> Result<String, RandomUnavailable> + Sync),
         now_ms: i64,
     ) -> Result<Vec<Mapping>, CreateError> {
@@ -500,12 +536,15 @@ impl PublicIdStore {
             // once: the other internal ID draws again in the next round.
             let mut seen = std::collections::HashSet::with_capacity(offered.len());
             offered.retain(|(_, public_id)| seen.insert(public_id.clone()));
-            let found = self.counted("create", self.within(self.insert_and_read(&offered, format, now_ms)).await)?;
+            let inserted = self.insert_and_read(&offered, format, type_number, now_ms);
+            let found = self.counted("create", self.within(inserted).await)?;
             for &i in &pending {
                 let id = internal_ids[i];
-                if let Some(public_id) = found.get(&id) {
+                if let Some((public_id, found_type)) = found.get(&id) {
                     let ours = offered.iter().any(|(o, p)| *o == id && p == public_id);
-                    result[i] = Some(Mapping { internal_id: id, format, public_id: public_id.clone(), created: ours });
+                    let public_id = public_id.clone();
+                    let type_number = *found_type;
+                    result[i] = Some(Mapping { internal_id: id, format, public_id, type_number, created: ours });
                 }
             }
         }
@@ -521,11 +560,12 @@ impl PublicIdStore {
         &self,
         offered: &[(u64, String)],
         format: Format,
+        type_number: Option<u16>,
         now_ms: i64,
-    ) -> Result<HashMap<u64, String>, sqlx::Error> {
+    ) -> Result<HashMap<u64, (String, Option<u16>)>, sqlx::Error> {
         let mut found = HashMap::with_capacity(offered.len());
         let pool = match &self.pool {
-            Pool::Sqlite(pool) => return insert_and_read_sqlite(pool, offered, format, now_ms).await,
+            Pool::Sqlite(pool) => return insert_and_read_sqlite(pool, offered, format, type_number, now_ms).await,
             Pool::Postgres(pool) => pool,
         };
         let mut internal_ids = Vec::with_capacity(offered.len());
@@ -537,53 +577,63 @@ impl PublicIdStore {
             public_ids.push(public_id);
         }
         let statements = statements(format);
-        let inserted: Vec<(i64, uuid::Uuid)> =
-            sqlx::query_as(statements.insert).bind(&internal_ids).bind(public_ids).fetch_all(pool).await?;
+        let inserted: Vec<(i64, uuid::Uuid)> = sqlx::query_as(statements.insert)
+            .bind(&internal_ids)
+            .bind(public_ids)
+            .bind(type_column(type_number))
+            .fetch_all(pool)
+            .await?;
         for (id, public_id) in inserted {
-            found.insert(id as u64, format::stored_text(format, public_id.as_bytes()));
+            found.insert(id as u64, (format::stored_text(format, public_id.as_bytes()), type_number));
         }
         // Read after the insert, not in its snapshot: a mapping another create committed while
         // this one waited on its key is seen here, not left for a retry.
         let missing: Vec<i64> = internal_ids.into_iter().filter(|id| !found.contains_key(&(*id as u64))).collect();
         if !missing.is_empty() {
-            let existing: Vec<(i64, uuid::Uuid)> =
-                sqlx::query_as(statements.existing).bind(missing).fetch_all(pool).await?;
-            for (id, public_id) in existing {
-                found.insert(id as u64, format::stored_text(format, public_id.as_bytes()));
+            let existing: Vec<Row> = sqlx::query_as(statements.existing).bind(missing).fetch_all(pool).await?;
+            for (id, public_id, found_type) in existing {
+                found.insert(id as u64, (format::stored_text(format, public_id.as_bytes()), type_of(found_type)));
             }
         }
         Ok(found)
     }
 
-    /// The internal ID a stored public ID of `format` maps to (`None` for text not of its shape).
-    pub async fn resolve(&self, format: Format, public_id: &str) -> Result<Option<u64>, sqlx::Error> {
-        let found: Result<Option<i64>, sqlx::Error> = match &self.pool {
+    /// The internal ID and type number of the stored public ID of `format` with these 16 bytes.
+    pub async fn resolve(
+        &self,
+        format: Format,
+        public_id: &[u8; 16],
+    ) -> Result<Option<(u64, Option<u16>)>, sqlx::Error> {
+        let found: Result<Option<(i64, Option<i16>)>, sqlx::Error> = match &self.pool {
             Pool::Postgres(pool) => {
-                let Some(public_id) = as_uuid(format, public_id) else { return Ok(None) };
+                let public_id = uuid::Uuid::from_bytes(*public_id);
                 if let Some(replica) = self.replica() {
                     let answer = self.within(resolve_on(&replica.pool, format, public_id)).await;
                     if let Some(found) = self.answer_of_replica(replica, answer) {
-                        return Ok(Some(found as u64));
+                        return Ok(Some((found.0 as u64, type_of(found.1))));
                     }
                 }
                 self.within(resolve_on(pool, format, public_id)).await
             }
             Pool::Sqlite(pool) => {
-                sqlx::query_scalar("SELECT internal_id FROM public_ids WHERE public_id = $1 AND format = $2")
-                    .bind(public_id)
+                sqlx::query_as("SELECT internal_id, id_type FROM public_ids WHERE public_id = $1 AND format = $2")
+                    .bind(format::stored_text(format, public_id))
                     .bind(format.as_str())
                     .fetch_optional(pool)
                     .await
             }
         };
-        Ok(self.counted("resolve", found)?.map(|id| id as u64))
+        Ok(self.counted("resolve", found)?.map(|(id, found_type)| (id as u64, type_of(found_type))))
     }
 
-    /// The stored public ID of an internal ID in a format.
-    pub async fn lookup(&self, internal_id: u64, format: Format) -> Result<Option<String>, sqlx::Error> {
+    /// The stored public ID (its text without a type's prefix) and type number of an internal ID
+    /// in a format.
+    pub async fn lookup(&self, internal_id: u64, format: Format) -> Result<Option<(String, Option<u16>)>, sqlx::Error> {
         let found = match &self.pool {
             Pool::Postgres(pool) => {
-                let text = |public_id: uuid::Uuid| format::stored_text(format, public_id.as_bytes());
+                let text = |(public_id, found_type): (uuid::Uuid, Option<i16>)| {
+                    (format::stored_text(format, public_id.as_bytes()), type_of(found_type))
+                };
                 if let Some(replica) = self.replica() {
                     let answer = self.within(lookup_on(&replica.pool, format, internal_id)).await;
                     if let Some(found) = self.answer_of_replica(replica, answer) {
@@ -593,11 +643,13 @@ impl PublicIdStore {
                 self.within(lookup_on(pool, format, internal_id)).await.map(|found| found.map(text))
             }
             Pool::Sqlite(pool) => {
-                sqlx::query_scalar("SELECT public_id FROM public_ids WHERE internal_id = $1 AND format = $2")
+                let sql = "SELECT public_id, id_type FROM public_ids WHERE internal_id = $1 AND format = $2";
+                sqlx::query_as(sql)
                     .bind(internal_id as i64)
                     .bind(format.as_str())
                     .fetch_optional(pool)
                     .await
+                    .map(|found: Option<(String, Option<i16>)>| found.map(|(text, t)| (text, type_of(t))))
             }
         };
         self.counted("lookup", found)
@@ -663,15 +715,19 @@ impl PublicIdStore {
 type KeyRow = (i64, String, Vec<u8>, i64);
 
 /// PostgreSQL's resolve on the primary or the replica.
-async fn resolve_on(pool: &PgPool, format: Format, public_id: uuid::Uuid) -> Result<Option<i64>, sqlx::Error> {
-    let found: Vec<i64> = sqlx::query_scalar(statements(format).resolve)
+async fn resolve_on(
+    pool: &PgPool,
+    format: Format,
+    public_id: uuid::Uuid,
+) -> Result<Option<(i64, Option<i16>)>, sqlx::Error> {
+    let found: Vec<(i64, Option<i16>)> = sqlx::query_as(statements(format).resolve)
         .bind(public_id_key(&public_id))
         .bind(public_id)
         .fetch_all(pool)
         .await?;
     match found[..] {
         [] => Ok(None),
-        [internal_id] => Ok(Some(internal_id)),
+        [mapping] => Ok(Some(mapping)),
         _ => Err(sqlx::Error::Protocol(format!(
             "the {} public ID {public_id} is held by more than one internal ID ({found:?}): not answered",
             format.as_str()
@@ -686,8 +742,12 @@ pub fn public_id_key(public_id: &uuid::Uuid) -> i64 {
 }
 
 /// PostgreSQL's lookup on the primary or the replica.
-async fn lookup_on(pool: &PgPool, format: Format, internal_id: u64) -> Result<Option<uuid::Uuid>, sqlx::Error> {
-    sqlx::query_scalar(statements(format).lookup).bind(internal_id as i64).fetch_optional(pool).await
+async fn lookup_on(
+    pool: &PgPool,
+    format: Format,
+    internal_id: u64,
+) -> Result<Option<(uuid::Uuid, Option<i16>)>, sqlx::Error> {
+    sqlx::query_as(statements(format).lookup).bind(internal_id as i64).fetch_optional(pool).await
 }
 
 /// SQLite's create: the insert and the read in one transaction (its one connection).
@@ -695,31 +755,34 @@ async fn insert_and_read_sqlite(
     pool: &SqlitePool,
     offered: &[(u64, String)],
     format: Format,
+    type_number: Option<u16>,
     now_ms: i64,
-) -> Result<HashMap<u64, String>, sqlx::Error> {
+) -> Result<HashMap<u64, (String, Option<u16>)>, sqlx::Error> {
     let mut found = HashMap::with_capacity(offered.len());
     let mut tx = pool.begin().await?;
-    let values: Vec<String> = (0..offered.len()).map(|i| format!("(${}, $1, ${}, $2)", 2 * i + 3, 2 * i + 4)).collect();
+    let values: Vec<String> =
+        (0..offered.len()).map(|i| format!("(${}, $1, ${}, $2, $3)", 2 * i + 4, 2 * i + 5)).collect();
     let sql = format!(
-        "INSERT INTO public_ids (internal_id, format, public_id, created_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+        "INSERT INTO public_ids (internal_id, format, public_id, created_at_ms, id_type) VALUES {} \
+         ON CONFLICT DO NOTHING",
         values.join(", ")
     );
-    let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms);
+    let mut query = sqlx::query(&sql).bind(format.as_str()).bind(now_ms).bind(type_column(type_number));
     for (id, public) in offered {
         query = query.bind(*id as i64).bind(public.as_str());
     }
     query.execute(&mut *tx).await?;
     let list: Vec<String> = (0..offered.len()).map(|i| format!("${}", i + 2)).collect();
     let sql = format!(
-        "SELECT internal_id, public_id FROM public_ids WHERE format = $1 AND internal_id IN ({})",
+        "SELECT internal_id, public_id, id_type FROM public_ids WHERE format = $1 AND internal_id IN ({})",
         list.join(", ")
     );
-    let mut query = sqlx::query_as::<_, (i64, String)>(&sql).bind(format.as_str());
+    let mut query = sqlx::query_as::<_, (i64, String, Option<i16>)>(&sql).bind(format.as_str());
     for (id, _) in offered {
         query = query.bind(*id as i64);
     }
-    for (id, public_id) in query.fetch_all(&mut *tx).await? {
-        found.insert(id as u64, public_id);
+    for (id, public_id, found_type) in query.fetch_all(&mut *tx).await? {
+        found.insert(id as u64, (public_id, type_of(found_type)));
     }
     tx.commit().await?;
     Ok(found)

@@ -62,10 +62,18 @@ async fn tables(url: &str) -> Vec<String> {
     tables
 }
 
+/// The internal ID a stored public ID's text resolves to in `format`; `None` for text not of its
+/// shape.
+async fn resolve(store: &PublicIdStore, format: Format, text: &str) -> Result<Option<u64>, sqlx::Error> {
+    let Some(bytes) = idgen_public_ids::format::stored_bytes(format, text) else { return Ok(None) };
+    Ok(store.resolve(format, &bytes).await?.map(|(internal_id, _)| internal_id))
+}
+
 async fn assert_resolves_both_ways(store: &PublicIdStore, format: Format, mappings: &[(i64, String)]) {
     for (id, text) in mappings {
-        assert_eq!(store.resolve(format, text).await.unwrap(), Some(*id as u64), "{text}");
-        assert_eq!(store.lookup(*id as u64, format).await.unwrap().as_deref(), Some(text.as_str()), "{id}");
+        assert_eq!(resolve(store, format, text).await.unwrap(), Some(*id as u64), "{text}");
+        let found = store.lookup(*id as u64, format).await.unwrap();
+        assert_eq!(found, Some((text.clone(), None)), "{id}: untyped, as it was made");
     }
 }
 
@@ -84,10 +92,10 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     add_as_before(&mut before, Format::Opaque, &opaque).await;
     add_as_before(&mut before, Format::Uuidv7, &uuids).await;
     let refused = format!("{:#}", PublicIdStore::open(db.url(), WITHIN).await.err().expect("opened before init"));
-    assert!(refused.contains("lacks migrations [3]"), "{refused}");
+    assert!(refused.contains("lacks migrations [3, 4]"), "{refused}");
 
-    // The migration alone: the old rows are not copied yet, and this version will not start.
-    migrate_before(&owner, 4).await;
+    // The migrations alone: the old rows are not copied yet, and this version will not start.
+    migrate_before(&owner, 5).await;
     let refused = format!("{:#}", PublicIdStore::open(db.url(), WITHIN).await.err().expect("opened before the copy"));
     assert!(refused.contains("not all copied") && refused.contains("idgen public init"), "{refused}");
 
@@ -110,11 +118,12 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     add_as_before(&mut previous, Format::Uuidv7, &theirs_uuid).await;
     assert_resolves_both_ways(&store, Format::Opaque, &theirs).await;
     assert_resolves_both_ways(&store, Format::Uuidv7, &theirs_uuid).await;
-    let again = store.create_batch(&[20_001], Format::Opaque, &|| new_opaque(&OsRandom), 0).await.unwrap();
+    let again = store.create_batch(&[20_001], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap();
     assert_eq!((again[0].public_id.as_str(), again[0].created), (theirs[0].1.as_str(), false));
-    let ours = store.create_batch(&[20_003], Format::Opaque, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
+    let ours =
+        store.create_batch(&[20_003], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
     let ours_uuid = store
-        .create_batch(&[20_003], Format::Uuidv7, &|| new_uuidv7(&OsRandom, 1_800_000_000_000), 0)
+        .create_batch(&[20_003], Format::Uuidv7, None, &|| new_uuidv7(&OsRandom, 1_800_000_000_000), 0)
         .await
         .unwrap()
         .remove(0);
@@ -128,15 +137,32 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     let uncopied = [(20_004, new_opaque(&OsRandom).unwrap())];
     add_as_before(&mut before, Format::Opaque, &uncopied).await;
     sqlx::query("ALTER TABLE public_ids ENABLE TRIGGER public_ids_legacy_added").execute(&owner).await.unwrap();
-    let taken = store.create_batch(&[20_004], Format::Opaque, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
+    let taken =
+        store.create_batch(&[20_004], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
     assert_eq!((taken.public_id.as_str(), taken.created), (uncopied[0].1.as_str(), false));
     // A public ID drawn now that shares its last 8 bytes with one made before: a mapping of its
     // own, in both tables, and both resolve.
     let twin = twin_of(&opaque[2].1);
-    let made = store.create_batch(&[20_005], Format::Opaque, &|| Ok(twin.clone()), 0).await.unwrap().remove(0);
+    let made = store.create_batch(&[20_005], Format::Opaque, None, &|| Ok(twin.clone()), 0).await.unwrap().remove(0);
     assert_eq!((made.public_id.as_str(), made.created), (twin.as_str(), true));
     assert_eq!(read_as_before(&mut previous, 20_005, Format::Opaque).await, Some(twin.clone()));
     assert_resolves_both_ways(&store, Format::Opaque, &[(20_005, twin), opaque[2].clone()]).await;
+
+    // Typed public IDs wait for the old table to go: instances of the previous version, which
+    // know no types, would resolve a typed ID without its prefix.
+    let typed = |url: &str| {
+        let mut config = idgen_public_ids::PublicIdsConfig::development();
+        config.database_url = Some(url.to_owned());
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.formats = vec!["opaque".into()];
+        let order = idgen_public_ids::types::TypeSection { number: 1, format: "opaque".into() };
+        config.types = [("order".to_owned(), order)].into();
+        config
+    };
+    let refused =
+        idgen_public_ids::serve(typed(db.url()), None, async {}).await.expect_err("typed beside the old table");
+    assert!(refused.is::<idgen::config::Refused>(), "exit status 2: {refused:#}");
+    assert!(format!("{refused:#}").contains("idgen public drop-legacy-table"), "{refused:#}");
 
     // The old table goes only when every row of it has its copy.
     sqlx::query("DELETE FROM public_ids_opaque WHERE internal_id = 77").execute(&owner).await.unwrap();
@@ -158,11 +184,19 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     assert_resolves_both_ways(&store, Format::Opaque, &opaque).await;
     assert_resolves_both_ways(&store, Format::Uuidv7, &uuids).await;
     assert_resolves_both_ways(&store, Format::Opaque, &[(20_004, uncopied[0].1.clone())]).await;
-    let after = store.create_batch(&[30_000], Format::Opaque, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
+    let after =
+        store.create_batch(&[30_000], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
     assert!(after.created);
     // The runtime role's grants after an init on the database as it is now.
     PublicIdStore::initialize(db.url(), WITHIN, Some((&role, None))).await.unwrap();
-    assert_eq!(store.resolve(Format::Opaque, &after.public_id).await.unwrap(), Some(30_000));
+    assert_eq!(resolve(&store, Format::Opaque, &after.public_id).await.unwrap(), Some(30_000));
+    // Now a typed service starts (and stops at once), and a typed mapping lives beside the old
+    // untyped ones.
+    idgen_public_ids::serve(typed(db.url()), None, async {}).await.unwrap();
+    let order = store.create_batch(&[40_000], Format::Opaque, Some(1), &|| new_opaque(&OsRandom), 0).await.unwrap();
+    let bytes = format::stored_bytes(Format::Opaque, &order[0].public_id).unwrap();
+    assert_eq!(store.resolve(Format::Opaque, &bytes).await.unwrap(), Some((40_000, Some(1))));
+    assert_eq!(store.lookup(40_000, Format::Opaque).await.unwrap(), Some((order[0].public_id.clone(), Some(1))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,25 +208,25 @@ async fn a_new_database_has_only_the_16_byte_tables() {
         ["_sqlx_migrations", "public_id_keys", "public_ids_opaque", "public_ids_uuidv7"]
     );
     let store = PublicIdStore::open(db.url(), WITHIN).await.unwrap();
-    let made = store.create_batch(&[1], Format::Opaque, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
-    assert_eq!(store.resolve(Format::Opaque, &made.public_id).await.unwrap(), Some(1));
+    let made = store.create_batch(&[1], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
+    assert_eq!(resolve(&store, Format::Opaque, &made.public_id).await.unwrap(), Some(1));
     // The opaque and the UUIDv7 text of the same 16 bytes are two public IDs, in two tables.
-    assert_eq!(store.resolve(Format::Uuidv7, &made.public_id).await.unwrap(), None);
+    assert_eq!(resolve(&store, Format::Uuidv7, &made.public_id).await.unwrap(), None);
     // A public ID sharing its last 8 bytes (what the index holds) with another is another public
     // ID: stored, and each resolves to its own internal ID (a resolve compares all 16 bytes). The
     // same public ID again is refused and drawn again (the store suite's collision test).
     let twin = twin_of(&made.public_id);
-    let other = store.create_batch(&[2], Format::Opaque, &|| Ok(twin.clone()), 0).await.unwrap().remove(0);
+    let other = store.create_batch(&[2], Format::Opaque, None, &|| Ok(twin.clone()), 0).await.unwrap().remove(0);
     assert_eq!((other.public_id.as_str(), other.created), (twin.as_str(), true));
-    assert_eq!(store.resolve(Format::Opaque, &twin).await.unwrap(), Some(2));
-    assert_eq!(store.resolve(Format::Opaque, &made.public_id).await.unwrap(), Some(1));
+    assert_eq!(resolve(&store, Format::Opaque, &twin).await.unwrap(), Some(2));
+    assert_eq!(resolve(&store, Format::Opaque, &made.public_id).await.unwrap(), Some(1));
     // Two of one public ID (which no create makes: a row written by hand) are not answered.
     let owner = PgPool::connect(db.url()).await.unwrap();
     sqlx::query("INSERT INTO public_ids_opaque SELECT 3, public_id FROM public_ids_opaque WHERE internal_id = 1")
         .execute(&owner)
         .await
         .unwrap();
-    assert!(store.resolve(Format::Opaque, &made.public_id).await.is_err(), "a public ID held twice was answered");
+    assert!(resolve(&store, Format::Opaque, &made.public_id).await.is_err(), "a public ID held twice was answered");
     assert_eq!(
         legacy::drop_legacy_table(&PgPool::connect(db.url()).await.unwrap()).await.unwrap(),
         Dropped::NothingToDrop

@@ -70,7 +70,7 @@ async fn opaque_ids_reveal_nothing() {
     let mut ids = Vec::with_capacity(N);
     for chunk in (0..N as u64).collect::<Vec<_>>().chunks(1000) {
         let internal: Vec<u64> = chunk.iter().map(|i| base + i).collect();
-        let mappings = store.create_batch(&internal, Format::Opaque, &opaque, 0).await.unwrap();
+        let mappings = store.create_batch(&internal, Format::Opaque, None, &opaque, 0).await.unwrap();
         // In internal-ID order.
         ids.extend(mappings.into_iter().map(|m| m.public_id));
     }

@@ -22,7 +22,7 @@ pub const BATCH: i64 = 10_000;
 /// The formats stored in the old table, with the name it gives each.
 const STORED: [Format; 2] = [Format::Opaque, Format::Uuidv7];
 
-async fn legacy_exists(pool: &PgPool) -> Result<bool, sqlx::Error> {
+pub(super) async fn legacy_exists(pool: &PgPool) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("SELECT to_regclass('public_ids_legacy_copy') IS NOT NULL").fetch_one(pool).await
 }
 
@@ -148,6 +148,7 @@ pub async fn drop_legacy_table(pool: &PgPool) -> anyhow::Result<Dropped> {
                 .fetch_all(pool)
                 .await?
                 .into_iter()
+                .map(|(id, public_id, _type): super::Row| (id, public_id))
                 .collect();
             for (id, text) in &batch {
                 rows += 1;

@@ -27,6 +27,7 @@ pub fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
         access: Arc::new(Access::everybody()),
         random: Arc::new(OsRandom),
         random_failures: Arc::default(),
+        types: Arc::default(),
     }
 }
 
