@@ -274,7 +274,7 @@ fn format_and_type(
     public_type: Option<&Value>,
 ) -> Result<(Format, Option<PublicType>), ApiError> {
     let public_type = match public_type {
-        None | Some(Value::Null) => None,
+        None => None,
         Some(Value::String(name)) => Some(types.named(name).ok_or_else(|| match types.names()[..] {
             [] => ApiError::bad(format!("unknown type {name:?}: this service has no types of public IDs")),
             ref names => ApiError::bad(format!("unknown type {name:?}; this service's types: {}", names.join(", "))),

@@ -188,6 +188,7 @@ async fn a_bad_type_is_refused_and_changes_nothing(db: Db) {
             "unknown type \"ghost\"; this service's types: invoice, order, user",
         ),
         (json!({"internal_id": "9", "type": 1}), "type must be a string"),
+        (json!({"internal_id": "9", "type": null}), "type must be a string"),
         (json!({"internal_id": "9", "type": "order", "format": "uuidv7"}), "are opaque, not uuidv7"),
         (json!({"internal_id": "9", "type": "order", "format": "encrypted"}), "are opaque, not encrypted"),
         (json!({"internal_id": "9", "type": "Order"}), "unknown type"),
