@@ -298,7 +298,7 @@ fn format_and_type(
     }
 }
 
-pub async fn create(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
+pub async fn create(State(state): State<Arc<AppState>>, caller: Caller, body: Body) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
     let body = json_object(body).await?;
     only_fields(&body, &["internal_id", "format", "type"])?;
@@ -312,7 +312,11 @@ pub async fn create(State(state): State<AppState>, caller: Caller, body: Body) -
     Ok((status, Json(mapping_json(&state.types, &mapping))).into_response())
 }
 
-pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn create_batch(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
     let body = json_object(body).await?;
     only_fields(&body, &["internal_ids", "format", "type"])?;
@@ -344,10 +348,10 @@ pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: B
 }
 
 pub async fn resolve(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     caller: Caller,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Resolve, None)?;
     // The text is read once, into its format (from its shape, or its type's configuration:
     // never from whether it exists, so a refusal for a format tells the caller nothing it did not
@@ -373,11 +377,17 @@ pub async fn resolve(
             _ => return Err(ApiError::not_found()),
         },
     };
-    let mut resolved = json!({"public_id": public_id, "internal_id": internal.to_string()});
-    if let Some(name) = type_number.and_then(|number| state.types.name_of(number)) {
-        resolved["type"] = json!(name);
-    }
-    Ok(Json(resolved))
+    let public_type = type_number.and_then(|number| state.types.name_of(number));
+    Ok(Json(Resolved { public_id: &public_id, internal_id: internal.to_string(), public_type }).into_response())
+}
+
+/// A resolve's answer, written straight to JSON (the busiest answer the service gives).
+#[derive(serde::Serialize)]
+struct Resolved<'a> {
+    public_id: &'a str,
+    internal_id: String,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    public_type: Option<&'a str>,
 }
 
 /// The internal ID and type number of a stored (opaque or UUIDv7) public ID: from the cache,
@@ -423,7 +433,7 @@ pub struct FormatQuery {
 }
 
 pub async fn lookup(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     caller: Caller,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<FormatQuery>, QueryRejection>,
@@ -473,7 +483,7 @@ pub async fn lookup(
     Ok(Json(mapping_json(&state.types, &mapping)))
 }
 
-pub async fn healthz(State(state): State<AppState>) -> Json<Value> {
+pub async fn healthz(State(state): State<Arc<AppState>>) -> Json<Value> {
     let encrypted = state.keyring.as_ref().map(|k| json!({"key_versions": k.versions()}));
     Json(json!({"status": "ok", "encrypted": encrypted}))
 }

@@ -5,9 +5,14 @@
 //! A mapping never changes and is never deleted once made, so a cached one is always right and
 //! nothing here is ever invalidated. Only mappings that were found are kept: a miss is never
 //! remembered, so a mapping another instance creates a moment later resolves here at once. The
-//! cache is bounded by `[cache] max_entries` (moka, which evicts the entries least likely to be
-//! asked for again); encrypted public IDs are computed from the key and never cached. Access
-//! checks and quotas are the handlers', before the cache is asked.
+//! cache is bounded by `[cache] max_entries` (quick_cache, which evicts by S3-FIFO: an entry asked
+//! for again is kept over one seen once); encrypted public IDs are computed from the key and never
+//! cached. Access checks and quotas are the handlers', before the cache is asked.
+//!
+//! quick_cache rather than moka: on the service's hit path a moka `get` (its concurrent map, read
+//! log and frequency sketch) was 7 % of the CPU, and on a create's path moka's inserts and their
+//! housekeeping about 40 % (`perf record` under `scripts/bench` stage 7's load); a quick_cache
+//! `get` is a shard's read lock and one hash lookup, without housekeeping.
 
 use std::sync::Arc;
 
@@ -53,11 +58,30 @@ struct CacheMetrics {
     entries: Gauge,
 }
 
+/// One operation's hit and miss counters, taken from the families once (a request counts
+/// without looking its label up).
+#[derive(Debug)]
+struct Counted {
+    hits: Counter,
+    misses: Counter,
+}
+
+impl Counted {
+    fn of(metrics: &CacheMetrics, operation: &'static str) -> Counted {
+        Counted {
+            hits: metrics.hits.get_or_create(&CacheOperationLabel { operation }).clone(),
+            misses: metrics.misses.get_or_create(&CacheOperationLabel { operation }).clone(),
+        }
+    }
+}
+
 /// The bounded map of stored mappings ([module docs](self)). With `max_entries = 0` it holds
 /// nothing and every question is a miss.
 pub struct MappingCache {
-    entries: Option<moka::sync::Cache<Key, Value>>,
+    entries: Option<quick_cache::sync::Cache<Key, Value>>,
     metrics: CacheMetrics,
+    resolves: Counted,
+    lookups: Counted,
 }
 
 impl std::fmt::Debug for MappingCache {
@@ -69,13 +93,12 @@ impl std::fmt::Debug for MappingCache {
 impl MappingCache {
     /// A cache of at most `max_entries` entries; a mapping known both ways takes two.
     pub fn new(max_entries: u64) -> Self {
-        let entries = (max_entries > 0).then(|| moka::sync::Cache::new(max_entries));
+        let capacity = usize::try_from(max_entries).unwrap_or(usize::MAX);
+        let entries = (capacity > 0).then(|| quick_cache::sync::Cache::new(capacity));
         let metrics = CacheMetrics::default();
-        for operation in CACHE_OPERATIONS {
-            let _ = metrics.hits.get_or_create(&CacheOperationLabel { operation });
-            let _ = metrics.misses.get_or_create(&CacheOperationLabel { operation });
-        }
-        MappingCache { entries, metrics }
+        let [resolve, lookup] = CACHE_OPERATIONS;
+        let (resolves, lookups) = (Counted::of(&metrics, resolve), Counted::of(&metrics, lookup));
+        MappingCache { entries, metrics, resolves, lookups }
     }
 
     pub fn register(&self, registry: &mut Registry) {
@@ -96,17 +119,17 @@ impl MappingCache {
         );
     }
 
-    fn get(&self, operation: &'static str, key: Option<Key>) -> Option<Value> {
-        let found = self.entries.as_ref().zip(key).and_then(|(entries, key)| entries.get(&key));
-        let counter = if found.is_some() { &self.metrics.hits } else { &self.metrics.misses };
-        counter.get_or_create(&CacheOperationLabel { operation }).inc();
+    fn get(&self, counted: &Counted, key: Key) -> Option<Value> {
+        let found = self.entries.as_ref().and_then(|entries| entries.get(&key));
+        let counter = if found.is_some() { &counted.hits } else { &counted.misses };
+        counter.inc();
         found
     }
 
     /// The internal ID and type number of the stored public ID in `format` with these 16
     /// bytes, if cached (counted as a resolve hit or miss).
     pub fn resolve(&self, format: Format, public_id: &[u8; 16]) -> Option<(u64, Option<u16>)> {
-        match self.get("resolve", Some(Key::Public(format, *public_id)))? {
+        match self.get(&self.resolves, Key::Public(format, *public_id))? {
             Value::Internal(id, type_number) => Some((id, type_number)),
             Value::Public(..) => None,
         }
@@ -115,7 +138,7 @@ impl MappingCache {
     /// The stored public ID (without a type's prefix) and type number of `internal_id` in
     /// `format`, if cached (counted as a lookup hit or miss).
     pub fn lookup(&self, internal_id: u64, format: Format) -> Option<(Arc<str>, Option<u16>)> {
-        match self.get("lookup", Some(Key::Internal(format, internal_id)))? {
+        match self.get(&self.lookups, Key::Internal(format, internal_id))? {
             Value::Public(public_id, type_number) => Some((public_id, type_number)),
             Value::Internal(..) => None,
         }
@@ -130,12 +153,9 @@ impl MappingCache {
         entries.insert(Key::Internal(format, internal_id), Value::Public(public_id.into(), type_number));
     }
 
-    /// The entries held, after moka has applied every pending insert and eviction.
+    /// The entries held.
     pub fn entry_count(&self) -> u64 {
-        self.entries.as_ref().map_or(0, |entries| {
-            entries.run_pending_tasks();
-            entries.entry_count()
-        })
+        self.entries.as_ref().map_or(0, |entries| entries.len() as u64)
     }
 
     /// Sets `idgen_public_cache_entries` (when `/metrics` is read).

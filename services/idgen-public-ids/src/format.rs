@@ -57,9 +57,45 @@ pub fn crockford_encode(bytes: &[u8]) -> String {
     out
 }
 
+/// Each byte's value in [`ALPHABET`], either case; `INVALID` for a byte not in it.
+const DECODE: [u8; 256] = {
+    let mut table = [INVALID; 256];
+    let mut i = 0;
+    while i < ALPHABET.len() {
+        table[ALPHABET[i] as usize] = i as u8;
+        table[ALPHABET[i].to_ascii_uppercase() as usize] = i as u8;
+        i += 1;
+    }
+    table
+};
+const INVALID: u8 = 0xff;
+
+/// [`crockford_decode`] of 16 bytes (26 characters) without an allocation: what every resolve of
+/// a stored public ID does first.
+pub fn crockford_decode_16(text: &str) -> Option<[u8; 16]> {
+    let text = text.as_bytes();
+    if text.len() != 26 {
+        return None;
+    }
+    // 26 characters are 130 bits: the first character carries the top 3 of the 128, so its two
+    // padding bits above them must be clear (a value below 8).
+    let mut value: u128 = 0;
+    for (i, &ch) in text.iter().enumerate() {
+        let digit = DECODE[ch as usize];
+        if digit == INVALID || (i == 0 && digit >= 8) {
+            return None;
+        }
+        value = (value << 5) | u128::from(digit);
+    }
+    Some(value.to_be_bytes())
+}
+
 /// The inverse of [`crockford_encode`] for exactly `len` bytes; case-insensitive. `None` for any
 /// other length, character, or a padding bit that is set.
 pub fn crockford_decode(text: &str, len: usize) -> Option<Vec<u8>> {
+    if len == 16 {
+        return crockford_decode_16(text).map(|bytes| bytes.to_vec());
+    }
     let bits = len * 8;
     if text.len() != bits.div_ceil(5) {
         return None;
@@ -67,7 +103,10 @@ pub fn crockford_decode(text: &str, len: usize) -> Option<Vec<u8>> {
     let mut out = vec![0u8; len];
     let chars = text.len();
     for (c, ch) in text.bytes().enumerate() {
-        let value = ALPHABET.iter().position(|&a| a == ch.to_ascii_lowercase())? as u8;
+        let value = match DECODE[ch as usize] {
+            INVALID => return None,
+            value => value,
+        };
         let low = (chars - 1 - c) * 5;
         for b in 0..5 {
             if (value >> b) & 1 == 1 {
@@ -155,7 +194,7 @@ pub fn new_uuidv7(random: &dyn RandomSource, unix_ms: i64) -> Result<String, Ran
 /// encrypted format, which is never stored.
 pub fn stored_bytes(format: Format, text: &str) -> Option<[u8; 16]> {
     match format {
-        Format::Opaque => crockford_decode(text, 16)?.try_into().ok(),
+        Format::Opaque => crockford_decode_16(text),
         Format::Uuidv7 => idgen::core::uuid::parse_v7(text).ok(),
         Format::Encrypted => None,
     }
@@ -205,11 +244,11 @@ pub fn parse_typeid(text: &str) -> Option<(&str, [u8; 16])> {
     if suffix.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
-    Some((prefix, crockford_decode(suffix, 16)?.try_into().ok()?))
+    Some((prefix, crockford_decode_16(suffix)?))
 }
 
 pub fn is_opaque_text(text: &str) -> bool {
-    crockford_decode(text, 16).is_some() && text.bytes().all(|b| !b.is_ascii_uppercase())
+    crockford_decode_16(text).is_some() && text.bytes().all(|b| !b.is_ascii_uppercase())
 }
 
 /// Data keys by version, plaintext only in memory (zeroized on drop), never logged.
@@ -290,6 +329,17 @@ mod tests {
         assert!(crockford_decode(&format!("8{}", "z".repeat(25)), 16).is_none(), "padding bit set");
         assert!(crockford_decode("u000000000000000000000000", 16).is_none(), "wrong length");
         assert!(crockford_decode(&format!("u{}", "0".repeat(25)), 16).is_none(), "u is not in the alphabet");
+        // The 16-byte path (a u128) against the encoder (bit by bit), at every first character.
+        for (value, first) in ALPHABET.iter().enumerate() {
+            let text = format!("{}{}", *first as char, "3kq".repeat(8) + "m");
+            let decoded = crockford_decode_16(&text);
+            assert_eq!(decoded.is_some(), value < 8, "{text}: the top two bits are padding");
+            if let Some(bytes) = decoded {
+                assert_eq!(crockford_encode(&bytes), text);
+                assert_eq!(crockford_decode_16(&text.to_uppercase()), Some(bytes));
+            }
+        }
+        assert!(crockford_decode_16(&format!("{}i{}", "0".repeat(12), "0".repeat(13))).is_none(), "i is not in it");
     }
 
     #[test]

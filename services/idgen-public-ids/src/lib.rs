@@ -49,7 +49,8 @@ pub fn router(state: AppState) -> Router {
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
         .route(openapi, idgen_server::openapi_route(api::OPENAPI))
         .fallback(api::not_found)
-        .with_state(state)
+        // One Arc for the whole state: a request's extractor clones it once, not every field.
+        .with_state(Arc::new(state))
 }
 
 /// `idgen public init`: makes the configured database the service's (its migrations) and, with
@@ -318,6 +319,6 @@ pub fn health_router(state: AppState, metrics: idgen_server::ServiceMetrics) -> 
     Router::new()
         .route(healthz, get(api::healthz).fallback(idgen_server::not_allowed("GET, HEAD")))
         .fallback(api::not_found)
-        .with_state(state)
+        .with_state(Arc::new(state))
         .layer(axum::middleware::from_fn_with_state(metrics, idgen_server::http_metrics::layer))
 }

@@ -538,10 +538,11 @@ impl PublicIdStore {
             offered.retain(|(_, public_id)| seen.insert(public_id.clone()));
             let inserted = self.insert_and_read(&offered, format, type_number, now_ms);
             let found = self.counted("create", self.within(inserted).await)?;
+            let offered_by_id: HashMap<u64, &str> = offered.iter().map(|(id, p)| (*id, p.as_str())).collect();
             for &i in &pending {
                 let id = internal_ids[i];
                 if let Some((public_id, found_type)) = found.get(&id) {
-                    let ours = offered.iter().any(|(o, p)| *o == id && p == public_id);
+                    let ours = offered_by_id.get(&id) == Some(&public_id.as_str());
                     let public_id = public_id.clone();
                     let type_number = *found_type;
                     result[i] = Some(Mapping { internal_id: id, format, public_id, type_number, created: ours });

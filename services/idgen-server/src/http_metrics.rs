@@ -190,8 +190,8 @@ pub async fn layer(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let matched = request.extensions().get::<axum::extract::MatchedPath>().map(|m| m.as_str().to_owned());
-    let route = matched.and_then(|m| metrics.routes.iter().copied().find(|r| *r == m)).unwrap_or("other");
+    let matched = request.extensions().get::<axum::extract::MatchedPath>();
+    let route = matched.and_then(|m| metrics.routes.iter().copied().find(|r| *r == m.as_str())).unwrap_or("other");
     let method = request.method().clone();
     let start = std::time::Instant::now();
     let response = next.run(request).await;
