@@ -285,3 +285,31 @@ async fn the_specifications_invalid_typeids_are_the_one_404() {
         assert_eq!(answer, not_found, "{}: {}", vector["name"], vector["description"]);
     }
 }
+
+/// `[access]` is decided on the format a text names, before anything is looked up: for a typed
+/// ID, its configured type's. A caller that may resolve only opaque IDs is refused a UUIDv7 type's
+/// prefix (403, for an ID that exists as for one that does not), and a prefix nobody configured
+/// is the one 404; its own format's typed IDs resolve.
+#[tokio::test]
+async fn access_is_decided_on_the_format_a_typed_id_names() {
+    use idgen_public_ids::access::{Access, AccessSection, OperationLists, Rules};
+    let db = sqlite().await;
+    let mut s = instance(&db, 0).await;
+    let (_, user) = post(&s, "/v1/public-ids", json!({"internal_id": "3", "type": "user"})).await;
+    let (_, order) = post(&s, "/v1/public-ids", json!({"internal_id": "3", "type": "order"})).await;
+    let (user, order) = (user["public_id"].as_str().unwrap(), order["public_id"].as_str().unwrap());
+    let made_up = format!("user_{}", format::crockford_encode(&[1; 16]));
+    let section = AccessSection {
+        opaque: OperationLists { resolve: vec!["anonymous".into()], ..Default::default() },
+        ..Default::default()
+    };
+    s.access = Arc::new(Access::new(Rules::of(&section), Arc::default()));
+    for text in [user, made_up.as_str()] {
+        let (status, refused) = get(&s, &format!("/v1/public-ids/{text}")).await;
+        assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")), "{text}");
+    }
+    let ghost = format!("ghost_{}", &order["order_".len()..]);
+    assert_eq!(get(&s, &format!("/v1/public-ids/{ghost}")).await, unknown(&s).await);
+    let (status, resolved) = get(&s, &format!("/v1/public-ids/{order}")).await;
+    assert_eq!((status, &resolved["internal_id"]), (StatusCode::OK, &json!("3")));
+}
