@@ -403,7 +403,7 @@ async fn resolve_stored(
     }
     let found = state.store.resolve(format, public_id).await.map_err(ApiError::storage)?;
     if let Some((internal_id, type_number)) = found {
-        state.cache.remember(internal_id, format, &format::stored_text(format, public_id), type_number);
+        state.cache.remember_resolved(internal_id, format, public_id, type_number);
     }
     Ok(found)
 }

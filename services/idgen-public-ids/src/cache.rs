@@ -148,9 +148,30 @@ impl MappingCache {
     /// type's prefix) and type number. Only ever called with one that was found or created: the
     /// cache never holds a mapping the database does not.
     pub fn remember(&self, internal_id: u64, format: Format, public_id: &str, type_number: Option<u16>) {
-        let (Some(entries), Some(bytes)) = (&self.entries, format::stored_bytes(format, public_id)) else { return };
+        if let (Some(entries), Some(bytes)) = (&self.entries, format::stored_bytes(format, public_id)) {
+            Self::keep(entries, internal_id, format, bytes, public_id.into(), type_number);
+        }
+    }
+
+    /// [`Self::remember`] a mapping a resolve found by the public ID's 16 bytes (its text is
+    /// made only when the cache is on, and the bytes are not decoded again).
+    pub fn remember_resolved(&self, internal_id: u64, format: Format, public_id: &[u8; 16], type_number: Option<u16>) {
+        if let Some(entries) = &self.entries {
+            let text = format::stored_text(format, public_id).into();
+            Self::keep(entries, internal_id, format, *public_id, text, type_number);
+        }
+    }
+
+    fn keep(
+        entries: &quick_cache::sync::Cache<Key, Value>,
+        internal_id: u64,
+        format: Format,
+        bytes: [u8; 16],
+        text: Arc<str>,
+        type_number: Option<u16>,
+    ) {
         entries.insert(Key::Public(format, bytes), Value::Internal(internal_id, type_number));
-        entries.insert(Key::Internal(format, internal_id), Value::Public(public_id.into(), type_number));
+        entries.insert(Key::Internal(format, internal_id), Value::Public(text, type_number));
     }
 
     /// The entries held.
@@ -184,6 +205,11 @@ mod tests {
         let bytes = uuid::new_v7(1_700_000_000_000, 1, 2);
         cache.remember(43, Format::Uuidv7, &uuid::format(&bytes), Some(3));
         assert_eq!(cache.resolve(Format::Uuidv7, &bytes), Some((43, Some(3))), "kept with its type");
+        // What a resolve found, by its bytes: kept both ways, the lookup's text made from them.
+        let found = MappingCache::new(10);
+        found.remember_resolved(44, Format::Uuidv7, &bytes, None);
+        assert_eq!(found.resolve(Format::Uuidv7, &bytes), Some((44, None)));
+        assert_eq!(found.lookup(44, Format::Uuidv7).map(|(text, _)| text.to_string()), Some(uuid::format(&bytes)));
         for id in 100..200 {
             cache.remember(id, Format::Opaque, &format::crockford_encode(&u128::from(id).to_be_bytes()), None);
         }

@@ -247,8 +247,9 @@ pub fn parse_typeid(text: &str) -> Option<(&str, [u8; 16])> {
     Some((prefix, crockford_decode_16(suffix)?))
 }
 
+/// Whether `text` is an opaque public ID's own text: an untyped TypeID (26 lowercase characters).
 pub fn is_opaque_text(text: &str) -> bool {
-    crockford_decode_16(text).is_some() && text.bytes().all(|b| !b.is_ascii_uppercase())
+    matches!(parse_typeid(text), Some(("", _)))
 }
 
 /// Data keys by version, plaintext only in memory (zeroized on drop), never logged.
