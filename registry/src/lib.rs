@@ -244,5 +244,5 @@ pub fn health_router(state: AppState, metrics: idgen_server::ServiceMetrics) -> 
         .route(healthz, get(api::healthz).fallback(idgen_server::not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state)
-        .layer(axum::middleware::from_fn_with_state(metrics, idgen_server::http_metrics::layer))
+        .layer(idgen_server::http_metrics::RecordLayer::new(metrics))
 }
