@@ -465,6 +465,62 @@ pub async fn open_store(store: &Store) -> anyhow::Result<std::sync::Arc<dyn idge
     })
 }
 
+/// A command of a page's shell blocks, and the texts its standard output must contain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// The line of the page the command starts on (from 1).
+    pub line: usize,
+    /// The block's info string: `sh`, or `sh <word>` for a block that names what it runs against.
+    pub fence: String,
+    pub command: String,
+    pub shows: Vec<String>,
+}
+
+/// The commands of `page`'s ```` ```sh ```` blocks (and ```` ```sh <word> ```` blocks), in page
+/// order: every line that is neither blank nor a comment is a command (a line ending in `\`
+/// goes on on the next one), and each `# shows: <text>` line after it adds a text the command's
+/// output must contain. Other comment lines are for the reader. Blocks with any other info
+/// string (```` ```text ````, ```` ```toml ````, …) are not read. `# shows:` before any command
+/// of a block is an error.
+pub fn shell_steps(page: &str) -> anyhow::Result<Vec<Step>> {
+    let mut fence: Option<String> = None;
+    let mut out: Vec<Step> = Vec::new();
+    let mut continued = false;
+    // The index in `out` of the current block's first command.
+    let mut block_start = 0;
+    for (index, line) in page.lines().enumerate() {
+        let trimmed = line.trim();
+        let Some(info) = &fence else {
+            if let Some(info) = trimmed.strip_prefix("```")
+                && (info == "sh" || info.starts_with("sh "))
+            {
+                fence = Some(info.to_owned());
+                block_start = out.len();
+            }
+            continue;
+        };
+        if trimmed == "```" {
+            anyhow::ensure!(!continued, "line {}: a block ends inside a continued command", index + 1);
+            fence = None;
+        } else if continued {
+            let step = out.last_mut().expect("a continued command");
+            continued = trimmed.ends_with('\\');
+            step.command.push(' ');
+            step.command.push_str(trimmed.trim_end_matches('\\').trim_end());
+        } else if let Some(text) = trimmed.strip_prefix("# shows:") {
+            anyhow::ensure!(out.len() > block_start, "line {}: `# shows:` before any command of its block", index + 1);
+            let step = out.last_mut().expect("a command of this block");
+            step.shows.push(text.trim().to_owned());
+        } else if !trimmed.is_empty() && !trimmed.starts_with('#') {
+            continued = trimmed.ends_with('\\');
+            let command = trimmed.trim_end_matches('\\').trim_end().to_owned();
+            out.push(Step { line: index + 1, fence: info.clone(), command, shows: Vec::new() });
+        }
+    }
+    anyhow::ensure!(fence.is_none(), "a ```sh block is never closed");
+    Ok(out)
+}
+
 /// A base port with P…P+13 free: the registry, the public-ID service and the workers of
 /// `idgen up` (three per region, up to two regions).
 pub fn up_base_port() -> u16 {
@@ -480,6 +536,11 @@ pub fn up_base_port() -> u16 {
 /// arguments, and waits up to a minute for "idgen is up"; its later output is drained.
 pub async fn start_up(dir: &Path, extra: &[&str]) -> (Child, u16) {
     let port = up_base_port();
+    (start_up_on(dir, port, extra).await, port)
+}
+
+/// [`start_up`] on the base port `port`.
+pub async fn start_up_on(dir: &Path, port: u16, extra: &[&str]) -> Child {
     let mut child = Command::new(idgen_bin())
         .args(["up", "--base-port", &port.to_string(), "--dir", &dir.join(".idgen").to_string_lossy()])
         .args(extra)
@@ -503,5 +564,54 @@ pub async fn start_up(dir: &Path, extra: &[&str]) -> (Child, u16) {
     .await
     .expect("idgen up within a minute");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, port)
+    child
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_steps_reads_sh_blocks_only() {
+        let page = "text\n\
+            ```sh\n\
+            # for the reader\n\
+            idgen decode 1   # a trailing comment\n\
+            # shows: machine 0\n\
+            # shows: sequence 1\n\
+            curl -s \\\n\
+            \x20 localhost:8701/healthz\n\
+            # shows: status\n\
+            ```\n\
+            ```text\n\
+            systemctl restart idgen-worker\n\
+            ```\n\
+            \x20 ```sh tls\n\
+            \x20 curl -s https://127.0.0.1:8701/healthz\n\
+            \x20 # shows: ok\n\
+            \x20 ```\n";
+        let steps = shell_steps(page).unwrap();
+        let step = |line: usize, fence: &str, command: &str, shows: &[&str]| Step {
+            line,
+            fence: fence.into(),
+            command: command.into(),
+            shows: shows.iter().map(|s| s.to_string()).collect(),
+        };
+        assert_eq!(
+            steps,
+            [
+                step(4, "sh", "idgen decode 1   # a trailing comment", &["machine 0", "sequence 1"]),
+                step(7, "sh", "curl -s localhost:8701/healthz", &["status"]),
+                step(15, "sh tls", "curl -s https://127.0.0.1:8701/healthz", &["ok"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn shell_steps_refuses_shows_without_a_command() {
+        assert!(shell_steps("```sh\n# shows: x\n```\n").is_err());
+        assert!(shell_steps("```sh\nidgen decode 1\n```\n```sh\n# shows: x\n```\n").is_err());
+        assert!(shell_steps("```sh\nidgen decode 1 \\\n```\n").is_err());
+        assert!(shell_steps("```sh\nidgen decode 1\n").is_err());
+    }
 }

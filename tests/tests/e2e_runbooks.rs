@@ -3,39 +3,14 @@
 //! pages' variables set; and prints what the page says it shows: each command is followed by
 //! one or more `# shows: <text>` lines, and its output must contain every such text (with the
 //! variables substituted). A command without one fails the test: a page may not promise nothing.
+//! The blocks are read by `idgen_e2e::shell_steps`, as the documentation's are (`e2e_docs.rs`).
 
 use std::time::Duration;
 
 use idgen_e2e::{
-    Issued, Store, WorkerProcess, WorkerSpec, idgen_bin, now_unix_ms, post_ids, shared_dynamodb_endpoint, unique_table,
-    v1_fields,
+    Issued, Step, Store, WorkerProcess, WorkerSpec, idgen_bin, now_unix_ms, post_ids, shared_dynamodb_endpoint,
+    shell_steps, unique_table, v1_fields,
 };
-
-/// A command of a page and the texts its output must contain.
-struct Step {
-    command: String,
-    shows: Vec<String>,
-}
-
-fn steps(page: &str) -> Vec<Step> {
-    let mut inside = false;
-    let mut out: Vec<Step> = Vec::new();
-    for line in page.lines() {
-        match line.trim_start() {
-            "```sh" => inside = true,
-            "```" => inside = false,
-            shows if inside && shows.starts_with("# shows:") => {
-                let text = shows["# shows:".len()..].trim().to_owned();
-                out.last_mut().expect("a `# shows:` line before any command").shows.push(text);
-            }
-            command if inside && !command.is_empty() && !command.starts_with('#') => {
-                out.push(Step { command: command.to_owned(), shows: Vec::new() })
-            }
-            _ => {}
-        }
-    }
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_runbook_commands_run() {
@@ -91,7 +66,10 @@ async fn e2e_runbook_commands_run() {
     };
     let mut ran = 0;
     for page in pages.iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
-        for Step { command, shows } in steps(&std::fs::read_to_string(page).unwrap()) {
+        let steps = shell_steps(&std::fs::read_to_string(page).unwrap())
+            .unwrap_or_else(|error| panic!("{}: {error:#}", page.display()));
+        for Step { fence, command, shows, .. } in steps {
+            assert_eq!(fence, "sh", "{}: `{command}`: a runbook's blocks run against its one worker", page.display());
             let output = tokio::process::Command::new("bash")
                 .arg("-c")
                 .arg(format!("set -eo pipefail; {command}"))
