@@ -213,15 +213,6 @@ fn only_fields(body: &Map<String, Value>, allowed: &[&str]) -> Result<(), ApiErr
     }
 }
 
-/// A non-negative whole JSON number, as JSON Schema's `integer` has it: `8` and `8.0` alike (a
-/// fraction or an exponent beyond 2^53 is not exact, and refused).
-fn whole_number(value: &Value) -> Option<u64> {
-    value.as_u64().or_else(|| {
-        let f = value.as_f64()?;
-        (f.fract() == 0.0 && (0.0..=((1u64 << 53) - 1) as f64).contains(&f)).then_some(f as u64)
-    })
-}
-
 /// Region names: 1–63 characters of a–z, 0–9 and '-', starting with a letter.
 pub fn valid_region_name(name: &str) -> bool {
     (1..=63).contains(&name.len())
@@ -422,7 +413,7 @@ pub async fn add_layout(
         .ok_or_else(|| ApiError::bad_request("\"name\" (a string) is required"))?;
     let bits = |field: &str| -> Result<u8, ApiError> {
         body.get(field)
-            .and_then(whole_number)
+            .and_then(|value| idgen_json::whole_number(value).ok())
             .filter(|b| *b <= 22)
             .map(|b| b as u8)
             .ok_or_else(|| ApiError::bad_request(format!("\"{field}\" must be an integer from 0 to 22")))
@@ -438,8 +429,8 @@ pub async fn add_layout(
             u64::try_from(unix - EPOCH_UNIX_MS)
                 .map_err(|_| ApiError::bad_request("\"from\" is before the epoch 2026-01-01"))?
         }
-        (None, Some(ms)) => whole_number(ms)
-            .ok_or_else(|| ApiError::bad_request("\"from_ms\" must be a non-negative integer (ms since 2026-01-01)"))?,
+        (None, Some(ms)) => idgen_json::whole_number(ms)
+            .map_err(|_| ApiError::bad_request("\"from_ms\" must be a non-negative integer (ms since 2026-01-01)"))?,
         _ => {
             return Err(ApiError::bad_request(
                 "give exactly one of \"from\" (RFC 3339, UTC) or \"from_ms\" (ms since the epoch)",

@@ -1,8 +1,9 @@
 //! The request bodies the public-ID service reads, without axum: a JSON object, its internal IDs
-//! (decimal strings, or JSON integers up to 2^53 − 1) and its format. A refusal is a
+//! (decimal strings, or whole JSON numbers up to 2^53 − 1, read by `idgen-json`) and its format. A refusal is a
 //! [`BodyError`]: a 400 `invalid_request` with its message. The `public_request_body` fuzz target
 //! compiles this file as it is.
 
+use idgen_json::NotWhole;
 use serde_json::{Map, Value};
 
 use crate::format::Format;
@@ -20,7 +21,7 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, BodyError> {
 }
 
 /// The largest integer every JSON reader holds exactly (JavaScript's `Number.MAX_SAFE_INTEGER`).
-pub const MAX_SAFE_JSON_INTEGER: u64 = (1 << 53) - 1;
+pub const MAX_SAFE_JSON_INTEGER: u64 = idgen_json::MAX_SAFE_INTEGER;
 
 /// An internal ID: a non-negative 63-bit integer, as a decimal string, or as a JSON integer up to
 /// 2^53 − 1 (a whole number however it is written: `5`, `5.0`, `5e0`). A larger JSON number was most likely rounded by a JavaScript caller before it was
@@ -31,17 +32,12 @@ pub fn parse_internal_id(value: &Value) -> Result<u64, BodyError> {
         Value::String(text) if !text.is_empty() && text.len() <= 19 && text.bytes().all(|b| b.is_ascii_digit()) => {
             text.parse::<u64>().map_err(|_| bad())?
         }
-        Value::Number(n) => match n.as_u64() {
-            Some(id) if id <= MAX_SAFE_JSON_INTEGER => id,
-            Some(_) => return Err(unsafe_number(value)),
-            None => match n.as_f64() {
-                // A whole number written with a fraction or an exponent (5.0, 5e0) is the integer
-                // JSON Schema reads it as; exact up to 2^53 - 1 like any other.
-                Some(f) if f.fract() == 0.0 && (0.0..=MAX_SAFE_JSON_INTEGER as f64).contains(&f) => f as u64,
-                // A whole number this large (1e19, 9007199254740993.0): as for an integer.
-                Some(f) if f.fract() == 0.0 && f > MAX_SAFE_JSON_INTEGER as f64 => return Err(unsafe_number(value)),
-                _ => return Err(bad()),
-            },
+        // A whole number however written (5, 5.0, 5e0), as JSON Schema reads it; above 2^53 - 1,
+        // an integer or not (1e19, 9007199254740993.0), it may already have been rounded.
+        Value::Number(_) => match idgen_json::whole_number(value) {
+            Ok(id) if id <= MAX_SAFE_JSON_INTEGER => id,
+            Ok(_) | Err(NotWhole::Inexact) => return Err(unsafe_number(value)),
+            Err(NotWhole::NotANumber | NotWhole::Negative | NotWhole::Fraction) => return Err(bad()),
         },
         _ => return Err(bad()),
     };

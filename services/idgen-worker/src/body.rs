@@ -1,7 +1,7 @@
 //! The request bodies the worker reads, without axum: `POST /v1/ids` takes nothing or `{}`;
 //! `POST /v1/ids:batch` and `/v1/uuids` take `{"count": n}`. A refusal is a [`BodyError`], whose
 //! code and message are the 400 a caller sees (`ApiError` takes it as it is). It depends on
-//! serde alone, so the `request_body` fuzz target compiles this file as it is.
+//! serde and `idgen-json` alone, so the `request_body` fuzz target compiles this file as it is.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -85,15 +85,6 @@ struct CountOnly {
     count: u64,
 }
 
-/// A JSON number that is a whole number, as JSON Schema's `integer` has it: `262` and `262.0`
-/// alike (JSON itself does not tell them apart, and some writers emit the second).
-fn whole_number(value: &Value) -> Option<u64> {
-    value.as_u64().or_else(|| {
-        let f = value.as_f64()?;
-        (f.fract() == 0.0 && (0.0..=MAX_BATCH as f64).contains(&f)).then_some(f as u64)
-    })
-}
-
 /// `{"count": n}` with 1 ≤ n ≤ 1000 (a whole number: `2.0` is 2); nothing else allowed in the object.
 pub fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Result<u32, BodyError> {
     let mut body = body.unwrap_or_default();
@@ -102,7 +93,7 @@ pub fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Re
         return Err(BodyError::new("invalid_body", format!("unknown field {field:?}; only \"count\" is accepted")));
     }
     let count = match (count, default) {
-        (Some(value), _) => whole_number(&value).filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
+        (Some(value), _) => idgen_json::whole_number(&value).ok().filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
             BodyError::new("invalid_count", format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"))
         })?,
         (None, Some(default)) => default,
