@@ -17,7 +17,7 @@ fails here:
   - the lease tables per layout (services/idgen/src/config.rs, `lease.tables` default) and the
     audit table name (`format!("{table}-audit")` in dynamodb.rs);
   - the key schema `create_tables` creates and `verify_lease_table` / `verify_audit_table` expect;
-  - the lease timing defaults (services/idgen/src/keeper.rs) and the worker's shutdown grace
+  - the lease timing defaults (services/idgen/src/lease/keeper.rs) and the worker's shutdown grace
     (services/idgen-worker/src/config.rs).
 """
 
@@ -268,7 +268,7 @@ def rust_number(text):
 
 def code_facts(root):
     facts = {}
-    dynamodb_rs = root / "services/idgen/src/dynamodb.rs"
+    dynamodb_rs = root / "services/idgen/src/lease/dynamodb.rs"
     code = strip_rust(dynamodb_rs.read_text())
     raw = dynamodb_rs.read_text()
     facts["calls"], facts["reach"], facts["files"] = dynamodb_calls(root)
@@ -310,7 +310,7 @@ def code_facts(root):
     facts["schema"] = schemas("create_tables")
     facts["verified_schema"] = schemas("verify_lease_table", "verify_audit_table")
 
-    keeper = (root / "services/idgen/src/keeper.rs").read_text()
+    keeper = (root / "services/idgen/src/lease/keeper.rs").read_text()
     default = re.search(r"impl Default for LeaseConfig\s*\{(.*?)\n\}", keeper, re.S)
     require(default, "keeper.rs: no `impl Default for LeaseConfig`")
     for key in ("lease_ms", "renew_interval_ms", "fence_ms"):

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use idgen::registry::RegistrySnapshot;
+use idgen::control::registry::RegistrySnapshot;
 use libfuzzer_sys::fuzz_target;
 
 fn holds(snapshot: &RegistrySnapshot, id: u64) {

@@ -73,7 +73,7 @@ impl Default for RegistryConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8700)),
             health_listen: None,
             database_url: None,
-            sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
+            sqlite_open_timeout_ms: idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             home_region: None,
             horizon_lead_ms: 30 * 86_400_000,
             retire_grace_ms: 86_400_000,

@@ -196,11 +196,11 @@ impl RegistryStore {
     /// new ([`Self::initialize`]) and opens it. Production starts with [`Self::open`] instead,
     /// which never initializes.
     pub async fn connect(url: &str, initial: &InitialSchedule) -> Result<Self, RegistryError> {
-        Self::connect_waiting(url, initial, idgen::open_lock::DEFAULT_OPEN_TIMEOUT).await
+        Self::connect_waiting(url, initial, idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT).await
     }
 
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
-    /// file ([`idgen::open_lock`]).
+    /// file ([`idgen::lease::open_lock`]).
     pub async fn connect_waiting(
         url: &str,
         initial: &InitialSchedule,
@@ -648,8 +648,8 @@ const SCHEMA: Schema = Schema {
 async fn open_lock(
     url: &str,
     within: std::time::Duration,
-) -> Result<Option<idgen::open_lock::OpenLock>, RegistryError> {
-    idgen::open_lock::lock_for_open_url(url, within)
+) -> Result<Option<idgen::lease::open_lock::OpenLock>, RegistryError> {
+    idgen::lease::open_lock::lock_for_open_url(url, within)
         .await
         .map_err(|error| RegistryError::Storage(sqlx::Error::Configuration(Box::new(error))))
 }

@@ -460,7 +460,7 @@ pub async fn open_store(store: &Store) -> anyhow::Result<std::sync::Arc<dyn idge
         Store::Sqlite(path) => std::sync::Arc::new(idgen::SqliteLeaseStore::open(path, "idgen-leases").await?),
         Store::Dynamodb { endpoint, table } => {
             let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
-            std::sync::Arc::new(idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, table))
+            std::sync::Arc::new(idgen::DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, table))
         }
     })
 }

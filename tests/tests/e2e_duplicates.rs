@@ -247,7 +247,7 @@ async fn a_duplicate_shows_who_held_its_machine_number_from_the_audit_table() {
     // A worker's claim of machine 37, through the store: the audit table records it.
     let settings =
         idgen::DynamoDbSettings { region: "eu-west-1".into(), endpoint: Some(endpoint), ..Default::default() };
-    let store = idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, &table);
+    let store = idgen::DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, &table);
     use idgen::LeaseStore;
     let now = idgen::system_unix_ms();
     let holder = "orders-api-7/pid-4121/1764590000000/9f1c";

@@ -479,7 +479,7 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
         endpoint: Some(moto.endpoint.clone()),
         ..Default::default()
     };
-    let store = idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, "idgen-leases-v2");
+    let store = idgen::DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, "idgen-leases-v2");
     use idgen::LeaseStore;
     let now = now_unix_ms();
     let token = idgen::ClaimToken::random();
@@ -750,7 +750,7 @@ async fn e2e_audit_table_killed_mid_run_every_record_is_found_afterwards() {
     let mut ids = issue_ok(&client, &worker, 200).await;
 
     let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
-    let dynamodb = idgen::dynamodb::client(&settings).await;
+    let dynamodb = idgen::lease::dynamodb::client(&settings).await;
     dynamodb.delete_table().table_name(&audit).send().await.unwrap();
 
     // The operator quarantines the worker's number: the change applies, its record is spooled.

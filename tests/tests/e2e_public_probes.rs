@@ -69,7 +69,7 @@ async fn e2e_a_database_that_goes_away_shows_on_metrics() {
 async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
     let moto = MotoServer::start().await.unwrap();
     let settings =
-        idgen::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
+        idgen::lease::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
     let kms = idgen_public_ids::kms::client(&settings).await;
     let key = kms.create_key().description("idgen e2e probe").send().await.unwrap();
     let key_id = key.key_metadata().unwrap().key_id().to_owned();

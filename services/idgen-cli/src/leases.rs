@@ -119,7 +119,7 @@ async fn issuing(config: &WorkerConfig) -> anyhow::Result<Issuing> {
             home_region: config.home_region(),
         });
     };
-    let (snapshot, _) = idgen::supervisor::registry_answer(config, url).await?;
+    let (snapshot, _) = idgen::control::supervisor::registry_answer(config, url).await?;
     Ok(Issuing {
         schedule: snapshot.schedule()?,
         region_numbers: snapshot.region_numbers(config.region()),
@@ -152,8 +152,8 @@ pub async fn run(args: LeasesArgs) -> anyhow::Result<()> {
     let result = run_command(args).await;
     // A change that applied but whose audit record the table would not take: its record is in
     // the spool. Try once more, then say where it waits.
-    if idgen::audit_spool::flush_all(std::time::Duration::from_secs(5)).await > 0 {
-        for (dir, table, waiting) in idgen::audit_spool::waiting_spools() {
+    if idgen::lease::audit_spool::flush_all(std::time::Duration::from_secs(5)).await > 0 {
+        for (dir, table, waiting) in idgen::lease::audit_spool::waiting_spools() {
             eprintln!(
                 "warning: {waiting} audit record(s) for {table} could not be written to the table. They are kept, \
                  fsynced, in {}; a worker or the next `idgen leases` command using that directory writes them \
@@ -276,7 +276,7 @@ async fn init(config: &WorkerConfig, layout: &str, json: bool) -> anyhow::Result
     let audit = format!("{table}-audit");
     match config.store_kind() {
         StoreKind::Dynamodb => {
-            let client = idgen::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
+            let client = idgen::lease::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
             idgen::DynamoDbLeaseStore::new(client, table).create_tables().await?;
         }
         StoreKind::Sqlite => {
@@ -314,7 +314,7 @@ async fn adopt(
     let Some(known) = issuing(config).await?.schedule.layout(layout).cloned() else {
         bail!("layout {layout} is not in the schedule");
     };
-    let client = idgen::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
+    let client = idgen::lease::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
     let new = idgen::DynamoDbLeaseStore::new(client.clone(), &table);
     new.verify_lease_table().await.with_context(|| format!("the new lease table {table}"))?;
     let (_, restored) = new.origin().await?;

@@ -303,7 +303,7 @@ impl std::error::Error for Usage {}
 /// A `--registry` URL (`IDGEN_REGISTRY_URL`): https, or plain http on loopback (a development
 /// registry); operator tokens and the schedule never cross a network in clear. A usage error.
 pub fn registry_url(text: &str) -> Result<String, String> {
-    idgen::registry::check_registry_url(text, true).map(|()| text.to_owned())
+    idgen::control::registry::check_registry_url(text, true).map(|()| text.to_owned())
 }
 
 /// What `--check-config` prints for a configuration that would start.

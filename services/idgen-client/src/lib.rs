@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use idgen::core::{OPEN_HORIZON, Schedule};
-use idgen::registry::RegistrySnapshot;
-pub use idgen::tls::ClientTlsSection;
+use idgen::control::registry::RegistrySnapshot;
+pub use idgen::control::tls::ClientTlsSection;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -127,7 +127,7 @@ impl ClientConfig {
         }
         if let Some(url) = &self.registry_url {
             // The schedule decides how an ID decodes: https, or a development registry on loopback.
-            idgen::registry::check_registry_url(url, true).map_err(Error::Config)?;
+            idgen::control::registry::check_registry_url(url, true).map_err(Error::Config)?;
         }
         Ok(())
     }

@@ -128,7 +128,7 @@ impl Default for PublicIdsConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8709)),
             health_listen: None,
             database_url: None,
-            sqlite_open_timeout_ms: idgen::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
+            sqlite_open_timeout_ms: idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             read_database_url: None,
             database_pool_size: PoolSettings::default().connections,
             database_acquire_timeout_ms: PoolSettings::default().acquire_timeout.as_millis() as u64,
@@ -149,8 +149,8 @@ impl Default for PublicIdsConfig {
 }
 
 impl KmsSection {
-    pub fn settings(&self) -> idgen::dynamodb::AwsSettings {
-        idgen::dynamodb::AwsSettings {
+    pub fn settings(&self) -> idgen::lease::dynamodb::AwsSettings {
+        idgen::lease::dynamodb::AwsSettings {
             region: self.region.clone(),
             endpoint: self.endpoint.clone(),
             ..Default::default()

@@ -346,11 +346,11 @@ impl PublicIdStore {
     /// Development: initializes the database if it is new ([`Self::initialize`]) and opens it.
     /// Production starts with [`Self::open`], which never initializes.
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        Self::connect_waiting(url, idgen::open_lock::DEFAULT_OPEN_TIMEOUT).await
+        Self::connect_waiting(url, idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT).await
     }
 
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
-    /// file ([`idgen::open_lock`]).
+    /// file ([`idgen::lease::open_lock`]).
     pub async fn connect_waiting(url: &str, within: Duration) -> anyhow::Result<Self> {
         Self::initialize(url, within, None).await?;
         Self::open(url, within).await
@@ -367,7 +367,7 @@ impl PublicIdStore {
         runtime_role: Option<(&str, Option<&str>)>,
     ) -> anyhow::Result<Option<legacy::Copied>> {
         // Held until the file is set up.
-        let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
+        let _one_opener = idgen::lease::open_lock::lock_for_open_url(url, within).await?;
         let connection = Connection::connect(url).await?;
         let done = async {
             connection.migrate(&SCHEMA).await?;
@@ -396,7 +396,7 @@ impl PublicIdStore {
     pub async fn open_with(url: &str, within: Duration, settings: PoolSettings) -> anyhow::Result<Self> {
         let init = "idgen public init --config <this file>";
         {
-            let _one_opener = idgen::open_lock::lock_for_open_url(url, within).await?;
+            let _one_opener = idgen::lease::open_lock::lock_for_open_url(url, within).await?;
             let connection = Connection::connect(url).await?;
             let mut refusal = connection.refusal(&SCHEMA, init).await;
             if let (Ok(None), Connection::Postgres(pool)) = (&refusal, &connection) {

@@ -31,7 +31,7 @@ use axum::response::Response;
 
 pub use http_metrics::ServiceMetrics;
 pub use identity::{ANONYMOUS, Caller, IdentityForm, NoCaller, RESERVED};
-pub use idgen::tls::ClientTlsSection;
+pub use idgen::control::tls::ClientTlsSection;
 pub use limits::LimitsSection;
 pub use quota::{OverQuota, QuotaMetrics, QuotaSection, Quotas, Rate};
 pub use serve::{ServerMetrics, serve, serve_health};

@@ -21,7 +21,7 @@ use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
 use idgen::embedded::{EmbeddedGenerator, StartOptions};
-use idgen::supervisor::StoreOpener;
+use idgen::control::supervisor::StoreOpener;
 use idgen_server::{Caller, QuotaMetrics, Quotas, ServerMetrics, Tls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;

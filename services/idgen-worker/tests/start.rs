@@ -154,7 +154,7 @@ async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
     // Only the layout in force must have its table: the next layout's is claimed early, and its
     // absence is logged and retried, not a reason to refuse to start.
     let settings = config.lease.dynamodb.settings();
-    let v1 = idgen::DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, &format!("{unique}-v1"));
+    let v1 = idgen::DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, &format!("{unique}-v1"));
     v1.create_tables().await.unwrap();
     config.preclaim_ms = 5 * 365 * DAY as i64; // the v2 cutover (2028) is "soon"
     let worker = Worker::build(&config, 2).await.unwrap();

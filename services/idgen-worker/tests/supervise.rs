@@ -12,7 +12,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
 use idgen::core::{Generator, GeneratorConfig};
-use idgen::supervisor::{StoreOpener, Supervisor};
+use idgen::control::supervisor::{StoreOpener, Supervisor};
 use idgen::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseRow, LeaseStore,
     Lift, LiftOutcome, SqliteLeaseStore, StoreError, SystemClock,

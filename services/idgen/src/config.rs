@@ -11,9 +11,9 @@ use anyhow::{Context, bail};
 use idgen_core::{Layout, OPEN_HORIZON, Schedule};
 use serde::Deserialize;
 
-use crate::keeper::{LeaseConfig, MachineRanges};
-use crate::lease_store::LeaseStore;
-use crate::tls::ClientTlsSection;
+use crate::lease::keeper::{LeaseConfig, MachineRanges};
+use crate::lease::LeaseStore;
+use crate::control::tls::ClientTlsSection;
 
 /// The file and the environment under `env_prefix`, as one configuration source.
 pub fn sources(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<config::Config> {
@@ -163,7 +163,7 @@ pub struct DynamoDbSection {
 
 impl Default for DynamoDbSection {
     fn default() -> Self {
-        let defaults = crate::aws::DynamoDbSettings::default();
+        let defaults = crate::lease::aws::DynamoDbSettings::default();
         DynamoDbSection {
             region: None,
             endpoint: defaults.endpoint,
@@ -176,8 +176,8 @@ impl Default for DynamoDbSection {
 }
 
 impl DynamoDbSection {
-    pub fn settings(&self) -> crate::aws::DynamoDbSettings {
-        crate::aws::DynamoDbSettings {
+    pub fn settings(&self) -> crate::lease::aws::DynamoDbSettings {
+        crate::lease::aws::DynamoDbSettings {
             region: self.region.clone().unwrap_or_else(|| development_defaults::DYNAMODB_REGION.into()),
             endpoint: self.endpoint.clone(),
             attempt_timeout: std::time::Duration::from_millis(self.attempt_timeout_ms),
@@ -262,7 +262,7 @@ impl Default for LeaseSection {
         LeaseSection {
             store: None,
             sqlite_path: None,
-            sqlite_open_timeout_ms: crate::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
+            sqlite_open_timeout_ms: crate::lease::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             dynamodb: DynamoDbSection::default(),
             create_tables: false,
             tables: BTreeMap::from([("v1".into(), "idgen-leases".into()), ("v2".into(), "idgen-leases-v2".into())]),
@@ -389,7 +389,7 @@ impl GeneratorConfig {
         match self.registry_url.as_deref() {
             None => need("registry_url (the region number and the schedule come from the registry)"),
             Some(url) => {
-                if let Err(why) = crate::registry::check_registry_url(url, false) {
+                if let Err(why) = crate::control::registry::check_registry_url(url, false) {
                     need(&why);
                 }
             }
@@ -562,7 +562,7 @@ async fn open_sqlite(config: &GeneratorConfig, table: &str) -> anyhow::Result<Ar
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     let within = std::time::Duration::from_millis(config.lease.sqlite_open_timeout_ms);
-    let store = crate::sqlite::SqliteLeaseStore::open_waiting(path, table, within)
+    let store = crate::lease::sqlite::SqliteLeaseStore::open_waiting(path, table, within)
         .await
         .with_context(|| format!("opening lease table {table} in {}", path.display()))?;
     Ok(Arc::new(store))
@@ -574,7 +574,7 @@ async fn open_dynamodb(
     table: &str,
     audit_required: bool,
 ) -> anyhow::Result<Arc<dyn LeaseStore>> {
-    use crate::dynamodb::DynamoDbLeaseStore;
+    use crate::lease::dynamodb::DynamoDbLeaseStore;
     // An operator's command is one-off and may scan a whole table: patient timeouts, where a
     // generator's lease writes keep the configured ones.
     let settings = match audit_required {
@@ -582,13 +582,13 @@ async fn open_dynamodb(
         false => config.lease.dynamodb.settings().patient(),
     };
     if config.lease.create_tables {
-        let creator = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings.patient()).await, table);
+        let creator = DynamoDbLeaseStore::new(crate::lease::dynamodb::client(&settings.patient()).await, table);
         creator
             .create_tables()
             .await
             .with_context(|| format!("creating DynamoDB tables {table} and {}", creator.audit_table()))?;
     }
-    let store = DynamoDbLeaseStore::new(crate::dynamodb::client(&settings).await, table);
+    let store = DynamoDbLeaseStore::new(crate::lease::dynamodb::client(&settings).await, table);
     let configured = config.audit_spool_dir();
     let (store, spool) = match store.clone().with_audit_spool(&configured) {
         Ok(store) => (store, configured),

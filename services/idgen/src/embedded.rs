@@ -21,9 +21,9 @@ use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{GeneratorConfig, Role};
-use crate::generator::{Health, IdGenerator};
+use crate::issuing::{Health, IdGenerator};
 use crate::metrics::GeneratorMetrics;
-use crate::supervisor::{self, StoreOpener, Supervisor};
+use crate::control::supervisor::{self, StoreOpener, Supervisor};
 
 /// What [`EmbeddedGenerator::start_with`] takes besides the configuration; all optional.
 #[derive(Default, Clone)]
@@ -255,7 +255,7 @@ impl EmbeddedGenerator {
         };
         #[cfg(feature = "dynamodb")]
         {
-            let left = crate::audit_spool::flush_all(std::time::Duration::from_secs(2)).await;
+            let left = crate::lease::audit_spool::flush_all(std::time::Duration::from_secs(2)).await;
             if left > 0 {
                 tracing::warn!(waiting = left, "audit records still spooled at exit: the next start writes them");
             }

@@ -1,6 +1,11 @@
 //! The embeddable generator: what a service links to mint IDs in-process, and what the fleet
 //! worker is built on.
 //!
+//! Its front door is [`GeneratorConfig`] and [`EmbeddedGenerator`]; behind it are four rooms, each
+//! a module that says at its top what it owns and what it must never do: [`clock`] (every reading
+//! of time), [`lease`] (the machine numbers and their tables), [`issuing`] (the request path) and
+//! [`control`] (the supervisor and the registry). [`metrics`] are shared by all of them.
+//!
 //! [`EmbeddedGenerator`] is the whole of it as one piece: started from one [`GeneratorConfig`],
 //! it takes the region number and schedule from the registry, keeps the leases and the schedule
 //! current, and issues. Underneath, [`IdGenerator`] wraps the pure core (`idgen-core`) with a [`Clock`] and metrics; a
@@ -9,45 +14,31 @@
 //! ([`IdGenerator::next_ids`]) touches memory only: the lease store is called from the keeper's
 //! loop, never per ID.
 
-#[cfg(feature = "dynamodb")]
-pub mod audit_spool;
-pub mod aws;
 pub mod clock;
 pub mod config;
-#[cfg(feature = "conformance")]
-pub mod conformance;
-mod cpu_counter;
-#[cfg(feature = "dynamodb")]
-pub mod dynamodb;
+pub mod control;
 pub mod embedded;
-mod fast_path;
-pub mod generator;
-pub mod keeper;
-pub mod lease_store;
+pub mod issuing;
+pub mod lease;
 pub mod metrics;
-pub mod open_lock;
-pub mod registry;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-pub mod supervisor;
-pub mod tls;
 
-pub use aws::DynamoDbSettings;
 pub use clock::{Clock, Discipline, ManualClock, SyncStatus, SystemClock, kernel_discipline, system_unix_ms};
 pub use config::{GeneratorConfig, Role, StoreKind, open_lease_store, open_lease_store_for_operator};
-#[cfg(feature = "dynamodb")]
-pub use dynamodb::DynamoDbLeaseStore;
+pub use control::registry::RegistrySnapshot;
 pub use embedded::{EmbeddedGenerator, StartOptions};
-pub use generator::{Health, IdGenerator};
-pub use keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRanges, Outcome};
-pub use lease_store::{
+pub use idgen_core::generator::Refusal;
+pub use issuing::{Health, IdGenerator};
+pub use lease::aws::DynamoDbSettings;
+#[cfg(feature = "dynamodb")]
+pub use lease::dynamodb::DynamoDbLeaseStore;
+pub use lease::keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRanges, Outcome};
+#[cfg(feature = "sqlite")]
+pub use lease::sqlite::SqliteLeaseStore;
+pub use lease::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
     MAX_LEASE_MS, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 pub use metrics::GeneratorMetrics;
-pub use registry::RegistrySnapshot;
-#[cfg(feature = "sqlite")]
-pub use sqlite::SqliteLeaseStore;
 
 pub use idgen_core as core;
 

@@ -29,7 +29,7 @@ pub struct TableLabel {
     pub table: String,
 }
 
-/// The audit spool's counts ([`crate::audit_spool`]), per audit table. One set per process:
+/// The audit spool's counts ([`crate::lease::audit_spool`]), per audit table. One set per process:
 /// a spool belongs to the process, not to one generator.
 #[derive(Default)]
 pub struct AuditSpoolMetrics {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use async_trait::async_trait;
-use idgen::conformance::StoreFactory;
+use idgen::lease::conformance::StoreFactory;
 use idgen::{DynamoDbLeaseStore, DynamoDbSettings, LeaseStore};
 
 struct DynamoFactory {
@@ -18,14 +18,14 @@ struct DynamoFactory {
 #[async_trait]
 impl StoreFactory for DynamoFactory {
     async fn open(&self) -> Arc<dyn LeaseStore> {
-        let client = idgen::dynamodb::client(&self.settings).await;
+        let client = idgen::lease::dynamodb::client(&self.settings).await;
         Arc::new(DynamoDbLeaseStore::new(client, &self.table))
     }
 
     async fn quarantine_by_hand(&self, machine: u32) {
         // The design notes' command 3, through the SDK.
         use aws_sdk_dynamodb::types::AttributeValue;
-        idgen::dynamodb::client(&self.settings)
+        idgen::lease::dynamodb::client(&self.settings)
             .await
             .update_item()
             .table_name(&self.table)
@@ -52,7 +52,7 @@ async fn factory() -> DynamoFactory {
     let settings = DynamoDbSettings { endpoint: Some(endpoint()), ..DynamoDbSettings::default() };
     let table =
         format!("conformance-{}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed), rand_suffix());
-    let store = DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, &table);
+    let store = DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, &table);
     store.create_tables().await.expect("creating tables on the DynamoDB-protocol server");
     store.create_tables().await.expect("creating tables is idempotent");
     DynamoFactory { settings, table }
@@ -122,7 +122,7 @@ async fn through_proxy(marker: &'static str) -> (Arc<dyn LeaseStore>, Arc<dyn Le
     let factory = factory().await;
     let (url, dropped) = answer_losing_proxy(marker).await;
     let settings = DynamoDbSettings { endpoint: Some(url), max_attempts: 3, ..DynamoDbSettings::default() };
-    let lossy = DynamoDbLeaseStore::new(idgen::dynamodb::client(&settings).await, &factory.table);
+    let lossy = DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, &factory.table);
     (Arc::new(lossy), factory.open().await, dropped)
 }
 
@@ -168,7 +168,7 @@ async fn a_quarantine_whose_answer_was_lost_is_applied_once() {
 async fn an_audit_table_deleted_mid_run_loses_no_record() {
     use idgen::{AuditKind, ClaimOutcome, Conditional};
     let factory = factory().await;
-    let client = idgen::dynamodb::client(&factory.settings).await;
+    let client = idgen::lease::dynamodb::client(&factory.settings).await;
     let dir = tempfile::tempdir().unwrap();
     let store = DynamoDbLeaseStore::new(client.clone(), &factory.table).with_audit_spool(dir.path()).unwrap();
     let spool = store.audit_spool().unwrap().clone();

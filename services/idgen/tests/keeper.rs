@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idgen::conformance::FaultyStore;
+use idgen::lease::conformance::FaultyStore;
 use std::time::Duration;
 
 use idgen::core::{Generator, GeneratorConfig, OPEN_HORIZON, Refusal, Schedule};

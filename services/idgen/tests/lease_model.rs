@@ -5,7 +5,7 @@
 //! The only shared state is the lease table: one row per (layout, machine number), changed only
 //! by the conditional writes of [`idgen::LeaseStore`] (`claim_as`, `renew`, `release`,
 //! `quarantine`, `release_quarantine`), each applied atomically as the SQLite and DynamoDB stores
-//! do (both pass `idgen::conformance` against these same conditions), and by an operator's AWS CLI
+//! do (both pass `idgen::lease::conformance` against these same conditions), and by an operator's AWS CLI
 //! `update-item`. Each generator is a process: the lease keeper of `keeper.rs` (one per layout)
 //! beside the core's `Generator` (`install_lease`, `extend_lease`, `drop_lease`, `begin_release`,
 //! `issue` with its fence, floor, sequence and clock rules) and the fast path's runs

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idgen::conformance::StoreFactory;
+use idgen::lease::conformance::StoreFactory;
 use idgen::{LeaseStore, SqliteLeaseStore};
 
 struct SqliteFactory {

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use crate::lease_store::{
+use crate::lease::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
     QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
@@ -105,14 +105,14 @@ impl SqliteLeaseStore {
     /// Opens (creating if needed) the file and the lease and audit tables. The file must be on a
     /// local filesystem ([`check_local_filesystem`]).
     pub async fn open(path: &Path, table: &str) -> Result<Self, StoreError> {
-        Self::open_waiting(path, table, crate::open_lock::DEFAULT_OPEN_TIMEOUT).await
+        Self::open_waiting(path, table, crate::lease::open_lock::DEFAULT_OPEN_TIMEOUT).await
     }
 
     /// [`Self::open`], waiting up to `within` for other processes opening the same file
-    /// ([`crate::open_lock`]).
+    /// ([`crate::lease::open_lock`]).
     pub async fn open_waiting(path: &Path, table: &str, within: Duration) -> Result<Self, StoreError> {
         check_local_filesystem(path)?;
-        let _one_opener = crate::open_lock::lock_for_open(path, within)
+        let _one_opener = crate::lease::open_lock::lock_for_open(path, within)
             .await
             .map_err(|error| StoreError::Unavailable(error.to_string()))?;
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))

@@ -22,8 +22,8 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::generator::IdGenerator;
-use crate::lease_store::{ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError};
+use crate::issuing::IdGenerator;
+use crate::lease::{ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError};
 
 /// Which machine numbers a generator may claim, per layout. Fleet workers take 0–63, embedded
 /// generators 64 and up (SPEC §2), so the two never compete for a number.

@@ -23,7 +23,7 @@
 //!   below 2^40;
 //! - a run is used only in its own millisecond (`unix_ms == now`, or, where the clock is kept on
 //!   the CPU's counter, the counter inside the run's window in that millisecond:
-//!   [`crate::cpu_counter`]): the core never issues a millisecond twice, so a millisecond names at
+//!   [`crate::clock::cpu_counter`]): the core never issues a millisecond twice, so a millisecond names at
 //!   most one run, ever;
 //! - whoever changes what the core may issue (a lost lease, a release, an unsynchronized clock, a
 //!   retired region, a new schedule) closes the run under the core's lock first. A request that
@@ -33,7 +33,7 @@
 
 use std::sync::atomic::{self, AtomicU64, Ordering};
 
-use crate::cpu_counter::Window;
+use crate::clock::cpu_counter::Window;
 
 /// How many runs' slots exist: a request holding an old run number finds its slot reused (and
 /// its tag changed) rather than a half-written one.

@@ -30,9 +30,9 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
-use crate::audit_spool::{AuditSink, AuditSpool, SpooledRecord};
-pub use crate::aws::DynamoDbSettings;
-use crate::lease_store::{
+use crate::lease::audit_spool::{AuditSink, AuditSpool, SpooledRecord};
+pub use crate::lease::aws::DynamoDbSettings;
+use crate::lease::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
     QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
@@ -204,7 +204,7 @@ impl DynamoDbLeaseStore {
 
     /// Audit records the table would not take (after the SDK's retries) go to a spool in
     /// `dir`, fsynced, and are written by a background replayer once the table answers
-    /// ([`crate::audit_spool`]). Fails if `dir` cannot be written to.
+    /// ([`crate::lease::audit_spool`]). Fails if `dir` cannot be written to.
     pub fn with_audit_spool(mut self, dir: &std::path::Path) -> std::io::Result<Self> {
         let sink = Arc::new(AuditTable(DynamoDbLeaseStore { spool: None, ..self.clone() }));
         self.spool = Some(AuditSpool::shared(dir, &self.audit, sink)?);

@@ -333,7 +333,7 @@ async fn stop(running: Running, layout: &str) {
 /// The HTTP client for the registry: a 5 s timeout, and TLS as `registry_tls` says.
 pub fn registry_http(config: &GeneratorConfig) -> anyhow::Result<reqwest::Client> {
     let tls = config.registry_tls.client_config().context("registry_tls")?;
-    Ok(crate::registry::registry_client(Duration::from_secs(5), tls)?)
+    Ok(crate::control::registry::registry_client(Duration::from_secs(5), tls)?)
 }
 
 /// The registry's answer now, or the last good copy on disk when the registry cannot be reached;

@@ -1,7 +1,22 @@
-//! The lease table: one row per machine number, changed only by conditional writes.
+//! The lease side: it owns the machine numbers (the [`LeaseStore`] trait and its SQLite and
+//! DynamoDB tables, their conformance suite, the [`keeper`] that claims and renews, the audit
+//! spool, the open lock) and is never called on the request path, nor ever issues an ID.
 //!
-//! Every backend (SQLite here, DynamoDB in production) implements exactly the conditions of
-//! SPEC §2, and passes the same conformance suite (`idgen::conformance`).
+//! The lease table: one row per machine number, changed only by conditional writes. Every
+//! backend (SQLite here, DynamoDB in production) implements exactly the conditions of SPEC §2,
+//! and passes the same conformance suite ([`conformance`], behind the `conformance` feature).
+
+#[cfg(feature = "dynamodb")]
+pub mod audit_spool;
+pub mod aws;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
+pub mod keeper;
+pub mod open_lock;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 use async_trait::async_trait;
 use thiserror::Error;

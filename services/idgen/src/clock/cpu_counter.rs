@@ -27,7 +27,7 @@
 //!   the rate in use): a clock more than 100 µs + 0.1 % of the time since the anchor away from it
 //!   drops the rate at once, so no later run has a window until two measurements agree again;
 //! - a run with no window (no rate yet, or the clock already past M when it was published) is
-//!   still handed out, through the clock read ([`crate::fast_path::Runs::take`]).
+//!   still handed out, through the clock read ([`crate::issuing::fast_path::Runs::take`]).
 //!
 //! What an ID taken by the counter promises: it carries the millisecond its run was published in,
 //! and it was handed out while the counter was inside that run's window, less than a millisecond
@@ -372,7 +372,7 @@ mod tests {
         // a second older than the clock, each once. The next publish reads the clock, finds it a
         // second from the counter's prediction and gives its run no window: from then on the
         // clock decides.
-        use crate::fast_path::{Runs, Taken};
+        use crate::issuing::fast_path::{Runs, Taken};
         let (mut calibration, at) = calibrated();
         let published = reading(at + 1_000_000, 0);
         let w = window(&mut calibration, published);

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::lease_store::StoreError;
+use crate::lease::StoreError;
 use crate::metrics::{AuditSpoolMetrics, TableLabel};
 
 /// One audit item exactly as the audit table stores it (see `dynamodb.rs`).

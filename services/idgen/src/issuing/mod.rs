@@ -1,11 +1,16 @@
+//! The issuing path: it owns [`IdGenerator`] and its lock-free fast path, which touch memory and
+//! the clock only, and never call a lease store, the registry or anything else across a network.
+//!
 //! [`IdGenerator`]: the core state machine behind a mutex, with a clock and metrics.
 //!
 //! This is the request path: memory, the clock and nothing else. Within a millisecond, IDs come
-//! from a run the core has already issued, one atomic add each and no lock ([`crate::fast_path`]);
+//! from a run the core has already issued, one atomic add each and no lock ([`crate::issuing::fast_path`]);
 //! the core's lock is taken once per millisecond to issue the next run, and whenever there is no
 //! run to take from. When the core asks to wait (the millisecond's sequence is used up, or the
 //! clock is a few ms behind), the waiting happens outside the lock on the clock's waiter, so no
 //! tokio worker is blocked and no core spins.
+
+mod fast_path;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,8 +21,8 @@ use idgen_core::{Generator, MAX_WAIT_BEHIND_LIMIT_MS};
 use rand::Rng;
 
 use crate::clock::{Clock, SyncStatus};
-use crate::cpu_counter::{self, Calibration, Window};
-use crate::fast_path::{Runs, Taken};
+use crate::clock::cpu_counter::{self, Calibration, Window};
+use crate::issuing::fast_path::{Runs, Taken};
 use crate::metrics::{GeneratorMetrics, LayoutLabel, ReasonLabel};
 
 pub struct IdGenerator {

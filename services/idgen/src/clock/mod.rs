@@ -1,5 +1,13 @@
+//! The clock: it owns every reading of time a generator makes (the system and manual clocks, the
+//! kernel's synchronization gate, the CPU counter's window) and never issues an ID or touches a
+//! lease.
+//!
 //! Clocks: the wall clock that goes into IDs and lease times, its synchronization state, and a way
-//! to wait for a given millisecond without blocking a tokio worker thread or spinning a core.
+//! to wait for a given millisecond without blocking a tokio worker thread or spinning a core. The
+//! CPU counter ([`cpu_counter`]) lets the fast path check a window instead of reading the clock;
+//! it asks this module's clock whether it may, and this module asks it whether it can.
+
+pub(crate) mod cpu_counter;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -46,7 +54,7 @@ pub trait Clock: Send + Sync + 'static {
         None
     }
     /// Whether `unix_ms` is the CPU's counter scaled, so that the fast path may check the counter
-    /// against a window instead of reading the clock ([`crate::cpu_counter`]).
+    /// against a window instead of reading the clock ([`crate::clock::cpu_counter`]).
     fn follows_cpu_counter(&self) -> bool {
         false
     }
@@ -155,7 +163,7 @@ impl Clock for SystemClock {
     }
 
     fn follows_cpu_counter(&self) -> bool {
-        self.cpu_counter && crate::cpu_counter::usable()
+        self.cpu_counter && crate::clock::cpu_counter::usable()
     }
 
     fn sync_status(&self) -> SyncStatus {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::lease_store::{
+use crate::lease::{
     AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseStore, Lift, LiftOutcome, QUARANTINE_EXPIRY_UNIX_MS,
     QUARANTINED,
 };
@@ -315,7 +315,7 @@ macro_rules! lease_store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
                 let factory = $factory().await;
-                $crate::conformance::$name(&factory).await;
+                $crate::lease::conformance::$name(&factory).await;
             }
         )*
     };
