@@ -17,7 +17,7 @@ pub const OPERATOR_TOKEN_FILE_NAME: &str = "operator";
 /// The longest `retire_grace_ms`: a year.
 pub const MAX_RETIRE_GRACE_MS: i64 = 366 * 86_400_000;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegistryConfig {
     /// Development mode: a SQLite file under `.idgen/` when no database is configured, the
@@ -25,6 +25,7 @@ pub struct RegistryConfig {
     /// registry refuses to start without its PostgreSQL database, mutual TLS and operators
     /// ([`RegistryConfig::missing_for_production`]), and never initializes a database itself.
     pub development: bool,
+    /// Address to listen on; port 0 picks a free port (printed at start-up).
     pub listen: SocketAddr,
     /// The plain health listener, if any: its own port, no TLS, only `GET /healthz` (the same
     /// answer as the registry's own `/healthz`), for a load balancer that cannot present a
@@ -89,7 +90,23 @@ impl Default for RegistryConfig {
 }
 
 impl RegistryConfig {
+    /// The keys of the file, from this struct's own source.
+    pub fn keys() -> idgen::config::file::Keys {
+        idgen::config::file::Keys::of::<RegistryConfig>()
+    }
+
+    /// `--print-config`: every key of the file, with its default, unit and description.
+    pub fn print() -> String {
+        RegistryConfig::keys().print(
+            "idgen registry: the region registry's configuration file (--config FILE).\n\
+             IDGEN_REGISTRY_<KEY> and IDGEN_REGISTRY_<SECTION>__<KEY> override it.",
+        )
+    }
+
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        if let Some(file) = file {
+            RegistryConfig::keys().check_file(file, Some("idgen registry --print-config"))?;
+        }
         let mut builder = config::Config::builder();
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
@@ -280,6 +297,19 @@ impl RegistryConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--print-config` comes from the config structs' doc comments: every key has one, and the
+    /// printed file, read back (in development mode), is the defaults.
+    #[test]
+    fn every_key_is_documented_and_the_printed_file_reads_back_as_the_defaults() {
+        assert_eq!(RegistryConfig::keys().undocumented(), Vec::<String>::new());
+        let printed = RegistryConfig::print();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("printed.toml");
+        std::fs::write(&path, printed.replacen("development = false", "development = true", 1)).unwrap();
+        let read = RegistryConfig::load(Some(&path)).unwrap();
+        assert_eq!(format!("{read:?}"), format!("{:?}", RegistryConfig::development()), "{printed}");
+    }
 
     #[test]
     fn the_horizon_lead_the_retire_grace_and_the_first_cutover_are_bounded() {

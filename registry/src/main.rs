@@ -15,12 +15,20 @@ struct Args {
     /// with, and exit.
     #[arg(long)]
     check_config: bool,
+    /// Print every key of the configuration file, with its default, unit and what it does, as
+    /// commented TOML, and exit.
+    #[arg(long, conflicts_with = "config")]
+    print_config: bool,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     idgen::init_tracing();
-    let Args { config: file, check_config } = Args::parse();
+    let Args { config: file, check_config, print_config } = Args::parse();
+    if print_config {
+        print!("{}", idgen_registry::RegistryConfig::print());
+        return ExitCode::SUCCESS;
+    }
     let result = async {
         let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
         if check_config {

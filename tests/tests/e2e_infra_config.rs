@@ -189,3 +189,74 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
     assert!(!out.status.success(), "a missing key file passed:\n{}", text(&out));
     assert!(text(&out).contains("server-key.pem"), "the refusal does not name the file:\n{}", text(&out));
 }
+
+/// `--print-config` of every service, through both binaries that run it: a commented TOML of
+/// every key that the same service reads back (in development mode, which needs nothing else)
+/// as its defaults, naming what each key does.
+#[test]
+fn print_config_prints_every_key_and_the_service_reads_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin_dir = idgen_bin().parent().unwrap().to_path_buf();
+    for (args, binary, development, keys) in [
+        (
+            &["worker"][..],
+            "idgen-worker",
+            "IDGEN_WORKER_DEVELOPMENT",
+            &["listen", "[lease]", "fence_ms", "[clock]"][..],
+        ),
+        (&["registry"][..], "idgen-registry", "IDGEN_REGISTRY_DEVELOPMENT", &["horizon_lead_ms", "[limits]"][..]),
+        (&["public", "serve"][..], "idgen-public-ids", "IDGEN_PUBLIC_IDS_DEVELOPMENT", &["[cache]", "max_entries"][..]),
+    ] {
+        let printed = Command::new(idgen_bin()).args(args).arg("--print-config").output().unwrap();
+        assert!(printed.status.success(), "{args:?} --print-config:\n{}", text(&printed));
+        let stdout = String::from_utf8(printed.stdout.clone()).unwrap();
+        for key in keys {
+            assert!(stdout.contains(key), "{args:?} --print-config does not print {key}:\n{stdout}");
+        }
+        let standalone = Command::new(bin_dir.join(binary)).arg("--print-config").output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&standalone.stdout), stdout, "{binary} prints another configuration");
+        let file = dir.path().join(format!("{binary}.toml"));
+        std::fs::write(&file, &stdout).unwrap();
+        let mut command = Command::new(idgen_bin());
+        command.args(args).arg("--config").arg(&file).arg("--check-config").env(development, "true");
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{args:?}: the printed configuration is refused:\n{}", text(&out));
+    }
+}
+
+/// An unknown or mistyped key is named by its line of the file, with what the key takes or the
+/// key it was likely meant to be; every such line at once.
+#[test]
+fn check_config_names_the_line_of_an_unknown_or_mistyped_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    std::fs::create_dir(&tls).unwrap();
+    certificates(&tls);
+    let line_of = |path: &Path, needle: &str| {
+        let text = std::fs::read_to_string(path).unwrap();
+        1 + text.lines().position(|line| line.starts_with(needle)).expect("the edited line")
+    };
+    let broken = example(dir.path(), &tls, "worker.toml", |t| {
+        t.replace("fence_ms = ", "fence_msx = ").replace("max_connections = 4096", "max_connections = \"many\"")
+    });
+    let out = check(&["worker"], &broken);
+    assert!(!out.status.success(), "a misspelt and a mistyped key passed:\n{}", text(&out));
+    let said = text(&out);
+    let fence = format!(
+        "{}:{}: unknown key `lease.fence_msx`; did you mean `fence_ms`?",
+        broken.display(),
+        line_of(&broken, "fence_msx")
+    );
+    let cap = format!(
+        "{}:{}: `limits.max_connections` takes a whole number",
+        broken.display(),
+        line_of(&broken, "max_connections")
+    );
+    assert!(said.contains(&fence) && said.contains(&cap), "expected {fence:?} and {cap:?} in:\n{said}");
+    assert!(said.contains("idgen worker --print-config"), "{said}");
+
+    let misspelt = example(dir.path(), &tls, "public-ids.toml", |t| t.replace("max_entries", "max_entry"));
+    let out = check(&["public", "serve"], &misspelt);
+    let expected = format!("{}:{}: unknown key `cache.max_entry`", misspelt.display(), line_of(&misspelt, "max_entry"));
+    assert!(!out.status.success() && text(&out).contains(&expected), "expected {expected:?} in:\n{}", text(&out));
+}

@@ -53,6 +53,10 @@ enum Command {
         /// exit (0 when it would start).
         #[arg(long)]
         check_config: bool,
+        /// Print every key of the configuration file, with its default, unit and what it does,
+        /// as commented TOML, and exit.
+        #[arg(long, conflicts_with = "config")]
+        print_config: bool,
     },
     /// Run the region registry (the same as the `idgen-registry` binary); `idgen registry init`
     /// initializes its database, once, before the first start.
@@ -65,6 +69,10 @@ enum Command {
         /// with, and exit.
         #[arg(long)]
         check_config: bool,
+        /// Print every key of the configuration file, with its default, unit and what it does,
+        /// as commented TOML, and exit.
+        #[arg(long, conflicts_with = "config")]
+        print_config: bool,
         #[command(subcommand)]
         command: Option<RegistryCommand>,
     },
@@ -177,10 +185,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(up::run(args))),
+        Command::Worker { print_config: true, .. } => print_config(WorkerConfig::print()),
+        Command::Registry { print_config: true, command: None, .. } => {
+            print_config(idgen_registry::RegistryConfig::print())
+        }
+        Command::Public { command: public::PublicCommand::Serve { print_config: true, .. }, .. } => {
+            print_config(idgen_public_ids::PublicIdsConfig::print())
+        }
         Command::Worker { config: file, check_config: true, .. } => {
             WorkerConfig::load(file.as_deref()).and_then(|config| print_check("worker", file, config.check()?))
         }
-        Command::Registry { config: file, check_config: true, command: None } => {
+        Command::Registry { config: file, check_config: true, command: None, .. } => {
             idgen_registry::RegistryConfig::load(file.as_deref())
                 .and_then(|config| print_check("registry", file, config.check()?))
         }
@@ -188,7 +203,7 @@ fn main() -> ExitCode {
             runtime().and_then(|rt| rt.block_on(registry_init(config, &owner, json)))
         }
         Command::Registry { command: Some(RegistryCommand::Token { name, json }), .. } => operator_token(&name, json),
-        Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true }, .. } => {
+        Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true, .. }, .. } => {
             idgen_public_ids::PublicIdsConfig::load(file.as_deref())
                 .and_then(|config| print_check("public-ID service", file, config.check()?))
         }
@@ -304,6 +319,12 @@ impl std::error::Error for Usage {}
 /// registry); operator tokens and the schedule never cross a network in clear. A usage error.
 pub fn registry_url(text: &str) -> Result<String, String> {
     idgen::control::registry::check_registry_url(text, true).map(|()| text.to_owned())
+}
+
+/// `--print-config`: a service's every key, printed as it is.
+fn print_config(text: String) -> anyhow::Result<()> {
+    print!("{text}");
+    Ok(())
 }
 
 /// What `--check-config` prints for a configuration that would start.

@@ -17,6 +17,10 @@ pub enum PublicCommand {
         /// exit.
         #[arg(long)]
         check_config: bool,
+        /// Print every key of the configuration file, with its default, unit and what it does,
+        /// as commented TOML, and exit.
+        #[arg(long, conflicts_with = "config")]
+        print_config: bool,
     },
     /// Make the configured database the service's (its migrations) and, with a [kms] key and the
     /// encrypted format offered, data key version 1. Run once for a new service, and again after

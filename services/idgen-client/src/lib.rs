@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use idgen::core::{OPEN_HORIZON, Schedule};
 use idgen::control::registry::RegistrySnapshot;
 pub use idgen::control::tls::ClientTlsSection;
+use idgen::core::{OPEN_HORIZON, Schedule};
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;

@@ -47,11 +47,14 @@ impl Operation {
 }
 
 /// One list per operation, of caller identities (`"*"`: any identified caller).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OperationLists {
+    /// Callers that may create public IDs in this format.
     pub create: Vec<String>,
+    /// Callers that may resolve public IDs of this format.
     pub resolve: Vec<String>,
+    /// Callers that may look up the public ID of an internal ID in this format.
     pub lookup: Vec<String>,
 }
 
@@ -68,14 +71,20 @@ impl OperationLists {
 /// `[access]`: `create`, `resolve`, `lookup` name the callers allowed in every format;
 /// `[access.opaque]`, `[access.uuidv7]`, `[access.encrypted]` add callers for that format only.
 /// A caller is allowed an operation in a format when either list names it.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessSection {
+    /// Callers that may create public IDs in every format.
     pub create: Vec<String>,
+    /// Callers that may resolve public IDs of every format.
     pub resolve: Vec<String>,
+    /// Callers that may look up public IDs in every format.
     pub lookup: Vec<String>,
+    /// Callers allowed for the opaque format only.
     pub opaque: OperationLists,
+    /// Callers allowed for the UUIDv7 format only.
     pub uuidv7: OperationLists,
+    /// Callers allowed for the encrypted format only.
     pub encrypted: OperationLists,
 }
 

@@ -13,7 +13,7 @@ use crate::format::Format;
 use crate::store::PoolSettings;
 use crate::types::{TypeSection, Types};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PublicIdsConfig {
     /// Development mode: a SQLite file under `.idgen/` when no database is configured, the
@@ -23,6 +23,7 @@ pub struct PublicIdsConfig {
     /// offers the encrypted format ([`PublicIdsConfig::missing_for_production`]), and never
     /// initializes a database or makes a data key by itself.
     pub development: bool,
+    /// Address to listen on; port 0 picks a free port (printed at start-up).
     pub listen: SocketAddr,
     /// The plain health listener, if any: its own port, no TLS, only `GET /healthz` (the same
     /// answer as the service's own `/healthz`), for a load balancer that cannot present a client
@@ -78,7 +79,7 @@ pub struct PublicIdsConfig {
 }
 
 /// `[cache]`: how many entries the read cache keeps in memory.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheSection {
     /// At most this many entries (a mapping known both ways, resolved and looked up, is two);
@@ -104,12 +105,15 @@ pub const MAX_POOL_SIZE: u32 = 500;
 pub const MIN_DATABASE_TIMEOUT_MS: u64 = 10;
 pub const MAX_DATABASE_TIMEOUT_MS: u64 = 60_000;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KmsSection {
+    /// The KMS key (ID or ARN) data keys are wrapped under: required with `[kms]`.
     pub key_id: String,
+    /// The key's AWS region.
     #[serde(default = "default_region")]
     pub region: String,
+    /// Unset for AWS; e.g. `http://127.0.0.1:5000` for a local KMS-protocol server.
     pub endpoint: Option<String>,
     /// KMS keys this deployment's data keys were wrapped under before `key_id` (after a move to
     /// a new KMS key). A stored data key wrapped under any other key is refused at start-up.
@@ -160,7 +164,23 @@ impl KmsSection {
 }
 
 impl PublicIdsConfig {
+    /// The keys of the file, from this struct's own source.
+    pub fn keys() -> idgen::config::file::Keys {
+        idgen::config::file::Keys::of::<PublicIdsConfig>()
+    }
+
+    /// `--print-config`: every key of the file, with its default, unit and description.
+    pub fn print() -> String {
+        PublicIdsConfig::keys().print(
+            "idgen public serve: the public-ID service's configuration file (--config FILE).\n\
+             IDGEN_PUBLIC_IDS_<KEY> and IDGEN_PUBLIC_IDS_<SECTION>__<KEY> override it.",
+        )
+    }
+
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        if let Some(file) = file {
+            PublicIdsConfig::keys().check_file(file, Some("idgen public serve --print-config"))?;
+        }
         let mut builder = config::Config::builder();
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
@@ -336,6 +356,19 @@ impl PublicIdsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--print-config` comes from the config structs' doc comments: every key has one, and the
+    /// printed file, read back (in development mode), is the defaults.
+    #[test]
+    fn every_key_is_documented_and_the_printed_file_reads_back_as_the_defaults() {
+        assert_eq!(PublicIdsConfig::keys().undocumented(), Vec::<String>::new());
+        let printed = PublicIdsConfig::print();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("printed.toml");
+        std::fs::write(&path, printed.replacen("development = false", "development = true", 1)).unwrap();
+        let read = PublicIdsConfig::load(Some(&path)).unwrap();
+        assert_eq!(format!("{read:?}"), format!("{:?}", PublicIdsConfig::development()), "{printed}");
+    }
 
     fn load(dir: &Path, text: &str) -> anyhow::Result<PublicIdsConfig> {
         let path = dir.join("public-ids.toml");

@@ -11,12 +11,20 @@ use clap::Parser;
 struct Args {
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Print every key of the configuration file, with its default, unit and what it does, as
+    /// commented TOML, and exit.
+    #[arg(long, conflicts_with = "config")]
+    print_config: bool,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     idgen::init_tracing();
-    let file = Args::parse().config;
+    let Args { config: file, print_config } = Args::parse();
+    if print_config {
+        print!("{}", idgen_public_ids::PublicIdsConfig::print());
+        return ExitCode::SUCCESS;
+    }
     let result = async {
         let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
         idgen_public_ids::serve(config, file, idgen::shutdown_signal()).await

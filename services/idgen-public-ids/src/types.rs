@@ -19,7 +19,7 @@ use serde::Deserialize;
 use crate::format::{self, Format};
 
 /// `[types]`: a type's name is the table's key, `order = { number = 1, format = "opaque" }`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TypeSection {
     /// Stored on every mapping of the type, in place of its name: 1 to 32767, never reused.

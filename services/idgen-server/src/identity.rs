@@ -36,7 +36,7 @@ pub const ANONYMOUS: &str = "anonymous";
 pub const RESERVED: [&str; 3] = [ANONYMOUS, "default", "other"];
 
 /// `[tls] identity`: which part of a client certificate names its caller.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, serde::Serialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum IdentityForm {
     /// Only the URI SAN (exactly one), e.g. `spiffe://corp/ns/orders/sa/api`; the CN is not

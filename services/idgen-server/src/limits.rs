@@ -21,7 +21,7 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 
 /// `[limits]`: a cap on connections and a deadline on each wait for a peer, per listener.
 /// Every key has a production default; none can be switched off.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsSection {
     /// Connections open at once on one listener (the health listener has its own count). A

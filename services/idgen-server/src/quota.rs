@@ -21,19 +21,23 @@ use serde::Deserialize;
 use crate::Caller;
 
 /// `{ ids_per_second = …, burst = … }`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Rate {
+    /// IDs per second, sustained (at least 1).
     pub ids_per_second: u32,
+    /// IDs that may be taken at once above the rate (at least 1).
     pub burst: u32,
 }
 
 /// `[quotas]`: `default` for callers not listed, `[quotas.callers] orders = { … }`. Without a
 /// section, or without `default`, callers not listed are not limited.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaSection {
+    /// The rate of every caller not listed in `callers`; without it they are not limited.
     pub default: Option<Rate>,
+    /// A rate per caller identity: `[quotas.callers] "spiffe://…/orders" = { ids_per_second = …, burst = … }`.
     #[serde(default)]
     pub callers: BTreeMap<String, Rate>,
 }

@@ -23,11 +23,12 @@ use crate::identity::{Caller, IdentityForm, NoCaller};
 /// (every caller is `anonymous`); with it, a connection must present a certificate from that CA
 /// (or from `operator_ca`), valid now and not revoked by a `crl`, naming one caller in the
 /// `identity` form, or the handshake is refused.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
     /// The server's certificate chain, leaf first.
     pub cert: Option<PathBuf>,
+    /// The server certificate's private key (PEM).
     pub key: Option<PathBuf>,
     /// The CA bundle client certificates must chain to.
     pub client_ca: Option<PathBuf>,

@@ -93,9 +93,11 @@ pub fn parse_count(body: Option<Map<String, Value>>, default: Option<u64>) -> Re
         return Err(BodyError::new("invalid_body", format!("unknown field {field:?}; only \"count\" is accepted")));
     }
     let count = match (count, default) {
-        (Some(value), _) => idgen_json::whole_number(&value).ok().filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
-            BodyError::new("invalid_count", format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"))
-        })?,
+        (Some(value), _) => {
+            idgen_json::whole_number(&value).ok().filter(|n| (1..=MAX_BATCH).contains(n)).ok_or_else(|| {
+                BodyError::new("invalid_count", format!("count must be an integer from 1 to {MAX_BATCH}, not {value}"))
+            })?
+        }
         (None, Some(default)) => default,
         (None, None) => return Err(BodyError::new("invalid_count", "count is required: {\"count\": 1..1000}")),
     };

@@ -42,14 +42,23 @@ pub struct WorkerConfig {
 }
 
 /// The worker's own keys.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 struct ListenerSection {
+    /// Address to listen on; port 0 picks a free port (printed at start-up).
     listen: SocketAddr,
+    /// The plain health listener, if any: its own port, no TLS, only `GET /healthz` (the same
+    /// answer as the worker's own `/healthz`), for a load balancer that cannot present a client
+    /// certificate.
     health_listen: Option<SocketAddr>,
+    /// How long to let in-flight requests finish on shutdown before releasing the lease anyway.
     shutdown_grace_ms: u64,
+    /// The listener's certificate and key, and the CA of client certificates (mutual TLS, the
+    /// caller's identity). Required in production; re-read on SIGHUP.
     tls: TlsSection,
+    /// IDs per second per caller; re-read on SIGHUP.
     quotas: QuotaSection,
+    /// What a peer may hold of each listener: a connection cap and the deadlines.
     limits: LimitsSection,
 }
 
@@ -101,6 +110,19 @@ impl WorkerConfig {
         }
     }
 
+    /// The keys of a worker's file: the listener's and the generator's, from their own source.
+    pub fn keys() -> idgen::config::file::Keys {
+        idgen::config::file::Keys::of::<ListenerSection>().and::<GeneratorConfig>()
+    }
+
+    /// `--print-config`: every key of a worker's file, with its default, unit and description.
+    pub fn print() -> String {
+        WorkerConfig::keys().print(
+            "idgen worker: the fleet worker's configuration file (--config FILE).\n\
+             IDGEN_WORKER_<KEY> and IDGEN_WORKER_<SECTION>__<KEY> override it, e.g. IDGEN_WORKER_LEASE__FENCE_MS=5000.",
+        )
+    }
+
     /// Development mode with nothing else set: what `idgen up` and the tests start from.
     pub fn development() -> Self {
         WorkerConfig::with(GeneratorConfig::development())
@@ -108,6 +130,9 @@ impl WorkerConfig {
 
     /// Reads the optional file, then the environment (`IDGEN_WORKER_…`), then validates.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        if let Some(file) = file {
+            WorkerConfig::keys().check_file(file, Some("idgen worker --print-config"))?;
+        }
         let raw: config::Map<String, config::Value> = idgen::config::sources(file, "IDGEN_WORKER")?
             .try_deserialize()
             .context("parsing the worker configuration")?;
@@ -210,6 +235,19 @@ impl WorkerConfig {
 mod tests {
     use super::*;
     use idgen::core::Layout;
+
+    /// `--print-config` comes from the config structs' doc comments: every key has one, and the
+    /// printed file, read back (in development mode), is the defaults.
+    #[test]
+    fn every_key_is_documented_and_the_printed_file_reads_back_as_the_defaults() {
+        assert_eq!(WorkerConfig::keys().undocumented(), Vec::<String>::new());
+        let printed = WorkerConfig::print();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("printed.toml");
+        std::fs::write(&path, printed.replacen("development = false", "development = true", 1)).unwrap();
+        let read = WorkerConfig::load(Some(&path)).unwrap();
+        assert_eq!(format!("{read:?}"), format!("{:?}", WorkerConfig::development()), "{printed}");
+    }
 
     fn load(dir: &Path, text: &str) -> anyhow::Result<WorkerConfig> {
         let path = dir.join("worker.toml");

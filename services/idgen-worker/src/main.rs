@@ -14,12 +14,20 @@ struct Args {
     /// Validate the configuration and load its TLS files, print what it would run with, and exit.
     #[arg(long)]
     check_config: bool,
+    /// Print every key of the configuration file, with its default, unit and what it does, as
+    /// commented TOML, and exit.
+    #[arg(long, conflicts_with = "config")]
+    print_config: bool,
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     init_tracing();
     let args = Args::parse();
+    if args.print_config {
+        print!("{}", WorkerConfig::print());
+        return std::process::ExitCode::SUCCESS;
+    }
     let result = async {
         let config = WorkerConfig::load(args.config.as_deref())?;
         if args.check_config {

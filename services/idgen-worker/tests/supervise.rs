@@ -11,8 +11,8 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
-use idgen::core::{Generator, GeneratorConfig};
 use idgen::control::supervisor::{StoreOpener, Supervisor};
+use idgen::core::{Generator, GeneratorConfig};
 use idgen::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseRow, LeaseStore,
     Lift, LiftOutcome, SqliteLeaseStore, StoreError, SystemClock,

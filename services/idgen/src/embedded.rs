@@ -21,9 +21,9 @@ use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{GeneratorConfig, Role};
+use crate::control::supervisor::{self, StoreOpener, Supervisor};
 use crate::issuing::{Health, IdGenerator};
 use crate::metrics::GeneratorMetrics;
-use crate::control::supervisor::{self, StoreOpener, Supervisor};
 
 /// What [`EmbeddedGenerator::start_with`] takes besides the configuration; all optional.
 #[derive(Default, Clone)]

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idgen::config::MachineRangeSection;
-use idgen::lease::conformance::{Faults, FaultyStore};
-use idgen::core::generator::Refusal;
 use idgen::control::supervisor::StoreOpener;
+use idgen::core::generator::Refusal;
+use idgen::lease::conformance::{Faults, FaultyStore};
 use idgen::{
     EmbeddedGenerator, GeneratorConfig, Health, LeaseStore, ManualClock, SqliteLeaseStore, StartOptions, SyncStatus,
 };

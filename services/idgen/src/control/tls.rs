@@ -33,11 +33,14 @@ pub fn roots(path: &Path) -> anyhow::Result<RootCertStore> {
 
 /// `[…_tls]` of a client (a worker reading the registry, the CLI): the CA to trust, and the
 /// client certificate and key to present.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ClientTlsSection {
+    /// The CA bundle (PEM) the server's certificate must chain to; without it, the system's roots.
     pub ca: Option<PathBuf>,
+    /// The client certificate chain (PEM) to present, leaf first.
     pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
     pub key: Option<PathBuf>,
 }
 

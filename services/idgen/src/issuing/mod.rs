@@ -10,7 +10,7 @@
 //! clock is a few ms behind), the waiting happens outside the lock on the clock's waiter, so no
 //! tokio worker is blocked and no core spins.
 
-mod fast_path;
+pub(crate) mod fast_path;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -20,8 +20,8 @@ use idgen_core::uuid::UuidV7State;
 use idgen_core::{Generator, MAX_WAIT_BEHIND_LIMIT_MS};
 use rand::Rng;
 
-use crate::clock::{Clock, SyncStatus};
 use crate::clock::cpu_counter::{self, Calibration, Window};
+use crate::clock::{Clock, SyncStatus};
 use crate::issuing::fast_path::{Runs, Taken};
 use crate::metrics::{GeneratorMetrics, LayoutLabel, ReasonLabel};
 

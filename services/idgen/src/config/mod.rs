@@ -3,6 +3,8 @@
 //! improvises: outside `development = true`, every setting below that has a development default
 //! must be configured ([`GeneratorConfig::missing_for_production`]).
 
+pub mod file;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,9 +13,9 @@ use anyhow::{Context, bail};
 use idgen_core::{Layout, OPEN_HORIZON, Schedule};
 use serde::Deserialize;
 
-use crate::lease::keeper::{LeaseConfig, MachineRanges};
-use crate::lease::LeaseStore;
 use crate::control::tls::ClientTlsSection;
+use crate::lease::LeaseStore;
+use crate::lease::keeper::{LeaseConfig, MachineRanges};
 
 /// The file and the environment under `env_prefix`, as one configuration source.
 pub fn sources(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<config::Config> {
@@ -89,7 +91,7 @@ pub mod development_defaults {
     pub const DYNAMODB_REGION: &str = "us-east-1";
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GeneratorConfig {
     /// Development mode: what is not configured gets a local default (a SQLite file under
@@ -115,10 +117,14 @@ pub struct GeneratorConfig {
     /// The last good copy of the registry's answer (development default
     /// `.idgen/schedule-<region>.json`; production: required, an absolute path).
     pub schedule_cache: Option<PathBuf>,
+    /// How often to fetch the registry; a failed fetch changes nothing (the schedule's horizon
+    /// makes the generator refuse if failures last).
     pub registry_refresh_ms: u64,
     /// How long before a cutover to claim a machine number under the next layout.
     pub preclaim_ms: i64,
+    /// The machine-number leases: where the table is, and its timing.
     pub lease: LeaseSection,
+    /// When the wall clock may be trusted to issue.
     pub clock: ClockSection,
     /// How to reach an `https://` registry: the CA to trust, the client certificate to present.
     pub registry_tls: ClientTlsSection,
@@ -137,7 +143,7 @@ pub enum Role {
     Embedded,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     Sqlite,
@@ -145,15 +151,19 @@ pub enum StoreKind {
 }
 
 /// Where the DynamoDB lease tables are.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DynamoDbSection {
     /// The AWS region of the tables (required in production).
     pub region: Option<String>,
     /// Unset for AWS; e.g. `http://127.0.0.1:5000` for a local DynamoDB-protocol server.
     pub endpoint: Option<String>,
+    /// One DynamoDB call's limit; the SDK retries (standard mode: backoff with jitter) within
+    /// `operation_timeout_ms`.
     pub attempt_timeout_ms: u64,
+    /// One operation's limit, its retries included; then the keeper retries on its own schedule.
     pub operation_timeout_ms: u64,
+    /// Attempts per operation, the first included.
     pub max_attempts: u32,
     /// The directory where audit records the audit table would not take wait, fsynced, until
     /// it answers (default: `audit-spool/` beside `schedule_cache`; production: an absolute
@@ -188,14 +198,16 @@ impl DynamoDbSection {
 }
 
 /// One layout's machine-number range, `[lease.machines.v2] first = 0, last = 63`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct MachineRangeSection {
+    /// The lowest machine number this layout's generators claim.
     pub first: u32,
+    /// The highest.
     pub last: u32,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseSection {
     /// `sqlite` or `dynamodb` (required in production).
@@ -204,29 +216,38 @@ pub struct LeaseSection {
     pub sqlite_path: Option<PathBuf>,
     /// How long a start waits for other processes opening the same SQLite file at once (ms).
     pub sqlite_open_timeout_ms: u64,
+    /// The DynamoDB lease tables, when `store = "dynamodb"`.
     pub dynamodb: DynamoDbSection,
     /// Create missing DynamoDB lease and audit tables at start-up (development only; production
     /// creates them once with `idgen leases init`).
     pub create_tables: bool,
     /// Lease table per layout.
     pub tables: BTreeMap<String, String>,
+    /// How long a claim or renewal holds the number. Checked at start-up: fence < renew
+    /// interval < lease ≤ 1 h, and 2 × renew interval ≤ lease − fence.
     pub lease_ms: i64,
+    /// How often the holder renews.
     pub renew_interval_ms: i64,
+    /// The fence: no ID is issued with a timestamp at or after the lease's expiry minus this, so
+    /// a holder that froze past its lease stops before a new one starts.
     pub fence_ms: i64,
     /// The machine-number range of every layout not listed in `machines` (default: fleet
     /// workers 0–63, embedded generators 64 up to the layout's highest).
     pub first_machine: Option<u32>,
+    /// The highest machine number of that range.
     pub last_machine: Option<u32>,
     /// Per-layout ranges.
     pub machines: BTreeMap<String, MachineRangeSection>,
+    /// The longest wait between claims while every number is taken (backoff with jitter).
     pub max_backoff_ms: i64,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClockSection {
     /// Refuse to issue unless the kernel reports the clock synchronized. Off only in development.
     pub require_sync: bool,
+    /// The largest estimated error of the kernel's clock that `require_sync` accepts.
     pub max_error_ms: i64,
     /// A clock this far behind the last issued timestamp is waited out; further, refused.
     pub max_wait_behind_ms: i64,
@@ -293,10 +314,18 @@ impl GeneratorConfig {
     /// (`<PREFIX>_<KEY>`, `<PREFIX>_<SECTION>__<KEY>`, e.g. `IDGEN_LEASE__STORE=dynamodb`),
     /// validated.
     pub fn load(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<Self> {
+        if let Some(file) = file {
+            GeneratorConfig::keys().check_file(file, None)?;
+        }
         let config: GeneratorConfig =
             sources(file, env_prefix)?.try_deserialize().context("parsing the generator configuration")?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The keys of a generator's file, from this struct's own source ([`file`]).
+    pub fn keys() -> file::Keys {
+        file::Keys::of::<GeneratorConfig>()
     }
 
     /// This region's name.
