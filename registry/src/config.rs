@@ -23,7 +23,7 @@ pub struct RegistryConfig {
     /// Development mode: a SQLite file under `.idgen/` when no database is configured, the
     /// database initialized at start-up, plain HTTP allowed. Off by default: a production
     /// registry refuses to start without its PostgreSQL database, mutual TLS and operators
-    /// ([`RegistryConfig::missing_for_production`]), and never initializes a database itself.
+    /// (each named when missing), and never initializes a database itself.
     pub development: bool,
     /// Address to listen on; port 0 picks a free port (printed at start-up).
     pub listen: SocketAddr,

@@ -20,7 +20,7 @@ pub struct PublicIdsConfig {
     /// database initialized at start-up, plain HTTP allowed, and the encrypted format's data key
     /// may be a local file (`development_key_file`). Off by default: a production service
     /// refuses to start without its PostgreSQL database, mutual TLS, and a KMS key when it
-    /// offers the encrypted format ([`PublicIdsConfig::missing_for_production`]), and never
+    /// offers the encrypted format (each named when missing), and never
     /// initializes a database or makes a data key by itself.
     pub development: bool,
     /// Address to listen on; port 0 picks a free port (printed at start-up).
@@ -60,7 +60,7 @@ pub struct PublicIdsConfig {
     /// Public IDs created or resolved per second, per caller; re-read on SIGHUP.
     pub quotas: idgen_server::QuotaSection,
     /// Who may create, resolve and look up public IDs, by caller identity, per operation and
-    /// format ([`crate::access`]); re-read on SIGHUP. Without the section a production service
+    /// format; re-read on SIGHUP. Without the section a production service
     /// answers every such request 403 (nobody is listed), a development one answers everybody.
     pub access: Option<AccessSection>,
     /// How often the database is probed (`SELECT 1`, `idgen_public_database_up`), in ms.
@@ -70,9 +70,9 @@ pub struct PublicIdsConfig {
     pub kms_probe_ms: u64,
     /// What a peer may hold of each listener: a connection cap and the deadlines.
     pub limits: idgen_server::LimitsSection,
-    /// The read cache of stored mappings ([`crate::cache`]).
+    /// The read cache of stored mappings.
     pub cache: CacheSection,
-    /// Typed public IDs ([`crate::types`]): `order = { number = 1, format = "opaque" }` makes
+    /// Typed public IDs: `order = { number = 1, format = "opaque" }` makes
     /// `order_…` public IDs. A number is stored on each mapping in place of the name, so it is
     /// for ever; not re-read on SIGHUP. Empty by default: every public ID is untyped.
     pub types: BTreeMap<String, TypeSection>,

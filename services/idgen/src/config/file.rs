@@ -437,7 +437,9 @@ fn comment(out: &mut String, text: &str) {
 /// `text` with every line not already a comment commented out.
 fn commented(out: &mut String, text: &str) {
     for line in text.lines() {
-        if line.starts_with('#') {
+        if line.is_empty() {
+            out.push('#');
+        } else if line.starts_with('#') {
             out.push_str(line);
         } else {
             out.push_str("# ");
@@ -482,24 +484,10 @@ fn what(value: &DeValue<'_>) -> String {
 /// The known key nearest to `name`, if it is near enough to be a slip (an edit distance of at
 /// most a third of its length).
 fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
-    let distance = |a: &str, b: &str| {
-        let b: Vec<char> = b.chars().collect();
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut previous = row[0];
-            row[0] = i + 1;
-            for (j, cb) in b.iter().enumerate() {
-                let substitute = previous + usize::from(ca != *cb);
-                previous = row[j + 1];
-                row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
-            }
-        }
-        row[b.len()]
-    };
     known
         .iter()
-        .map(|candidate| (distance(name, candidate), *candidate))
-        .filter(|(d, _)| *d <= name.chars().count().div_ceil(3))
+        .map(|candidate| (strsim::levenshtein(name, candidate), *candidate))
+        .filter(|(distance, _)| *distance <= name.chars().count().div_ceil(3))
         .min()
         .map(|(_, candidate)| candidate)
 }
