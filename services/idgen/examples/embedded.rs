@@ -5,7 +5,7 @@
 //! ```sh
 //! # Development: a SQLite lease file under .idgen/, the built-in schedule, no clock check.
 //! cargo run -p idgen --example embedded
-//! # Production: the configuration the README's "Embedding idgen" describes.
+//! # Production: the configuration docs/embedding.md ("Embedding idgen") describes.
 //! cargo run -p idgen --example embedded -- /etc/orders/idgen.toml
 //! ```
 //!
