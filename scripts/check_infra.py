@@ -14,7 +14,7 @@ fails here:
     with the table it is made on (`.table_name(&self.table)` lease, `&self.audit` audit,
     anything else both), and the calls `quarantine`, `release_quarantine`,
     `verify_lease_table` and `verify_audit_table` reach through their helpers;
-  - the lease tables per layout (services/idgen/src/config.rs, `lease.tables` default) and the
+  - the lease tables per layout (services/idgen/src/config/mod.rs, `lease.tables` default) and the
     audit table name (`format!("{table}-audit")` in dynamodb.rs);
   - the key schema `create_tables` creates and `verify_lease_table` / `verify_audit_table` expect;
   - the lease timing defaults (services/idgen/src/lease/keeper.rs) and the worker's shutdown grace
@@ -277,7 +277,7 @@ def code_facts(root):
     require(suffix, "dynamodb.rs: no `format!(\"{table}-…\")` naming the audit table")
     facts["audit_suffix"] = suffix.group(1)
 
-    config_rs = (root / "services/idgen/src/config.rs").read_text()
+    config_rs = (root / "services/idgen/src/config/mod.rs").read_text()
     tables = re.search(r"tables:\s*BTreeMap::from\(\[(.*?)\]\)", config_rs, re.S)
     require(tables, "config.rs: no `tables: BTreeMap::from([...])` default")
     facts["lease_tables"] = dict(re.findall(r'\("(\w+)"\.into\(\),\s*"([\w.-]+)"\.into\(\)\)', tables.group(1)))
