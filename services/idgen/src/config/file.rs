@@ -58,11 +58,7 @@ impl Keys {
             "# Every key with its default (a key without one is commented out). A file needs only the\n\
              # keys it changes. Generated from the configuration's own source: `--print-config`.\n\n",
         );
-        let root = Value::Object(Map::from_iter([
-            ("type".to_owned(), Value::from("object")),
-            ("properties".to_owned(), Value::Object(self.properties.clone())),
-        ]));
-        self.print_table(&mut out, &[], &root);
+        self.print_table(&mut out, &[], &self.root());
         out
     }
 
@@ -70,8 +66,7 @@ impl Keys {
     /// this empty, so `--print-config` says what every key does.
     pub fn undocumented(&self) -> Vec<String> {
         let mut missing = Vec::new();
-        let root = Value::Object(Map::from_iter([("properties".to_owned(), Value::Object(self.properties.clone()))]));
-        self.undocumented_in(&root, "", &mut missing);
+        self.undocumented_in(&self.root(), "", &mut missing);
         missing
     }
 
@@ -80,7 +75,7 @@ impl Keys {
         let properties = self.section(schema).or_else(|| values.and_then(|values| self.section(values)));
         for (key, property) in properties.into_iter().flatten() {
             let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
-            if description(property).is_empty() && description(self.resolve(property)).is_empty() {
+            if self.about(property).is_empty() {
                 missing.push(path.clone());
             }
             self.undocumented_in(property, &path, missing);
@@ -92,12 +87,8 @@ impl Keys {
     pub fn check(&self, text: &str) -> Vec<KeyError> {
         let Ok(table) = DeTable::parse(text) else { return Vec::new() };
         let mut errors = Vec::new();
-        let root = Value::Object(Map::from_iter([
-            ("properties".to_owned(), Value::Object(self.properties.clone())),
-            ("additionalProperties".to_owned(), Value::Bool(false)),
-        ]));
         let lines = LineIndex::new(text);
-        self.check_table(table.get_ref(), &root, &mut Vec::new(), &lines, &mut errors);
+        self.check_table(table.get_ref(), &self.root(), &mut Vec::new(), &lines, &mut errors);
         errors.sort_by_key(|error| error.line);
         errors
     }
@@ -118,6 +109,11 @@ impl Keys {
         }
     }
 
+    /// The file's top level as a section: its keys are fixed, like any struct's.
+    fn root(&self) -> Value {
+        Value::Object(Map::from_iter([("properties".to_owned(), Value::Object(self.properties.clone()))]))
+    }
+
     fn resolve<'a>(&'a self, mut schema: &'a Value) -> &'a Value {
         while let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
             let name = reference.rsplit('/').next().unwrap_or_default();
@@ -129,39 +125,44 @@ impl Keys {
         schema
     }
 
+    /// What a key is for: its own doc comment, or else its type's (a section's struct).
+    fn about(&self, property: &Value) -> String {
+        let own = description(property);
+        if own.is_empty() { description(self.resolve(property)) } else { own }
+    }
+
     /// The alternatives of a schema that are not `null` (an `Option`'s `Some`), resolved.
     fn alternatives<'a>(&'a self, schema: &'a Value) -> Vec<&'a Value> {
         let schema = self.resolve(schema);
-        for key in ["anyOf", "oneOf"] {
-            if let Some(list) = schema.get(key).and_then(Value::as_array) {
-                if list.iter().all(|alternative| alternative.get("const").is_some()) {
-                    return vec![schema];
-                }
-                return list
-                    .iter()
-                    .map(|alternative| self.resolve(alternative))
-                    .filter(|alternative| alternative.get("type") != Some(&Value::from("null")))
-                    .flat_map(|alternative| self.alternatives(alternative))
-                    .collect();
-            }
+        match choices(schema) {
+            Some(list) if !list.iter().all(|alternative| alternative.get("const").is_some()) => list
+                .iter()
+                .map(|alternative| self.resolve(alternative))
+                .filter(|alternative| alternative.get("type") != Some(&Value::from("null")))
+                .flat_map(|alternative| self.alternatives(alternative))
+                .collect(),
+            _ => vec![schema],
         }
-        vec![schema]
     }
 
     /// Whether a key may be left out with nothing in its place (an `Option`).
     fn optional(&self, schema: &Value) -> bool {
         let schema = self.resolve(schema);
         types_of(schema).contains(&"null")
-            || ["anyOf", "oneOf"].iter().any(|key| {
-                schema.get(*key).and_then(Value::as_array).is_some_and(|list| {
-                    list.iter().any(|alternative| types_of(self.resolve(alternative)).contains(&"null"))
-                })
-            })
+            || choices(schema)
+                .into_iter()
+                .flatten()
+                .any(|alternative| types_of(self.resolve(alternative)).contains(&"null"))
     }
 
     /// A table's properties, when the schema is one (a struct: its keys are fixed).
     fn section<'a>(&'a self, schema: &'a Value) -> Option<&'a Map<String, Value>> {
         self.alternatives(schema).into_iter().find_map(|s| s.get("properties").and_then(Value::as_object))
+    }
+
+    /// Whether a key's value is a table: a section or a map.
+    fn is_table(&self, schema: &Value) -> bool {
+        self.section(schema).is_some() || self.open_table(schema).is_some()
     }
 
     /// A table of any keys (a map): the schema of its values.
@@ -177,7 +178,7 @@ impl Keys {
         let Some(properties) = self.section(schema) else { return };
         let mut sections = Vec::new();
         for (key, property) in properties {
-            if self.section(property).is_some() || self.open_table(property).is_some() {
+            if self.is_table(property) {
                 sections.push((key, property));
                 continue;
             }
@@ -192,8 +193,7 @@ impl Keys {
             let mut inner: Vec<&str> = path.to_vec();
             inner.push(key);
             out.push('\n');
-            let about = [description(property), description(self.resolve(property))];
-            comment(out, about.iter().find(|text| !text.is_empty()).map_or("", String::as_str));
+            comment(out, &self.about(property));
             match self.open_table(property) {
                 Some(values) => self.print_open_table(out, &inner, values, property.get("default")),
                 // A section that is absent unless written: shown commented out.
@@ -317,7 +317,7 @@ impl Keys {
         errors: &mut Vec<KeyError>,
     ) {
         if let DeValue::Table(table) = value
-            && (self.section(schema).is_some() || self.open_table(schema).is_some())
+            && self.is_table(schema)
         {
             return self.check_table(table, schema, path, lines, errors);
         }
@@ -381,6 +381,11 @@ fn integer_value(integer: &toml::de::DeInteger<'_>) -> Option<f64> {
     i128::from_str_radix(integer.as_str(), integer.radix()).ok().map(|n| n as f64)
 }
 
+/// A schema's alternatives as schemars writes them: `anyOf` (an `Option`) or `oneOf` (an enum).
+fn choices(schema: &Value) -> Option<&Vec<Value>> {
+    schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array)
+}
+
 /// The `type` of a schema, as a list.
 fn types_of(schema: &Value) -> Vec<&str> {
     match schema.get("type") {
@@ -395,7 +400,7 @@ fn constants(schema: &Value) -> Option<Vec<String>> {
     if let Some(values) = schema.get("enum").and_then(Value::as_array) {
         return Some(values.iter().filter_map(Value::as_str).map(str::to_owned).collect());
     }
-    let list = schema.get("oneOf").or_else(|| schema.get("anyOf")).and_then(Value::as_array)?;
+    let list = choices(schema)?;
     let values: Vec<String> =
         list.iter().filter_map(|alternative| alternative.get("const")?.as_str().map(str::to_owned)).collect();
     (values.len() == list.len() && !values.is_empty()).then_some(values)
@@ -457,7 +462,6 @@ fn toml_value(value: &Value) -> Option<String> {
             let items: Option<Vec<String>> = items.iter().map(toml_value).collect();
             Some(format!("[{}]", items?.join(", ")))
         }
-        Value::Object(map) if map.is_empty() => None,
         _ => None,
     }
 }
