@@ -314,11 +314,14 @@ pub async fn serve(
 
 /// The health listener's routes: `GET /healthz` (the service's own answer, counted in the same
 /// request metrics) and nothing else.
-pub fn health_router(state: AppState, metrics: idgen_server::ServiceMetrics) -> Router {
+pub fn health_router(
+    state: AppState,
+    metrics: idgen_server::ServiceMetrics,
+) -> idgen_server::http_metrics::Recorded<Router> {
     let healthz = ROUTES[4];
-    Router::new()
+    let router = Router::new()
         .route(healthz, get(api::healthz).fallback(idgen_server::not_allowed("GET, HEAD")))
         .fallback(api::not_found)
-        .with_state(Arc::new(state))
-        .layer(idgen_server::http_metrics::RecordLayer::new(metrics))
+        .with_state(Arc::new(state));
+    idgen_server::http_metrics::Recorded::new(router, metrics)
 }

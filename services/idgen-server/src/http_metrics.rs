@@ -1,8 +1,9 @@
 //! Request counts by route and status, and a latency histogram by route.
 //!
-//! The worker records around its whole router (its own service names the route, so there is no
-//! label lookup or allocation per request); the registry and the public-ID service record
-//! through [`RecordLayer`], which takes the route axum matched. Each
+//! Every service records around its whole router, never as a layer on each route (axum boxes a
+//! layered route again, and clones those boxes, on every request). The worker's own service names
+//! the route; the registry and the public-ID service record through [`Recorded`], which finds
+//! the route of a request's path itself, with the router axum uses. Each
 //! route's histogram and its counters for the usual statuses are looked up in the families once,
 //! on first use, and kept. The series and their labels are exactly those of a plain `Family`
 //! lookup.
@@ -149,7 +150,8 @@ fn label(method: &Method) -> &'static str {
 pub struct ServiceMetrics {
     pub http: Arc<HttpMetrics>,
     pub registry: Arc<Registry>,
-    routes: Arc<[&'static str]>,
+    /// The routes, in the path router axum matches with (`matchit`), each naming itself.
+    routes: Arc<matchit::Router<&'static str>>,
     /// Gauges read at scrape time (a database pool's connections, …).
     refresh: Arc<dyn Fn() + Send + Sync>,
 }
@@ -157,9 +159,26 @@ pub struct ServiceMetrics {
 impl ServiceMetrics {
     /// `registry` with the HTTP families registered for `routes`, and `refresh` run before every
     /// scrape.
+    ///
+    /// # Panics
+    ///
+    /// If `routes` are not routes axum could serve together (a service's constant list).
     pub fn new(mut registry: Registry, routes: &[&'static str], refresh: impl Fn() + Send + Sync + 'static) -> Self {
         let http = HttpMetrics::register(&mut registry, routes);
-        ServiceMetrics { http, registry: Arc::new(registry), routes: routes.into(), refresh: Arc::new(refresh) }
+        let mut matcher = matchit::Router::new();
+        for &route in routes {
+            if let Err(error) = matcher.insert(route, route) {
+                panic!("the route {route:?} cannot be served beside the others: {error}");
+            }
+        }
+        ServiceMetrics { http, registry: Arc::new(registry), routes: Arc::new(matcher), refresh: Arc::new(refresh) }
+    }
+
+    /// The route axum serves `path` with, among the names given to [`Self::new`]: the label of a
+    /// request's metrics (`other` for a path none of them matches, so no caller's path becomes a
+    /// label).
+    pub fn route_of(&self, path: &str) -> &'static str {
+        self.routes.at(path).map_or("other", |matched| *matched.value)
     }
 
     /// The Prometheus text of every family, gauges refreshed first.
@@ -181,38 +200,25 @@ impl ServiceMetrics {
     }
 }
 
-/// The layer counting every request by method, route and status, and observing its latency by
-/// route. The route is the one axum matched, among the names given to [`ServiceMetrics::new`];
-/// anything else is `other`, so no caller's path becomes a label.
+/// A service (a whole router) whose every request is counted by method, route and status, and
+/// its latency observed by route ([`ServiceMetrics::route_of`]). Put around a whole router, never
+/// on its routes (`Router::layer`): see the [module docs](self).
 ///
-/// A tower layer of its own rather than `axum::middleware::from_fn`: that boxes the inner
-/// service's future and its own for every request, and on a cache hit of the public-ID service
-/// moving those futures was a measurable part of the request's CPU. [`Recorded`]'s future is the
-/// inner one with the start time beside it.
-#[derive(Clone)]
-pub struct RecordLayer {
-    metrics: ServiceMetrics,
-}
-
-impl RecordLayer {
-    pub fn new(metrics: ServiceMetrics) -> Self {
-        RecordLayer { metrics }
-    }
-}
-
-impl<S> tower::Layer<S> for RecordLayer {
-    type Service = Recorded<S>;
-
-    fn layer(&self, inner: S) -> Recorded<S> {
-        Recorded { inner, metrics: self.metrics.clone() }
-    }
-}
-
-/// `inner`, its requests counted and timed (see [`RecordLayer`]).
+/// A service of its own rather than `axum::middleware::from_fn`: that boxes the inner service's
+/// future and its own for every request, and on a cache hit of the public-ID service moving those
+/// futures was a measurable part of the request's CPU. [`RecordedFuture`] is the inner future
+/// with the start time beside it.
 #[derive(Clone)]
 pub struct Recorded<S> {
     inner: S,
     metrics: ServiceMetrics,
+}
+
+impl<S> Recorded<S> {
+    /// `inner` (a whole router), its requests recorded in `metrics`.
+    pub fn new(inner: S, metrics: ServiceMetrics) -> Self {
+        Recorded { inner, metrics }
+    }
 }
 
 impl<S> tower::Service<axum::extract::Request> for Recorded<S>
@@ -228,9 +234,7 @@ where
     }
 
     fn call(&mut self, request: axum::extract::Request) -> Self::Future {
-        let matched = request.extensions().get::<axum::extract::MatchedPath>();
-        let routes = &self.metrics.routes;
-        let route = matched.and_then(|m| routes.iter().copied().find(|r| *r == m.as_str())).unwrap_or("other");
+        let route = self.metrics.route_of(request.uri().path());
         let method = request.method().clone();
         RecordedFuture {
             inner: self.inner.call(request),
@@ -288,13 +292,118 @@ pub fn pool_gauges(
     }
 }
 
-/// `router` with `GET /metrics` and the request metrics around every route.
-pub fn with_metrics(router: axum::Router, metrics: ServiceMetrics) -> axum::Router {
+/// `router` with `GET /metrics`, and the request metrics around it.
+pub fn with_metrics(router: axum::Router, metrics: ServiceMetrics) -> Recorded<axum::Router> {
     let scrape = metrics.clone();
-    router
-        .route(
-            "/metrics",
-            axum::routing::get(move || std::future::ready(scrape.render())).fallback(crate::not_allowed("GET, HEAD")),
-        )
-        .layer(RecordLayer::new(metrics))
+    let router = router.route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(scrape.render())).fallback(crate::not_allowed("GET, HEAD")),
+    );
+    Recorded::new(router, metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::extract::MatchedPath;
+    use axum::http::Request;
+    use axum::routing::any;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// The routes of the registry and the public-ID service, every shape they use: static
+    /// segments, a `:batch` suffix, a parameter, and a parameter with a segment after it.
+    const ROUTES: [&str; 13] = [
+        "/v1/regions",
+        "/v1/regions/{action}",
+        "/v1/layouts",
+        "/v1/public-ids",
+        "/v1/public-ids:batch",
+        "/v1/public-ids/{public_id}",
+        "/v1/internal-ids/{internal_id}/public-id",
+        "/healthz",
+        "/metrics",
+        "/openapi.json",
+        "/console",
+        "/console/console.js",
+        "/console/console.css",
+    ];
+
+    /// The label a request is recorded under is the route axum matches for its path, or `other`
+    /// where axum falls back, for any path.
+    #[tokio::test]
+    async fn the_route_label_is_the_route_axum_matches() {
+        let metrics = ServiceMetrics::new(Registry::default(), &ROUTES, || {});
+        let mut echo = axum::Router::new();
+        for route in ROUTES {
+            echo = echo.route(route, any(|matched: MatchedPath| async move { matched.as_str().to_owned() }));
+        }
+        let echo = echo.fallback(|| async { "other".to_owned() });
+        let mut paths: Vec<String> = [
+            "/v1/public-ids",
+            "/v1/public-ids/",
+            "/v1/public-ids:batch",
+            "/v1/public-ids/order_01h455vb4pex5vsknk084sn02q",
+            "/v1/public-ids/a/b",
+            "/v1/public-ids/%2F",
+            "/v1/public-ids%3Abatch",
+            "/v1/internal-ids/5/public-id",
+            "/v1/internal-ids//public-id",
+            "/v1/internal-ids/5/public-id/",
+            "/v1/regions/eu-west-1:retire",
+            "/V1/regions",
+            "//v1/regions",
+            "/",
+            "/metrics/",
+            "/v1/public-ids/{public_id}",
+            "/v1/regions/*",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        let segments = ["v1", "public-ids", "public-ids:batch", "internal-ids", "public-id", "regions", "x", "", "%20"];
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..2_000 {
+            let mut path = String::new();
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            for i in 0..(seed % 5) {
+                path.push('/');
+                path.push_str(segments[((seed >> (8 * i + 8)) % segments.len() as u64) as usize]);
+            }
+            if path.is_empty() {
+                path.push('/');
+            }
+            paths.push(path);
+        }
+        for path in paths {
+            let request = Request::builder().uri(&path).body(Body::empty()).unwrap();
+            let response = echo.clone().oneshot(request).await.unwrap();
+            let matched = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+            assert_eq!(metrics.route_of(&path), String::from_utf8_lossy(&matched), "path {path:?}");
+        }
+    }
+
+    /// A router wrapped in [`Recorded`] counts each request under its route, and anything
+    /// unmatched under `other`.
+    #[tokio::test]
+    async fn a_recorded_router_counts_by_route() {
+        let metrics = ServiceMetrics::new(Registry::default(), &ROUTES, || {});
+        let router = axum::Router::new().route("/v1/public-ids/{public_id}", any(|| async { "found" }));
+        let app = with_metrics(router, metrics.clone());
+        for path in ["/v1/public-ids/x", "/v1/public-ids/y", "/nowhere"] {
+            let request = Request::builder().uri(path).body(Body::empty()).unwrap();
+            app.clone().oneshot(request).await.unwrap();
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &metrics.registry).unwrap();
+        let count = |route: &str, status: u16| {
+            let series = format!(r#"{{method="GET",route="{route}",status="{status}"}} "#);
+            text.lines().find(|line| line.contains(&series)).map(|line| line.rsplit(' ').next().unwrap().to_owned())
+        };
+        assert_eq!(count("/v1/public-ids/{public_id}", 200).as_deref(), Some("2"), "{text}");
+        assert_eq!(count("other", 404).as_deref(), Some("1"), "{text}");
+    }
 }
