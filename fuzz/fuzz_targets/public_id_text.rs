@@ -2,7 +2,8 @@
 //! and encrypted ones (17: a key version and one AES-256 block), forged ones included, and typed
 //! ones (TypeIDs: a prefix, `_`, 26 characters). Whatever decodes encodes back to the same text;
 //! an encrypted ID resolves to what it was made from, in either case; one character changed
-//! resolves to nothing.
+//! resolves to nothing. The resolve's one-pass reader of an untyped TypeID agrees with the
+//! general decoder.
 //!
 //! `format.rs` uses nothing else of the service, so it is compiled in as it is: the fuzz build
 //! does not build the database and KMS stacks the service links.
@@ -17,7 +18,9 @@ use zeroize::Zeroizing;
 #[path = "../../services/idgen-public-ids/src/format.rs"]
 mod format;
 
-use format::{Keyring, crockford_decode, crockford_encode, is_opaque_text, is_type_prefix, parse_typeid, typeid_text};
+use format::{
+    Keyring, crockford_decode, crockford_encode, is_opaque_text, is_type_prefix, parse_typeid, typeid_suffix, typeid_text,
+};
 
 fn keyring() -> &'static Keyring {
     static KEYRING: OnceLock<Keyring> = OnceLock::new();
@@ -37,6 +40,10 @@ fuzz_target!(|data: &[u8]| {
         if is_opaque_text(text) {
             assert!(text.len() == 26 && text.bytes().all(|b| !b.is_ascii_uppercase()), "{text:?}");
         }
+        // The resolve's one-pass reader of an untyped TypeID is the lowercase text, decoded.
+        let lowercase = !text.bytes().any(|b| b.is_ascii_uppercase());
+        let expected = if lowercase { crockford_decode(text, 16) } else { None };
+        assert_eq!(typeid_suffix(text).map(|bytes| bytes.to_vec()), expected, "{text:?}");
         if let Some((prefix, bytes)) = parse_typeid(text) {
             assert!(prefix.is_empty() || is_type_prefix(prefix), "{text:?}");
             assert_eq!(typeid_text(prefix, &bytes).as_deref(), Some(text), "{text:?}");

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
@@ -347,16 +347,12 @@ pub async fn create_batch(
     Ok(Json(json!({"public_ids": ordered})))
 }
 
-pub async fn resolve(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
+pub async fn resolve(State(state): State<Arc<AppState>>, caller: Caller, uri: Uri) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Resolve, None)?;
     // The text is read once, into its format (from its shape, or its type's configuration:
     // never from whether it exists, so a refusal for a format tells the caller nothing it did not
     // send), its bytes, and the type its prefix names.
-    let public_id = path.ok().map(|Path(public_id)| public_id);
+    let public_id = path_segment(&uri);
     let parsed = public_id.as_deref().and_then(|text| state.types.parse(text));
     match &parsed {
         Some(Parsed::Encrypted) => authorize(&state, &caller, Operation::Resolve, Some(Format::Encrypted))?,
@@ -378,21 +374,60 @@ pub async fn resolve(
         },
     };
     let public_type = type_number.and_then(|number| state.types.name_of(number));
-    Ok(Json(Resolved { public_id: &public_id, internal_id: internal.to_string(), public_type }).into_response())
+    Ok(resolved(&public_id, internal, public_type))
 }
 
-/// A resolve's answer, written straight to JSON (the busiest answer the service gives).
-#[derive(serde::Serialize)]
-struct Resolved<'a> {
-    public_id: &'a str,
-    internal_id: String,
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    public_type: Option<&'a str>,
+/// The last segment of a resolve's path (`/v1/public-ids/{public_id}`), percent-decoded as
+/// axum's `Path` would, `None` where that is not UTF-8. Read from the URI rather than through
+/// `Path<String>`: a text that needs no decoding (every public ID) is borrowed, not copied, on the
+/// service's busiest call.
+fn path_segment(uri: &Uri) -> Option<std::borrow::Cow<'_, str>> {
+    const PREFIX: &str = "/v1/public-ids/";
+    let path = uri.path();
+    let raw = match path.strip_prefix(PREFIX) {
+        Some(raw) => raw,
+        None => path.rsplit('/').next().unwrap_or_default(),
+    };
+    if !raw.contains('%') {
+        return Some(raw.into());
+    }
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok()
+}
+
+/// A resolve's answer, `{"public_id":…,"internal_id":"…"}` with `"type"` when it has one: the
+/// busiest answer the service gives, written into one buffer of its exact size. The public ID is
+/// one the service parsed and the type a configured name, so neither needs escaping; a text that
+/// would is written by serde_json all the same.
+fn resolved(public_id: &str, internal_id: u64, public_type: Option<&str>) -> Response {
+    let plain = |text: &str| text.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+    if !plain(public_id) || !public_type.is_none_or(plain) {
+        let mut answer = json!({"public_id": public_id, "internal_id": internal_id.to_string()});
+        if let Some(public_type) = public_type {
+            answer["type"] = public_type.into();
+        }
+        return Json(answer).into_response();
+    }
+    let mut digits = itoa::Buffer::new();
+    let internal_id = digits.format(internal_id);
+    let parts: [&str; 5] = [r#"{"public_id":""#, public_id, r#"","internal_id":""#, internal_id, "\""];
+    let typed: [&str; 3] = [r#","type":""#, public_type.unwrap_or_default(), "\""];
+    let typed = if public_type.is_some() { &typed[..] } else { &[] };
+    let length = parts.iter().chain(typed).map(|part| part.len()).sum::<usize>() + 1;
+    let mut body = Vec::with_capacity(length);
+    for part in parts.iter().chain(typed) {
+        body.extend_from_slice(part.as_bytes());
+    }
+    body.push(b'}');
+    let json = axum::http::HeaderValue::from_static("application/json");
+    ([(axum::http::header::CONTENT_TYPE, json)], axum::body::Bytes::from(body)).into_response()
 }
 
 /// The internal ID and type number of a stored (opaque or UUIDv7) public ID: from the cache,
 /// else from the database, and then kept in the cache. Not found is asked of the database every
 /// time.
+///
+/// The database's future is boxed, on a miss only: held in place it made every resolve's future
+/// over a kilobyte, which the allocator serves from its slow path, cache hits included.
 async fn resolve_stored(
     state: &AppState,
     format: Format,
@@ -401,7 +436,7 @@ async fn resolve_stored(
     if let Some(found) = state.cache.resolve(format, public_id) {
         return Ok(Some(found));
     }
-    let found = state.store.resolve(format, public_id).await.map_err(ApiError::storage)?;
+    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(ApiError::storage)?;
     if let Some((internal_id, type_number)) = found {
         state.cache.remember_resolved(internal_id, format, public_id, type_number);
     }
@@ -500,3 +535,42 @@ pub async fn not_found() -> ApiError {
 /// The service's OpenAPI 3.1 document, checked in as `docs/openapi/public-ids.json` (served by
 /// `idgen_server::openapi_route`; a test holds it to the router).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi/public-ids.json");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The resolve's answer written by hand is the JSON serde_json writes, typed or not, and a
+    /// text that would need escaping is escaped.
+    #[tokio::test]
+    async fn a_resolve_answer_is_the_json_of_its_fields() {
+        let cases = [
+            ("01h455vb4pex5vsknk084sn02q", 0, None),
+            ("order_01h455vb4pex5vsknk084sn02q", u64::MAX, Some("order")),
+            ("0188e3c4-8f2a-7b3c-9d4e-5f6a7b8c9d0e", 120542881919451136, Some("user_account")),
+            ("a\"b\\c", 7, Some("t\"")),
+            ("é ", 8, None),
+        ];
+        for (public_id, internal_id, public_type) in cases {
+            let response = resolved(public_id, internal_id, public_type);
+            assert_eq!(response.headers()[axum::http::header::CONTENT_TYPE], "application/json");
+            let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+            let mut expected = json!({"public_id": public_id, "internal_id": internal_id.to_string()});
+            if let Some(public_type) = public_type {
+                expected["type"] = public_type.into();
+            }
+            assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), expected, "{}", String::from_utf8_lossy(&body));
+        }
+    }
+
+    /// The public ID is the path's last segment, decoded as axum's `Path` decodes it.
+    #[test]
+    fn the_public_id_is_the_decoded_last_segment() {
+        let segment = |path: &str| path_segment(&path.parse().unwrap()).map(|text| text.into_owned());
+        assert_eq!(segment("/v1/public-ids/01h455vb4pex5vsknk084sn02q").as_deref(), Some("01h455vb4pex5vsknk084sn02q"));
+        assert_eq!(segment("/v1/public-ids/order%5F01h455?x=1").as_deref(), Some("order_01h455"));
+        assert_eq!(segment("/v1/public-ids/%C3%A9").as_deref(), Some("é"));
+        assert_eq!(segment("/v1/public-ids/%FF"), None, "not UTF-8");
+        assert_eq!(segment("/v2/public-ids/x").as_deref(), Some("x"), "the last segment of any path");
+    }
+}

@@ -154,7 +154,8 @@ impl Types {
         }
         match text.len() {
             28 => Some(Parsed::Encrypted),
-            26 => format::parse_typeid(text).map(|(_, bytes)| Parsed::Stored {
+            // No `_` in it: an untyped TypeID is the suffix alone.
+            26 => format::typeid_suffix(text).map(|bytes| Parsed::Stored {
                 format: Format::Opaque,
                 bytes,
                 type_number: None,

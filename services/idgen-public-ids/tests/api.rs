@@ -429,3 +429,16 @@ async fn a_failing_random_source_refuses_and_creates_nothing() {
         assert!(text.contains(&series), "{series} missing from\n{text}");
     }
 }
+
+/// A resolve's future, cache hit or not, stays within what the allocator serves from its
+/// per-thread cache (glibc's tcache: chunks up to 1,032 bytes), with room for axum's own frame
+/// around it: the database's future, a kilobyte and more, is boxed on a miss only.
+#[tokio::test]
+async fn a_resolve_future_is_small() {
+    let (s, _dir) = state(false).await;
+    let uri = "/v1/public-ids/01h455vb4pex5vsknk084sn02q".parse().unwrap();
+    let future =
+        idgen_public_ids::api::resolve(axum::extract::State(Arc::new(s)), idgen_server::Caller::anonymous(), uri);
+    let size = std::mem::size_of_val(&future);
+    assert!(size <= 640, "a resolve's future is {size} bytes");
+}
