@@ -784,6 +784,22 @@ def main():
             require(len(set(copies.values())) == 1, f"{marker} differs between " + ", ".join(f"{n} {lt}" for n, lt in copies))
         return f"{len(copies)} launch templates"
 
+    @check("every parameter with an AllowedPattern takes its default and the example its description gives")
+    def _():
+        found = []
+        for name_, template in templates.items():
+            for key, parameter in template.get("Parameters", {}).items():
+                pattern = parameter.get("AllowedPattern")
+                if pattern is None:
+                    continue
+                if "Default" in parameter:
+                    require(re.fullmatch(pattern, str(parameter["Default"])), f"{name_} {key}: its default does not match {pattern}")
+                example = re.search(r"e\.g\. (.*?)(;|$)", parameter.get("Description", ""))
+                if example:
+                    require(re.fullmatch(pattern, example.group(1)), f"{name_} {key}: its example {example.group(1)!r} does not match {pattern}")
+                found.append(key + (" (and its example)" if example else ""))
+        return ", ".join(found)
+
     @check("every launch template: AL2023 arm64 from SSM, IMDSv2 required, encrypted volumes")
     def _():
         count = 0

@@ -110,6 +110,25 @@ fn every_production_example_passes_check_config() {
     ] {
         assert!(said.contains(expected), "public-ID check does not say {expected:?}:\n{said}");
     }
+
+    // The types the stack's PublicIdsTypes documents as its example, in place of `types = {}`.
+    let template = std::fs::read_to_string(repo().join("infra/cloudformation/global.yaml")).unwrap();
+    let described = template
+        .lines()
+        .find(|line| line.contains("Description: 'Typed public IDs as a TOML inline table, e.g. "))
+        .expect("PublicIdsTypes is described with an example");
+    let types = described.split("e.g. ").nth(1).and_then(|rest| rest.split("; {}").next()).unwrap();
+    assert!(types.starts_with('{') && types.ends_with('}'), "{types:?}");
+    let typed = example(dir.path(), &tls, "public-ids.toml", |t| {
+        assert!(t.contains("\ntypes = {}\n"), "public-ids.toml sets types = {{}}");
+        t.replace("\ntypes = {}\n", &format!("\ntypes = {types}\n"))
+    });
+    let out = check(&["public", "serve"], &typed);
+    let said = text(&out);
+    assert!(out.status.success(), "public-ids.toml with the stack's example types refused:\n{said}");
+    for expected in ["order_ (1, opaque)", "customer_ (2, uuidv7)"] {
+        assert!(said.contains(expected), "public-ID check does not say {expected:?}:\n{said}");
+    }
 }
 
 #[test]
