@@ -348,25 +348,31 @@ pub async fn create_batch(
 }
 
 pub async fn resolve(State(state): State<Arc<AppState>>, caller: Caller, uri: Uri) -> Result<Response, ApiError> {
-    authorize(&state, &caller, Operation::Resolve, None)?;
+    resolve_uri(&state, &caller, &uri).await
+}
+
+/// [`resolve`] of the public ID in `uri`'s path, for `caller`: what the route answers, and what
+/// the service's own fast path for it ([`crate::App`]) answers.
+pub async fn resolve_uri(state: &AppState, caller: &Caller, uri: &Uri) -> Result<Response, ApiError> {
+    authorize(state, caller, Operation::Resolve, None)?;
     // The text is read once, into its format (from its shape, or its type's configuration:
     // never from whether it exists, so a refusal for a format tells the caller nothing it did not
     // send), its bytes, and the type its prefix names.
-    let public_id = path_segment(&uri);
+    let public_id = path_segment(uri);
     let parsed = public_id.as_deref().and_then(|text| state.types.parse(text));
     match &parsed {
-        Some(Parsed::Encrypted) => authorize(&state, &caller, Operation::Resolve, Some(Format::Encrypted))?,
-        Some(Parsed::Stored { format, .. }) => authorize(&state, &caller, Operation::Resolve, Some(*format))?,
+        Some(Parsed::Encrypted) => authorize(state, caller, Operation::Resolve, Some(Format::Encrypted))?,
+        Some(Parsed::Stored { format, .. }) => authorize(state, caller, Operation::Resolve, Some(*format))?,
         None => {}
     }
-    admit(&state, &caller, 1)?;
+    admit(state, caller, 1)?;
     let (Some(public_id), Some(parsed)) = (public_id, parsed) else { return Err(ApiError::not_found()) };
     let (internal, type_number) = match parsed {
         Parsed::Encrypted => match state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)) {
             Some(internal) => (internal, None),
             None => return Err(ApiError::not_found()),
         },
-        Parsed::Stored { format, bytes, type_number } => match resolve_stored(&state, format, &bytes).await? {
+        Parsed::Stored { format, bytes, type_number } => match resolve_stored(state, format, &bytes).await? {
             // A typed ID resolves only with its own type's prefix, an untyped one only without
             // any: anything else is the same 404 as an unknown ID.
             Some((internal, found_type)) if found_type == type_number => (internal, type_number),

@@ -169,9 +169,8 @@ async fn resolve_and_create_are_held_to_the_callers_quota() {
     };
     s.quotas = Arc::new(idgen_server::Quotas::new(&section, Arc::default()).unwrap());
     let as_caller = |caller: &str, method: Method, uri: &str, body: &'static str| {
-        let mut request = Request::builder().method(method).uri(uri).body(Body::from(body)).unwrap();
-        request.extensions_mut().insert(idgen_server::Caller::named(caller));
-        router(s.clone()).oneshot(request)
+        let request = Request::builder().method(method).uri(uri).body(Body::from(body)).unwrap();
+        common::app(&s, caller).oneshot(request)
     };
     let created = as_caller("storefront", Method::POST, "/v1/public-ids", r#"{"internal_id": "7"}"#).await.unwrap();
     assert_eq!(created.status(), StatusCode::CREATED);
@@ -195,7 +194,7 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     use idgen_test_support::openapi;
     let (s, _dir) = state(true).await;
     let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
-    let app = idgen_server::http_metrics::with_metrics(router(s.clone()), metrics);
+    let app = idgen_public_ids::App::new(s.clone(), metrics);
     let send = |method: Method, uri: String, body: &'static str| {
         let request = Request::builder().method(method).uri(uri).body(Body::from(body)).unwrap();
         let app = app.clone();
@@ -279,9 +278,8 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
     metrics.register(&mut registry);
     s.access = Arc::new(Access::new(Rules::of(&section), metrics));
     let as_caller = |caller: &str, method: Method, uri: &str, body: &str| {
-        let mut request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-        request.extensions_mut().insert(idgen_server::Caller::named(caller));
-        let app = router(s.clone());
+        let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
+        let app = common::app(&s, caller);
         async move {
             let response = app.oneshot(request).await.unwrap();
             let status = response.status();
@@ -441,4 +439,84 @@ async fn a_resolve_future_is_small() {
         idgen_public_ids::api::resolve(axum::extract::State(Arc::new(s)), idgen_server::Caller::anonymous(), uri);
     let size = std::mem::size_of_val(&future);
     assert!(size <= 640, "a resolve's future is {size} bytes");
+}
+
+/// The service answers `GET /v1/public-ids/{public_id}` itself, without the router: for any
+/// path, method and caller, its answer is the router's route's, status, headers and body, and a
+/// resolve is counted under the route's label. Every kind of text: each format, typed, a wrong
+/// type, unknown, malformed, percent-encoded, not UTF-8, a trailing or an extra segment, a query.
+#[tokio::test]
+async fn the_services_own_resolve_answers_what_the_router_answers() {
+    use std::collections::BTreeMap;
+
+    use idgen_public_ids::types::{TypeSection, Types};
+    let (mut s, _dir) = state(true).await;
+    let section = BTreeMap::from([("order".to_owned(), TypeSection { number: 1, format: "opaque".into() })]);
+    s.types = Arc::new(Types::from_config(&section, &[Format::Opaque, Format::Uuidv7]).unwrap());
+    let mut texts = Vec::new();
+    for body in [
+        json!({"internal_id": "11", "format": "opaque"}),
+        json!({"internal_id": "12", "format": "uuidv7"}),
+        json!({"internal_id": "13", "format": "encrypted"}),
+        json!({"internal_id": "14", "type": "order"}),
+    ] {
+        let (_, created) = call(&s, Method::POST, "/v1/public-ids", &body.to_string()).await;
+        texts.push(created["public_id"].as_str().unwrap().to_owned());
+    }
+    let typed = texts[3].clone();
+    let suffix = typed.trim_start_matches("order_").to_owned();
+    let percent = format!("%{:02X}{}", texts[0].as_bytes()[0], &texts[0][1..]);
+    let uppercase = texts[1].to_uppercase();
+    let mut paths: Vec<String> = texts.iter().map(|text| format!("/v1/public-ids/{text}")).collect();
+    for text in [suffix.as_str(), &format!("user_{suffix}"), &percent, &uppercase, "%FF", "nonsense", "a%2Fb"] {
+        paths.push(format!("/v1/public-ids/{text}"));
+    }
+    for path in [format!("/v1/public-ids/{typed}?x=1"), format!("/v1/public-ids/{typed}/"), "/v1/public-ids/".into()] {
+        paths.push(path);
+    }
+    paths.push(format!("/v1/public-ids/{}/x", texts[0]));
+    let answer = |response: axum::response::Response| async move {
+        let (status, headers) = (response.status(), response.headers().clone());
+        let kept: Vec<_> = ["content-type", "retry-after", "allow"].iter().map(|h| headers.get(*h).cloned()).collect();
+        (status, kept, response.into_body().collect().await.unwrap().to_bytes())
+    };
+    let mut answered = 0;
+    for caller in [idgen_server::ANONYMOUS, "storefront"] {
+        for method in [Method::GET, Method::HEAD, Method::POST] {
+            for path in &paths {
+                let request = || Request::builder().method(method.clone()).uri(path).body(Body::empty()).unwrap();
+                let routed = answer(router(s.clone()).oneshot(request()).await.unwrap()).await;
+                let served = answer(common::app(&s, caller).oneshot(request()).await.unwrap()).await;
+                assert_eq!(served, routed, "{method} {path} as {caller}");
+                answered += usize::from(routed.0 == StatusCode::OK);
+            }
+        }
+    }
+    // Found, for each caller's GET and HEAD: the 4 IDs, the percent-encoded and the uppercase text,
+    // and the typed ID with a query.
+    assert_eq!(answered, 2 * 2 * 7);
+    // Counted under the route, as the router's requests are.
+    let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
+    let app = idgen_public_ids::App::new(s.clone(), metrics.clone());
+    for path in [&paths[0], &paths[0], &paths[5]] {
+        app.clone().oneshot(Request::builder().uri(path).body(Body::empty()).unwrap()).await.unwrap();
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &metrics.registry).unwrap();
+    for (status, count) in [(200, 2), (404, 1)] {
+        let series = format!(
+            r#"idgen_http_requests_total{{method="GET",route="/v1/public-ids/{{public_id}}",status="{status}"}} {count}"#
+        );
+        assert!(text.lines().any(|line| line == series), "no {series:?} in\n{text}");
+    }
+}
+
+/// The service's own resolve keeps its future within the allocator's per-thread cache too.
+#[tokio::test]
+async fn the_services_own_resolve_future_is_small() {
+    let (s, _dir) = state(false).await;
+    let request = Request::builder().uri("/v1/public-ids/01h455vb4pex5vsknk084sn02q").body(Body::empty()).unwrap();
+    let future = tower::Service::call(&mut common::app(&s, idgen_server::ANONYMOUS), request);
+    let size = std::mem::size_of_val(&*future);
+    assert!(size <= 768, "the service's resolve future is {size} bytes");
 }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::call;
+use idgen_public_ids::AppState;
 use idgen_public_ids::access::Access;
 use idgen_public_ids::cache::MappingCache;
 use idgen_public_ids::format::{self, RandomSource, RandomUnavailable};
 use idgen_public_ids::store::PublicIdStore;
-use idgen_public_ids::{AppState, router};
 use serde_json::json;
 use sqlx::Connection;
 use tower::ServiceExt;
@@ -188,9 +188,8 @@ async fn access_and_quotas_come_before_the_cache() {
     };
     s.quotas = Arc::new(idgen_server::Quotas::new(&quotas, Arc::default()).unwrap());
     let as_caller = |caller: &str, uri: String| {
-        let mut request = Request::builder().uri(uri).body(Body::empty()).unwrap();
-        request.extensions_mut().insert(idgen_server::Caller::named(caller));
-        router(s.clone()).oneshot(request)
+        let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        common::app(&s, caller).oneshot(request)
     };
     let uri = format!("/v1/public-ids/{public_id}");
     assert_eq!(as_caller("intruder", uri.clone()).await.unwrap().status(), StatusCode::FORBIDDEN);

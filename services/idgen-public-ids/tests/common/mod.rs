@@ -1,5 +1,6 @@
 //! What the router tests share: an instance of the service over a store, and one request to it
-//! through the router. Each test file uses part of it.
+//! through the service as it serves a connection ([`App`]: the router, and its own answer to
+//! `GET /v1/public-ids/{public_id}`). Each test file uses part of it.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use idgen_public_ids::access::Access;
 use idgen_public_ids::cache::MappingCache;
 use idgen_public_ids::format::{Format, OsRandom};
 use idgen_public_ids::store::PublicIdStore;
-use idgen_public_ids::{AppState, router};
+use idgen_public_ids::{App, AppState};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -31,10 +32,20 @@ pub fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
     }
 }
 
+/// The service for a connection of `caller` (`anonymous`: plain HTTP), as it serves one.
+pub fn app(state: &AppState, caller: &str) -> App {
+    let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
+    let caller = match caller {
+        idgen_server::identity::ANONYMOUS => idgen_server::Caller::anonymous(),
+        named => idgen_server::Caller::named(named),
+    };
+    App::new(state.clone(), metrics).for_caller(caller)
+}
+
 /// One request: the status, the headers and the body as JSON (`null` if it is not).
 pub async fn send(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, HeaderMap, Value) {
     let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-    let response = router(state.clone()).oneshot(request).await.unwrap();
+    let response = app(state, idgen_server::identity::ANONYMOUS).oneshot(request).await.unwrap();
     let (status, headers) = (response.status(), response.headers().clone());
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
