@@ -37,8 +37,9 @@ enum Key {
 #[derive(Debug, Clone)]
 enum Value {
     Internal(u64, Option<u16>),
-    /// The stored text, without a type's prefix.
-    Public(Arc<str>, Option<u16>),
+    /// The stored public ID's 16 bytes (its text is made again on a hit: no allocation for
+    /// every mapping a create keeps).
+    Public([u8; 16], Option<u16>),
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,11 +136,11 @@ impl MappingCache {
         }
     }
 
-    /// The stored public ID (without a type's prefix) and type number of `internal_id` in
-    /// `format`, if cached (counted as a lookup hit or miss).
-    pub fn lookup(&self, internal_id: u64, format: Format) -> Option<(Arc<str>, Option<u16>)> {
+    /// The stored public ID (its text, without a type's prefix) and type number of
+    /// `internal_id` in `format`, if cached (counted as a lookup hit or miss).
+    pub fn lookup(&self, internal_id: u64, format: Format) -> Option<(String, Option<u16>)> {
         match self.get(&self.lookups, Key::Internal(format, internal_id))? {
-            Value::Public(public_id, type_number) => Some((public_id, type_number)),
+            Value::Public(bytes, type_number) => Some((format::stored_text(format, &bytes), type_number)),
             Value::Internal(..) => None,
         }
     }
@@ -149,16 +150,15 @@ impl MappingCache {
     /// cache never holds a mapping the database does not.
     pub fn remember(&self, internal_id: u64, format: Format, public_id: &str, type_number: Option<u16>) {
         if let (Some(entries), Some(bytes)) = (&self.entries, format::stored_bytes(format, public_id)) {
-            Self::keep(entries, internal_id, format, bytes, public_id.into(), type_number);
+            Self::keep(entries, internal_id, format, bytes, type_number);
         }
     }
 
-    /// [`Self::remember`] a mapping a resolve found by the public ID's 16 bytes (its text is
-    /// made only when the cache is on, and the bytes are not decoded again).
+    /// [`Self::remember`] a mapping a resolve found by the public ID's 16 bytes (not decoded
+    /// again).
     pub fn remember_resolved(&self, internal_id: u64, format: Format, public_id: &[u8; 16], type_number: Option<u16>) {
         if let Some(entries) = &self.entries {
-            let text = format::stored_text(format, public_id).into();
-            Self::keep(entries, internal_id, format, *public_id, text, type_number);
+            Self::keep(entries, internal_id, format, *public_id, type_number);
         }
     }
 
@@ -167,11 +167,10 @@ impl MappingCache {
         internal_id: u64,
         format: Format,
         bytes: [u8; 16],
-        text: Arc<str>,
         type_number: Option<u16>,
     ) {
         entries.insert(Key::Public(format, bytes), Value::Internal(internal_id, type_number));
-        entries.insert(Key::Internal(format, internal_id), Value::Public(text, type_number));
+        entries.insert(Key::Internal(format, internal_id), Value::Public(bytes, type_number));
     }
 
     /// The entries held.
@@ -199,7 +198,7 @@ mod tests {
         cache.remember(42, Format::Opaque, &opaque, None);
         assert_eq!(cache.resolve(Format::Opaque, &[7u8; 16]), Some((42, None)));
         let (public_id, type_number) = cache.lookup(42, Format::Opaque).unwrap();
-        assert_eq!((&*public_id, type_number), (opaque.as_str(), None));
+        assert_eq!((public_id.as_str(), type_number), (opaque.as_str(), None));
         // The same bits in another format are another public ID.
         assert!(cache.lookup(42, Format::Uuidv7).is_none());
         let bytes = uuid::new_v7(1_700_000_000_000, 1, 2);
