@@ -14,8 +14,6 @@
 //! housekeeping about 40 % (`perf record` under `scripts/bench` stage 7's load); a quick_cache
 //! `get` is a shard's read lock and one hash lookup, without housekeeping.
 
-use std::sync::Arc;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
