@@ -424,16 +424,19 @@ pub async fn resolve_uri(state: &AppState, caller: &Caller, uri: &Uri) -> Result
 /// `Path<String>`: a text that needs no decoding (every public ID) is borrowed, not copied, on the
 /// service's busiest call.
 fn path_segment(uri: &Uri) -> Option<std::borrow::Cow<'_, str>> {
-    const PREFIX: &str = "/v1/public-ids/";
     let path = uri.path();
-    let raw = match path.strip_prefix(PREFIX) {
-        Some(raw) => raw,
-        None => path.rsplit('/').next().unwrap_or_default(),
-    };
+    let raw = resolve_segment(path).unwrap_or_else(|| path.rsplit('/').next().unwrap_or_default());
     if !raw.contains('%') {
         return Some(raw.into());
     }
     percent_encoding::percent_decode_str(raw).decode_utf8().ok()
+}
+
+/// The public ID of a path that the resolve route matches: one non-empty segment after
+/// `/v1/public-ids/` (still percent-encoded).
+pub fn resolve_segment(path: &str) -> Option<&str> {
+    let segment = path.strip_prefix("/v1/public-ids/")?;
+    (!segment.is_empty() && !segment.contains('/')).then_some(segment)
 }
 
 /// A resolve's answer, `{"public_id":…,"internal_id":"…"}` with `"type"` when it has one: the

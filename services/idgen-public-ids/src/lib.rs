@@ -87,13 +87,6 @@ impl App {
     }
 }
 
-/// The public ID of a path that the router's resolve route matches: one non-empty segment after
-/// `/v1/public-ids/` (still percent-encoded).
-fn resolve_segment(path: &str) -> Option<&str> {
-    let segment = path.strip_prefix("/v1/public-ids/")?;
-    (!segment.is_empty() && !segment.contains('/')).then_some(segment)
-}
-
 impl tower::Service<axum::extract::Request> for App {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
@@ -104,7 +97,7 @@ impl tower::Service<axum::extract::Request> for App {
     }
 
     fn call(&mut self, request: axum::extract::Request) -> Self::Future {
-        if request.method() == axum::http::Method::GET && resolve_segment(request.uri().path()).is_some() {
+        if request.method() == axum::http::Method::GET && api::resolve_segment(request.uri().path()).is_some() {
             let start = std::time::Instant::now();
             let (state, caller, http) = (self.state.clone(), self.caller.clone(), self.http.clone());
             let uri = request.into_parts().0.uri;

@@ -305,7 +305,6 @@ pub fn with_metrics(router: axum::Router, metrics: ServiceMetrics) -> Recorded<a
 #[cfg(test)]
 mod tests {
     use axum::body::Body;
-    use axum::extract::MatchedPath;
     use axum::http::Request;
     use axum::routing::any;
     use tower::ServiceExt;
@@ -335,12 +334,7 @@ mod tests {
     #[tokio::test]
     async fn the_route_label_is_the_route_axum_matches() {
         let metrics = ServiceMetrics::new(Registry::default(), &ROUTES, || {});
-        let mut echo = axum::Router::new();
-        for route in ROUTES {
-            echo = echo.route(route, any(|matched: MatchedPath| async move { matched.as_str().to_owned() }));
-        }
-        let echo = echo.fallback(|| async { "other".to_owned() });
-        let mut paths: Vec<String> = [
+        let paths = [
             "/v1/public-ids",
             "/v1/public-ids/",
             "/v1/public-ids:batch",
@@ -358,32 +352,12 @@ mod tests {
             "/metrics/",
             "/v1/public-ids/{public_id}",
             "/v1/regions/*",
-        ]
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+        ];
         let segments = ["v1", "public-ids", "public-ids:batch", "internal-ids", "public-id", "regions", "x", "", "%20"];
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        for _ in 0..2_000 {
-            let mut path = String::new();
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            for i in 0..(seed % 5) {
-                path.push('/');
-                path.push_str(segments[((seed >> (8 * i + 8)) % segments.len() as u64) as usize]);
-            }
-            if path.is_empty() {
-                path.push('/');
-            }
-            paths.push(path);
-        }
-        for path in paths {
-            let request = Request::builder().uri(&path).body(Body::empty()).unwrap();
-            let response = echo.clone().oneshot(request).await.unwrap();
-            let matched = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
-            assert_eq!(metrics.route_of(&path), String::from_utf8_lossy(&matched), "path {path:?}");
-        }
+        idgen_test_support::routes::assert_labels_are_axums(&ROUTES, "other", &paths, &segments, |path| {
+            metrics.route_of(path).to_owned()
+        })
+        .await;
     }
 
     /// A router wrapped in [`Recorded`] counts each request under its route, and anything

@@ -417,14 +417,7 @@ async fn unknown_routes_and_methods_are_json_errors() {
 /// that must be the route axum matched, or `unmatched` where axum falls back.
 #[tokio::test]
 async fn the_metrics_route_label_is_the_route_axum_matches() {
-    use axum::extract::MatchedPath;
-    use axum::routing::any;
-    let mut echo = axum::Router::new();
-    for route in idgen_worker::ROUTES {
-        echo = echo.route(route, any(|matched: MatchedPath| async move { matched.as_str().to_owned() }));
-    }
-    let echo = echo.fallback(|| async { "unmatched".to_owned() });
-    let mut paths: Vec<String> = [
+    let paths = [
         "/v1/ids",
         "/v1/ids/",
         "/v1/ids:batch",
@@ -448,32 +441,16 @@ async fn the_metrics_route_label_is_the_route_axum_matches() {
         "/v1/ids%3Abatch",
         "/v1/ids/:id/decode",
         "/v1/ids/*/decode",
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .collect();
+    ];
     let segments = ["v1", "ids", "ids:batch", "uuids", "healthz", "metrics", "decode", "1", "", "x%20"];
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    for _ in 0..2_000 {
-        let mut path = String::new();
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        for i in 0..(seed % 5) {
-            path.push('/');
-            path.push_str(segments[((seed >> (8 * i + 8)) % segments.len() as u64) as usize]);
-        }
-        if path.is_empty() {
-            path.push('/');
-        }
-        paths.push(path);
-    }
-    for path in paths {
-        let request = Request::builder().uri(&path).body(Body::empty()).unwrap();
-        let response = echo.clone().oneshot(request).await.unwrap();
-        let matched = response.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(idgen_worker::route_of(&path), String::from_utf8_lossy(&matched), "path {path:?}");
-    }
+    idgen_test_support::routes::assert_labels_are_axums(
+        &idgen_worker::ROUTES,
+        "unmatched",
+        &paths,
+        &segments,
+        |path| idgen_worker::route_of(path).to_owned(),
+    )
+    .await;
 }
 
 /// `GET /openapi.json` serves the checked-in `docs/openapi/worker.json`, which names exactly the

@@ -2,11 +2,13 @@
 //! directory, or a fresh PostgreSQL database on the server `IDGEN_POSTGRES_URL` names;
 //! ./scripts/test starts it) and [`store_suite!`] to run one suite per database. PostgreSQL
 //! unreachable or the variable unset: the test fails, it never skips. [`openapi`]: what each
-//! service's router test holds its OpenAPI document to.
+//! service's router test holds its OpenAPI document to; [`routes`]: what the HTTP metrics' own
+//! route label is held to.
 
 use sqlx::Connection;
 
 pub mod openapi;
+pub mod routes;
 
 /// Dropped, it removes what it made: the directory, or the PostgreSQL database.
 pub struct TestDatabase {
