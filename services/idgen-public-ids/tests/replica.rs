@@ -2,7 +2,8 @@
 //! ./scripts/test makes (`pg_basebackup -R` from the local server, on 127.0.0.1:5433): resolves
 //! and lookups read it; with its replay paused (real lag), a mapping just created on the primary
 //! still resolves at once, read again on the primary; with it stopped, resolves go on from the
-//! primary; each outcome counted in `idgen_public_replica_reads_total`.
+//! primary; each outcome counted in `idgen_public_replica_reads_total`. Beside it, an instance with
+//! a cache, as the service runs: a miss on both is not remembered, a hit asks neither.
 
 mod common;
 
@@ -126,6 +127,10 @@ async fn reads_go_to_the_replica_and_its_lag_or_absence_never_answers_404() {
     let store =
         PublicIdStore::open_with(db.url(), within, settings).await.unwrap().with_replica(&replica, settings).unwrap();
     let reader = instance(store.clone());
+    // The same with a cache, as the service runs: its replica reads counted apart.
+    let cached_store =
+        PublicIdStore::open_with(db.url(), within, settings).await.unwrap().with_replica(&replica, settings).unwrap();
+    let cached = common::instance(cached_store.clone(), 1_000);
 
     // Replayed: the replica answers.
     let first = create(&writer, 1).await;
@@ -147,9 +152,19 @@ async fn reads_go_to_the_replica_and_its_lag_or_absence_never_answers_404() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // With a cache: a lookup that finds nothing on the replica or the primary is not remembered.
+    let lookup_2 = "/v1/internal-ids/2/public-id?format=opaque";
+    let (status, _) = call(&cached, Method::GET, lookup_2, "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     let second = create(&writer, 2).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!on_replica(&replica, &second).await, "the replica replayed while paused: no lag to test");
+    // So the mapping another instance made since answers at once, though the replica lags; and
+    // once found it is the cache's both ways (no replica read more).
+    let (status, found) = call(&cached, Method::GET, lookup_2, "").await;
+    assert_eq!((status, found["public_id"].as_str()), (StatusCode::OK, Some(second.as_str())), "{found}");
+    resolves_to(&cached, &second, 2).await;
+    assert_eq!(outcomes(&cached_store), [0, 2, 0, 0]);
     resolves_to(&reader, &second, 2).await;
     let (status, found) = call(&reader, Method::GET, "/v1/internal-ids/2/public-id?format=opaque", "").await;
     assert_eq!((status, found["public_id"].as_str()), (StatusCode::OK, Some(second.as_str())));
@@ -168,4 +183,7 @@ async fn reads_go_to_the_replica_and_its_lag_or_absence_never_answers_404() {
     resolves_to(&reader, &second, 2).await;
     let [found, missed, failed, skipped] = outcomes(&store);
     assert_eq!((found, missed, failed, skipped), (2, 3, 1, 2));
+    // A cached mapping resolves with the replica gone, and asks it nothing.
+    resolves_to(&cached, &second, 2).await;
+    assert_eq!(outcomes(&cached_store), [0, 2, 0, 0]);
 }
