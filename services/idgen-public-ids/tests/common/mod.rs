@@ -35,11 +35,7 @@ pub fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
 /// The service for a connection of `caller` (`anonymous`: plain HTTP), as it serves one.
 pub fn app(state: &AppState, caller: &str) -> App {
     let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
-    let caller = match caller {
-        idgen_server::identity::ANONYMOUS => idgen_server::Caller::anonymous(),
-        named => idgen_server::Caller::named(named),
-    };
-    App::new(state.clone(), metrics).for_caller(caller)
+    App::new(state.clone(), metrics).for_caller(idgen_server::Caller::named(caller))
 }
 
 /// One request: the status, the headers and the body as JSON (`null` if it is not).
