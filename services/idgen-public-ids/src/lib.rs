@@ -68,7 +68,6 @@ fn routes(state: Arc<AppState>) -> Router {
 pub struct App {
     state: Arc<AppState>,
     routed: idgen_server::http_metrics::Recorded<Router>,
-    http: Arc<idgen_server::http_metrics::HttpMetrics>,
     /// The caller of the connection this service answers (`anonymous` over plain HTTP).
     caller: idgen_server::Caller,
 }
@@ -76,9 +75,8 @@ pub struct App {
 impl App {
     pub fn new(state: AppState, metrics: idgen_server::ServiceMetrics) -> App {
         let state = Arc::new(state);
-        let http = metrics.http.clone();
         let routed = idgen_server::http_metrics::with_metrics(routes(state.clone()), metrics);
-        App { state, routed, http, caller: idgen_server::Caller::anonymous() }
+        App { state, routed, caller: idgen_server::Caller::anonymous() }
     }
 
     /// The service for one connection of `caller`.
@@ -98,16 +96,13 @@ impl tower::Service<axum::extract::Request> for App {
 
     fn call(&mut self, request: axum::extract::Request) -> Self::Future {
         if request.method() == axum::http::Method::GET && api::resolve_segment(request.uri().path()).is_some() {
-            let start = std::time::Instant::now();
-            let (state, caller, http) = (self.state.clone(), self.caller.clone(), self.http.clone());
+            let (state, caller) = (self.state.clone(), self.caller.clone());
             let uri = request.into_parts().0.uri;
-            return Box::pin(async move {
-                let response =
-                    axum::response::IntoResponse::into_response(api::resolve_uri(&state, &caller, &uri).await);
-                let elapsed = start.elapsed().as_secs_f64();
-                http.record(ROUTES[2], &axum::http::Method::GET, response.status().as_u16(), elapsed);
-                Ok(response)
-            });
+            let answer = async move {
+                let response = api::resolve_uri(&state, &caller, &uri).await;
+                Ok::<_, std::convert::Infallible>(axum::response::IntoResponse::into_response(response))
+            };
+            return Box::pin(self.routed.record_as(ROUTES[2], axum::http::Method::GET, answer));
         }
         let mut request = request;
         request.extensions_mut().insert(self.caller.clone());
