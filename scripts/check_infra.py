@@ -22,6 +22,7 @@ fails here:
 """
 
 import argparse
+import fnmatch
 import re
 import sys
 from pathlib import Path
@@ -84,6 +85,7 @@ EXAMPLE_VALUES = {
     },
     "global.yaml": {
         "AWS::Region": "us-east-1",
+        "RegistryTlsSecretArn": "arn:aws:secretsmanager:us-east-1:111122223333:secret:idgen/registry-tls-AbCdEf",
         "RegistryDb.Endpoint.Address": "idgen-registry.c0example0.us-east-1.rds.amazonaws.com",
         "RegistryDb.Endpoint.Port": "5432",
         "PublicIdsDb.Endpoint.Address": "idgen-public-ids.c0example0.us-east-1.rds.amazonaws.com",
@@ -93,6 +95,25 @@ EXAMPLE_VALUES = {
         "PublicIdsKey.Arn": "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     },
 }
+# global.yaml deployed in another region (Deployment=public-ids-reader), reading the example home
+# stack above through its outputs: its public-ID hosts must write infra/config/public-ids.toml
+# but for read_database_url, which names this region's replica.
+READER_EXAMPLE = {
+    "AWS::Region": "eu-west-1",
+    "Deployment": "public-ids-reader",
+    "PublicIdsDnsName": "public-ids.eu-west-1.idgen.internal",
+    "PublicIdsPrimaryRegion": "us-east-1",
+    "PublicIdsSourceDbArn": "arn:aws:rds:us-east-1:111122223333:db:idgen-public-ids",
+    "PublicIdsPrimaryAddress": EXAMPLE_VALUES["global.yaml"]["PublicIdsDb.Endpoint.Address"],
+    "PublicIdsPrimaryCidr": "10.10.0.0/16",
+    "PublicIdsKeyArn": EXAMPLE_VALUES["global.yaml"]["PublicIdsKey.Arn"],
+    "PublicIdsAppDbSecretArn": "arn:aws:secretsmanager:us-east-1:111122223333:secret:PublicIdsAppDbSecret-AbCdEf",
+    "PublicIdsDbReader.Endpoint.Address": "idgen-public-ids-reader.c0example0.eu-west-1.rds.amazonaws.com",
+    "PublicIdsDbReader.Endpoint.Port": "5432",
+}
+# What a reader region's stack must not hold: the registry's half, and the home region's
+# primary database, its key and its secrets.
+HOME_ONLY = ["PublicIdsDb", "PublicIdsKey", "PublicIdsKeyAlias", "PublicIdsAppDbSecret", "RegistryAppDbSecret"]
 
 # Which file each host writes from which heredoc of its user data, and what it must equal.
 VERBATIM = [  # (template, launch template, heredoc marker, repository file)
@@ -372,33 +393,103 @@ def ref(value):
     return value["Ref"] if isinstance(value, dict) and set(value) == {"Ref"} else None
 
 
-def user_data(template, launch_template):
+def user_data_sub(template, launch_template):
+    """A launch template's user data: Fn::Base64 of Fn::Sub, a string or [string, variables]."""
     data = template["Resources"][launch_template]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
-    require(isinstance(data, dict) and isinstance(data.get("Fn::Sub"), str),
-            f"{launch_template}: UserData is not Fn::Base64 of one Fn::Sub string")
-    return data["Fn::Sub"]
+    sub = data.get("Fn::Sub") if isinstance(data, dict) else None
+    if isinstance(sub, str):
+        return sub, {}
+    require(isinstance(sub, list) and len(sub) == 2 and isinstance(sub[0], str) and isinstance(sub[1], dict),
+            f"{launch_template}: UserData is not Fn::Base64 of one Fn::Sub (a string, or a string and its variables)")
+    return sub[0], sub[1]
 
 
-def substitute(template, name, text):
-    """Fn::Sub as CloudFormation would render it for the example stack of infra/config/."""
-    examples = EXAMPLE_VALUES.get(name, {})
+def user_data(template, launch_template):
+    return user_data_sub(template, launch_template)[0]
+
+
+def value_of(template, example, node):
+    """A template value as CloudFormation would render it for the example stack `example`
+    (parameter and attribute values; everything else from the parameter defaults): literals,
+    Ref, Fn::GetAtt, Fn::Sub, Fn::If. None for AWS::NoValue."""
+    if isinstance(node, (str, int, float)):
+        return str(node)
+    if not isinstance(node, dict) or len(node) != 1:
+        return f"<unresolved {node!r}>"
+    (function, argument), = node.items()
+    if function == "Ref":
+        if argument == "AWS::NoValue":
+            return None
+        if argument in example:
+            return example[argument]
+        parameter = template.get("Parameters", {}).get(argument)
+        if parameter is not None and "Default" in parameter:
+            return str(parameter["Default"])
+        resource = template.get("Resources", {}).get(argument)
+        if resource:
+            named = {"AWS::DynamoDB::Table": "TableName", "AWS::Logs::LogGroup": "LogGroupName"}.get(resource["Type"])
+            if named and named in resource["Properties"]:
+                return value_of(template, example, resource["Properties"][named])
+        return f"<unresolved {argument}>"
+    if function == "Fn::GetAtt":
+        key = argument if isinstance(argument, str) else ".".join(argument)
+        return example.get(key, f"<unresolved {key}>")
+    if function == "Fn::Sub":
+        text, variables = (argument, {}) if isinstance(argument, str) else argument
+        return substitute(template, example, text, variables)
+    if function == "Fn::If":
+        chosen = argument[1] if holds(template, example, argument[0]) else argument[2]
+        return value_of(template, example, chosen)
+    return f"<unresolved {function}>"
+
+
+def holds(template, example, condition):
+    """Whether the template's condition (a name, or a condition expression) holds for `example`."""
+    if isinstance(condition, str):
+        return holds(template, example, template["Conditions"][condition])
+    (function, argument), = condition.items()
+    if function == "Condition":
+        return holds(template, example, argument)
+    if function == "Fn::Equals":
+        return value_of(template, example, argument[0]) == value_of(template, example, argument[1])
+    if function == "Fn::Not":
+        return not holds(template, example, argument[0])
+    if function == "Fn::And":
+        return all(holds(template, example, c) for c in argument)
+    if function == "Fn::Or":
+        return any(holds(template, example, c) for c in argument)
+    raise Failed(f"a condition check_infra.py cannot evaluate: {condition!r}")
+
+
+def present(template, example):
+    """The resources the example stack creates (those whose Condition holds)."""
+    return {name: body for name, body in template.get("Resources", {}).items()
+            if "Condition" not in body or holds(template, example, body["Condition"])}
+
+
+def substitute(template, example, text, variables=None):
+    """Fn::Sub as CloudFormation would render it for the example stack `example`."""
+    variables = variables or {}
 
     def value(match):
         key = match.group(1)
         if key.startswith("!"):
             return "${" + key[1:] + "}"
-        if key in examples:
-            return examples[key]
-        if key in template.get("Parameters", {}) and "Default" in template["Parameters"][key]:
-            return str(template["Parameters"][key]["Default"])
-        resource = template.get("Resources", {}).get(key)
-        if resource:
-            named = {"AWS::DynamoDB::Table": "TableName", "AWS::Logs::LogGroup": "LogGroupName"}.get(resource["Type"])
-            if named and isinstance(resource["Properties"].get(named), str):
-                return resource["Properties"][named]
-        return "<unresolved " + key + ">"
+        if key in variables:
+            rendered = value_of(template, example, variables[key])
+        elif "." in key and not key.startswith("AWS::"):
+            rendered = value_of(template, example, {"Fn::GetAtt": key})
+        else:
+            rendered = value_of(template, example, {"Ref": key})
+        return "" if rendered is None else rendered
 
     return re.sub(r"\$\{([^}]*)\}", value, text)
+
+
+def rendered_user_data(template, name, launch_template, example=None):
+    """A launch template's user data as the example stack (infra/config/'s, or `example`) gets it."""
+    text, variables = user_data_sub(template, launch_template)
+    return substitute(template, EXAMPLE_VALUES.get(name, {}) if example is None else example, text, variables)
 
 
 def heredoc(script, marker):
@@ -408,10 +499,10 @@ def heredoc(script, marker):
     return found[0]
 
 
-def embedded_file(template, name, launch_template, marker):
+def embedded_file(template, name, launch_template, marker, example=None):
     """The file a launch template's user data writes in its `MARKER` heredoc, rendered for the
-    example stack."""
-    return heredoc(substitute(template, name, user_data(template, launch_template)), marker)
+    example stack (infra/config/'s, or `example`)."""
+    return heredoc(rendered_user_data(template, name, launch_template, example), marker)
 
 
 def table_kind(facts, table_name):
@@ -814,24 +905,106 @@ def main():
                 count += 1
         return f"{count} launch templates"
 
-    @check("the public-ID KMS key: rotation on, only the public-ID role may GenerateDataKey/Decrypt/ReEncrypt")
+    @check("the public-ID KMS key: rotation on, only the public-ID role may GenerateDataKey/Decrypt/ReEncrypt, "
+           "the reader regions' public-ID roles Decrypt only")
     def _():
         key = global_["Resources"]["PublicIdsKey"]["Properties"]
         require(key.get("EnableKeyRotation") is True, "EnableKeyRotation is not true")
         using = ("kms:*", "kms:decrypt", "kms:generatedatakey", "kms:encrypt", "kms:reencrypt", "kms:creategrant")
-        users = set()
+        users, readers = set(), None
+        # The role a reader region's stack gives its public-ID hosts, as that stack names it.
+        reader_role = value_of(global_, READER_EXAMPLE, global_["Resources"]["PublicIdsRole"]["Properties"].get("RoleName", ""))
+        home_role = value_of(global_, EXAMPLE_VALUES["global.yaml"], global_["Resources"]["PublicIdsRole"]["Properties"].get("RoleName", ""))
         for statement in key["KeyPolicy"]["Statement"]:
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if statement["Effect"] != "Allow" or not any(a.lower().startswith(using) for a in actions):
                 continue
             principal = statement["Principal"].get("AWS") if isinstance(statement["Principal"], dict) else statement["Principal"]
             attribute = principal.get("Fn::GetAtt") if isinstance(principal, dict) else None
-            require(attribute and list(attribute) == ["PublicIdsRole", "Arn"],
+            if attribute and list(attribute) == ["PublicIdsRole", "Arn"]:
+                users.update(actions)
+                continue
+            # The account, narrowed to the reader regions' role names: Decrypt, under the service's
+            # encryption context, and nothing else.
+            condition = statement.get("Condition", {})
+            named = value_of(global_, EXAMPLE_VALUES["global.yaml"], condition.get("ArnLike", {}).get("aws:PrincipalArn", ""))
+            context = condition.get("StringEquals", {}).get("kms:EncryptionContext:service")
+            require(actions == ["kms:Decrypt"] and named and named.endswith(":role/idgen-public-ids-reader-*")
+                    and context == "idgen-public-ids",
                     f"statement {statement.get('Sid')} lets {principal!r} use the key ({', '.join(actions)})")
-            users.update(actions)
+            require(reader_role and fnmatch.fnmatchcase(reader_role, named.split(":role/")[1]),
+                    f"a reader region's PublicIdsRole is named {reader_role!r}, which {named} does not admit")
+            require(home_role is None, f"the home region's PublicIdsRole is named {home_role!r}: only a reader region's may be")
+            readers = f"{named.split(':role/')[1]} ({reader_role} in the example reader region): kms:Decrypt"
         require(users == {"kms:GenerateDataKey", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"},
                 f"the public-ID role has {sorted(users)}")
-        return "PublicIdsRole: " + ", ".join(sorted(users))
+        return "PublicIdsRole: " + ", ".join(sorted(users)) + (f"; {readers}" if readers else "")
+
+    @check("a reader region's stack (Deployment=public-ids-reader) holds only its public-ID service, on a cross-region replica of the home primary")
+    def _():
+        reader = present(global_, READER_EXAMPLE)
+        home = present(global_, EXAMPLE_VALUES["global.yaml"])
+        # Beyond the home stack's resources, a reader region has only its way to the home primary.
+        extra = sorted(set(reader) - set(home) - {"PublicIdsToPrimary"})
+        require(not extra, f"a reader region creates what the home region does not: {extra}")
+        held = sorted(name for name in reader if name.startswith("Registry") or name in HOME_ONLY)
+        require(not held, f"a reader region's stack holds {', '.join(held)}")
+        for name in HOME_ONLY:
+            require(name in home, f"the home stack holds no {name}")
+        replica = reader["PublicIdsDbReader"]["Properties"]
+        source = value_of(global_, READER_EXAMPLE, replica["SourceDBInstanceIdentifier"])
+        require(source == READER_EXAMPLE["PublicIdsSourceDbArn"], f"the replica streams from {source!r}, not PublicIdsSourceDbArn")
+        region = value_of(global_, READER_EXAMPLE, replica.get("SourceRegion", {"Ref": "AWS::NoValue"}))
+        require(region == READER_EXAMPLE["PublicIdsPrimaryRegion"], f"the replica's SourceRegion is {region!r}, not PublicIdsPrimaryRegion")
+        require(replica.get("KmsKeyId") and value_of(global_, {"DataKey.Arn": "<this stack's DataKey>", **READER_EXAMPLE}, replica["KmsKeyId"]) == "<this stack's DataKey>",
+                "the cross-region replica is not encrypted under this region's DataKey")
+        subnets = value_of(global_, READER_EXAMPLE, replica.get("DBSubnetGroupName", {"Ref": "AWS::NoValue"}))
+        require(subnets and "DbSubnetGroup" in str(replica["DBSubnetGroupName"]), "the cross-region replica is not in this stack's subnets")
+        require(value_of(global_, EXAMPLE_VALUES["global.yaml"], replica["SourceDBInstanceIdentifier"]) == "<unresolved PublicIdsDb>"
+                and "PublicIdsDb" in str(replica["SourceDBInstanceIdentifier"]), "the home region's replica does not stream from PublicIdsDb")
+        return f"{len(reader)} of the home stack's {len(home)} resources; the replica streams from PublicIdsSourceDbArn in PublicIdsPrimaryRegion"
+
+    @check("a reader region's public-ID hosts write infra/config/public-ids.toml but for read_database_url (the region's replica), and never initialize the database")
+    def _():
+        name, launch = "global.yaml", "PublicIdsLaunchTemplate"
+        home = tomllib.loads((root / "infra/config/public-ids.toml").read_text())
+        text = embedded_file(global_, name, launch, "IDGEN_EOF_CONFIG", READER_EXAMPLE)
+        unresolved = re.findall(r"<unresolved [^>]*>", text)
+        require(not unresolved, "values check_infra.py cannot resolve: " + ", ".join(unresolved))
+        reader = tomllib.loads(text)
+        differ = sorted(k for k in set(dict(leaves(home))) | set(dict(leaves(reader)))
+                        if dict(leaves(home)).get(k, object()) != dict(leaves(reader)).get(k, object()))
+        require(differ == ["read_database_url"], "they differ in " + diff(reader, home) if differ else "they do not differ")
+        replica = READER_EXAMPLE["PublicIdsDbReader.Endpoint.Address"]
+        require(f"@{replica}:" in reader["read_database_url"], f"read_database_url {reader['read_database_url']!r} is not the region's replica")
+        for example, owner in ((READER_EXAMPLE, False), (EXAMPLE_VALUES[name], True)):
+            script = rendered_user_data(global_, name, launch, example)
+            secret = re.search(r"^OWNER_SECRET='([^']*)'$", script, re.M)
+            require(secret, "the user data sets no OWNER_SECRET")
+            require(bool(secret.group(1)) == owner,
+                    f"OWNER_SECRET is {secret.group(1)!r} in the {'home' if owner else 'reader'} region")
+            # Every line that writes or runs idgen-init is inside one `if [ -n "$OWNER_SECRET" ]` block.
+            blocks = re.findall(r'^if \[ -n "\$OWNER_SECRET" \]; then\n(.*?)^fi$', script, re.M | re.S)
+            outside = re.sub(r'^if \[ -n "\$OWNER_SECRET" \]; then\n.*?^fi$', "", script, flags=re.M | re.S)
+            require(any("cat > /usr/local/sbin/idgen-init" in b and "\n/usr/local/sbin/idgen-init\n" in b for b in blocks)
+                    and not [line for line in outside.splitlines() if "idgen-init" in line and not line.lstrip().startswith("#")],
+                    'idgen-init is written or run outside `if [ -n "$OWNER_SECRET" ]`')
+        return f"read_database_url on {replica}; creates, and what the replica misses, on {READER_EXAMPLE['PublicIdsPrimaryAddress']}"
+
+    @check("every launch template's user data, rendered, fits EC2's 16 KB (before base64), in every deployment")
+    def _():
+        found = []
+        for name_, template in templates.items():
+            examples = [None] + ([READER_EXAMPLE] if name_ == "global.yaml" else [])
+            for launch in resources(template, "AWS::EC2::LaunchTemplate"):
+                for example in examples:
+                    if example is not None and launch not in present(template, example):
+                        continue
+                    size = len(rendered_user_data(template, name_, launch, example).encode())
+                    where = f"{launch}{' (reader region)' if example else ''}"
+                    require(size <= 16384, f"{name_} {where}: {size} bytes")
+                    found.append(f"{where} {size}")
+        return ", ".join(found)
 
     @check("every alarm's description names its runbook page (runbooks/<page>.md)")
     def _():
