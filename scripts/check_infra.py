@@ -22,7 +22,6 @@ fails here:
 """
 
 import argparse
-import fnmatch
 import re
 import sys
 from pathlib import Path
@@ -108,12 +107,16 @@ READER_EXAMPLE = {
     "PublicIdsPrimaryCidr": "10.10.0.0/16",
     "PublicIdsKeyArn": EXAMPLE_VALUES["global.yaml"]["PublicIdsKey.Arn"],
     "PublicIdsAppDbSecretArn": "arn:aws:secretsmanager:us-east-1:111122223333:secret:PublicIdsAppDbSecret-AbCdEf",
+    "PublicIdsReaderRoleName": "idgen-global-PublicIdsReaderRole-AbCdEf012345",
     "PublicIdsDbReader.Endpoint.Address": "idgen-public-ids-reader.c0example0.eu-west-1.rds.amazonaws.com",
     "PublicIdsDbReader.Endpoint.Port": "5432",
 }
 # What a reader region's stack must not hold: the registry's half, and the home region's
 # primary database, its key and its secrets.
-HOME_ONLY = ["PublicIdsDb", "PublicIdsKey", "PublicIdsKeyAlias", "PublicIdsAppDbSecret", "RegistryAppDbSecret"]
+HOME_ONLY = ["PublicIdsDb", "PublicIdsKey", "PublicIdsKeyAlias", "PublicIdsAppDbSecret", "RegistryAppDbSecret",
+             "PublicIdsRole", "PublicIdsReaderRole"]
+# The home stack once it admits reader regions (and so makes their role).
+HOME_WITH_READERS = {**EXAMPLE_VALUES["global.yaml"], "PublicIdsReaderRegionsCidr": "10.16.0.0/12"}
 
 # Which file each host writes from which heredoc of its user data, and what it must equal.
 VERBATIM = [  # (template, launch template, heredoc marker, repository file)
@@ -412,6 +415,8 @@ def value_of(template, example, node):
     """A template value as CloudFormation would render it for the example stack `example`
     (parameter and attribute values; everything else from the parameter defaults): literals,
     Ref, Fn::GetAtt, Fn::Sub, Fn::If. None for AWS::NoValue."""
+    if isinstance(node, bool):
+        return "true" if node else "false"
     if isinstance(node, (str, int, float)):
         return str(node)
     if not isinstance(node, dict) or len(node) != 1:
@@ -451,7 +456,10 @@ def holds(template, example, condition):
     if function == "Condition":
         return holds(template, example, argument)
     if function == "Fn::Equals":
-        return value_of(template, example, argument[0]) == value_of(template, example, argument[1])
+        sides = [value_of(template, example, side) for side in argument]
+        unresolved = [side for side in sides if side is None or side.startswith("<unresolved")]
+        require(not unresolved, f"a condition compares what check_infra.py cannot resolve: {unresolved}")
+        return sides[0] == sides[1]
     if function == "Fn::Not":
         return not holds(template, example, argument[0])
     if function == "Fn::And":
@@ -906,63 +914,72 @@ def main():
         return f"{count} launch templates"
 
     @check("the public-ID KMS key: rotation on, only the public-ID role may GenerateDataKey/Decrypt/ReEncrypt, "
-           "the reader regions' public-ID roles Decrypt only")
+           "the reader regions' role Decrypt only")
     def _():
         key = global_["Resources"]["PublicIdsKey"]["Properties"]
         require(key.get("EnableKeyRotation") is True, "EnableKeyRotation is not true")
         using = ("kms:*", "kms:decrypt", "kms:generatedatakey", "kms:encrypt", "kms:reencrypt", "kms:creategrant")
-        users, readers = set(), None
-        # The role a reader region's stack gives its public-ID hosts, as that stack names it.
-        reader_role = value_of(global_, READER_EXAMPLE, global_["Resources"]["PublicIdsRole"]["Properties"].get("RoleName", ""))
-        home_role = value_of(global_, EXAMPLE_VALUES["global.yaml"], global_["Resources"]["PublicIdsRole"]["Properties"].get("RoleName", ""))
+        users = {"PublicIdsRole": set(), "PublicIdsReaderRole": set()}
+        # A statement under Fn::If is checked in both its forms.
+        statements = []
         for statement in key["KeyPolicy"]["Statement"]:
+            branches = statement["Fn::If"][1:] if set(statement) == {"Fn::If"} else [statement]
+            statements += [b for b in branches if b != {"Ref": "AWS::NoValue"}]
+        for statement in statements:
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if statement["Effect"] != "Allow" or not any(a.lower().startswith(using) for a in actions):
                 continue
             principal = statement["Principal"].get("AWS") if isinstance(statement["Principal"], dict) else statement["Principal"]
             attribute = principal.get("Fn::GetAtt") if isinstance(principal, dict) else None
-            if attribute and list(attribute) == ["PublicIdsRole", "Arn"]:
-                users.update(actions)
-                continue
-            # The account, narrowed to the reader regions' role names: Decrypt, under the service's
-            # encryption context, and nothing else.
-            condition = statement.get("Condition", {})
-            named = value_of(global_, EXAMPLE_VALUES["global.yaml"], condition.get("ArnLike", {}).get("aws:PrincipalArn", ""))
-            context = condition.get("StringEquals", {}).get("kms:EncryptionContext:service")
-            require(actions == ["kms:Decrypt"] and named and named.endswith(":role/idgen-public-ids-reader-*")
-                    and context == "idgen-public-ids",
-                    f"statement {statement.get('Sid')} lets {principal!r} use the key ({', '.join(actions)})")
-            require(reader_role and fnmatch.fnmatchcase(reader_role, named.split(":role/")[1]),
-                    f"a reader region's PublicIdsRole is named {reader_role!r}, which {named} does not admit")
-            require(home_role is None, f"the home region's PublicIdsRole is named {home_role!r}: only a reader region's may be")
-            readers = f"{named.split(':role/')[1]} ({reader_role} in the example reader region): kms:Decrypt"
-        require(users == {"kms:GenerateDataKey", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"},
-                f"the public-ID role has {sorted(users)}")
-        return "PublicIdsRole: " + ", ".join(sorted(users)) + (f"; {readers}" if readers else "")
+            role = attribute[0] if attribute and len(attribute) == 2 and attribute[1] == "Arn" else None
+            require(role in users, f"statement {statement.get('Sid')} lets {principal!r} use the key ({', '.join(actions)})")
+            if role == "PublicIdsReaderRole":
+                context = statement.get("Condition", {}).get("StringEquals", {}).get("kms:EncryptionContext:service")
+                require(actions == ["kms:Decrypt"] and context == "idgen-public-ids",
+                        f"statement {statement.get('Sid')} lets the reader regions' role do {actions} "
+                        f"under the context {context!r} (Decrypt only, under the service's)")
+            users[role].update(actions)
+        require(users["PublicIdsRole"] == {"kms:GenerateDataKey", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"},
+                f"the public-ID role has {sorted(users['PublicIdsRole'])}")
+        require(users["PublicIdsReaderRole"] == {"kms:Decrypt"}, f"the reader regions' role has {sorted(users['PublicIdsReaderRole'])}")
+        return "; ".join(f"{role}: " + ", ".join(sorted(actions)) for role, actions in users.items())
 
     @check("a reader region's stack (Deployment=public-ids-reader) holds only its public-ID service, on a cross-region replica of the home primary")
     def _():
         reader = present(global_, READER_EXAMPLE)
-        home = present(global_, EXAMPLE_VALUES["global.yaml"])
-        # Beyond the home stack's resources, a reader region has only its way to the home primary.
-        extra = sorted(set(reader) - set(home) - {"PublicIdsToPrimary"})
+        home = present(global_, HOME_WITH_READERS)
+        # Beyond the home stack's resources, a reader region has only its way to the home primary
+        # and its grants to the home stack's reader role.
+        extra = sorted(set(reader) - set(home) - {"PublicIdsToPrimary", "PublicIdsReaderPolicy"})
         require(not extra, f"a reader region creates what the home region does not: {extra}")
         held = sorted(name for name in reader if name.startswith("Registry") or name in HOME_ONLY)
         require(not held, f"a reader region's stack holds {', '.join(held)}")
         for name in HOME_ONLY:
-            require(name in home, f"the home stack holds no {name}")
+            require(name in home, f"the home stack (with reader regions) holds no {name}")
+        require(not [n for n, b in reader.items() if b["Type"] == "AWS::IAM::Role" and n != "RdsMonitoringRole"],
+                "a reader region makes a host role of its own")
+        profile = value_of(global_, READER_EXAMPLE, reader["PublicIdsInstanceProfile"]["Properties"]["Roles"][0])
+        require(profile == READER_EXAMPLE["PublicIdsReaderRoleName"], f"the reader hosts' instance profile holds {profile!r}")
+        # Its grants: only to that role, each usable only from its own VPC.
+        policy = reader["PublicIdsReaderPolicy"]["Properties"]
+        require([value_of(global_, READER_EXAMPLE, r) for r in policy["Roles"]] == [READER_EXAMPLE["PublicIdsReaderRoleName"]],
+                "PublicIdsReaderPolicy is not attached to PublicIdsReaderRoleName alone")
+        for statement in policy["PolicyDocument"]["Statement"]:
+            vpc = statement.get("Condition", {}).get("StringEquals", {}).get("aws:Ec2InstanceSourceVpc")
+            require(vpc == {"Ref": "VpcId"}, f"PublicIdsReaderPolicy {statement.get('Sid')}: usable from outside this region's VPC")
         replica = reader["PublicIdsDbReader"]["Properties"]
         source = value_of(global_, READER_EXAMPLE, replica["SourceDBInstanceIdentifier"])
         require(source == READER_EXAMPLE["PublicIdsSourceDbArn"], f"the replica streams from {source!r}, not PublicIdsSourceDbArn")
         region = value_of(global_, READER_EXAMPLE, replica.get("SourceRegion", {"Ref": "AWS::NoValue"}))
         require(region == READER_EXAMPLE["PublicIdsPrimaryRegion"], f"the replica's SourceRegion is {region!r}, not PublicIdsPrimaryRegion")
-        require(replica.get("KmsKeyId") and value_of(global_, {"DataKey.Arn": "<this stack's DataKey>", **READER_EXAMPLE}, replica["KmsKeyId"]) == "<this stack's DataKey>",
-                "the cross-region replica is not encrypted under this region's DataKey")
+        key = value_of(global_, READER_EXAMPLE, replica.get("KmsKeyId", {"Ref": "AWS::NoValue"}))
+        require(key == "<unresolved DataKey.Arn>", f"the cross-region replica is encrypted under {key!r}, not this region's DataKey")
         subnets = value_of(global_, READER_EXAMPLE, replica.get("DBSubnetGroupName", {"Ref": "AWS::NoValue"}))
-        require(subnets and "DbSubnetGroup" in str(replica["DBSubnetGroupName"]), "the cross-region replica is not in this stack's subnets")
-        require(value_of(global_, EXAMPLE_VALUES["global.yaml"], replica["SourceDBInstanceIdentifier"]) == "<unresolved PublicIdsDb>"
-                and "PublicIdsDb" in str(replica["SourceDBInstanceIdentifier"]), "the home region's replica does not stream from PublicIdsDb")
-        return f"{len(reader)} of the home stack's {len(home)} resources; the replica streams from PublicIdsSourceDbArn in PublicIdsPrimaryRegion"
+        require(subnets == "<unresolved DbSubnetGroup>", f"the cross-region replica's subnets are {subnets!r}, not this stack's")
+        at_home = value_of(global_, HOME_WITH_READERS, replica["SourceDBInstanceIdentifier"])
+        require(at_home == "<unresolved PublicIdsDb>", f"the home region's replica streams from {at_home!r}, not PublicIdsDb")
+        return (f"{len(reader)} resources against the home stack's {len(home)}; the replica streams from PublicIdsSourceDbArn "
+                f"in PublicIdsPrimaryRegion; the hosts run as PublicIdsReaderRoleName, granted this region's resources from its VPC only")
 
     @check("a reader region's public-ID hosts write infra/config/public-ids.toml but for read_database_url (the region's replica), and never initialize the database")
     def _():
