@@ -989,8 +989,7 @@ def main():
         unresolved = re.findall(r"<unresolved [^>]*>", text)
         require(not unresolved, "values check_infra.py cannot resolve: " + ", ".join(unresolved))
         reader = tomllib.loads(text)
-        differ = sorted(k for k in set(dict(leaves(home))) | set(dict(leaves(reader)))
-                        if dict(leaves(home)).get(k, object()) != dict(leaves(reader)).get(k, object()))
+        differ = differing(reader, home)
         require(differ == ["read_database_url"], "they differ in " + diff(reader, home) if differ else "they do not differ")
         replica = READER_EXAMPLE["PublicIdsDbReader.Endpoint.Address"]
         require(f"@{replica}:" in reader["read_database_url"], f"read_database_url {reader['read_database_url']!r} is not the region's replica")
@@ -1001,8 +1000,8 @@ def main():
             require(bool(secret.group(1)) == owner,
                     f"OWNER_SECRET is {secret.group(1)!r} in the {'home' if owner else 'reader'} region")
             # Every line that writes or runs idgen-init is inside one `if [ -n "$OWNER_SECRET" ]` block.
-            blocks = re.findall(r'^if \[ -n "\$OWNER_SECRET" \]; then\n(.*?)^fi$', script, re.M | re.S)
-            outside = re.sub(r'^if \[ -n "\$OWNER_SECRET" \]; then\n.*?^fi$', "", script, flags=re.M | re.S)
+            guarded = re.compile(r'^if \[ -n "\$OWNER_SECRET" \]; then\n(.*?)^fi$', re.M | re.S)
+            blocks, outside = guarded.findall(script), guarded.sub("", script)
             require(any("cat > /usr/local/sbin/idgen-init" in b and "\n/usr/local/sbin/idgen-init\n" in b for b in blocks)
                     and not [line for line in outside.splitlines() if "idgen-init" in line and not line.lstrip().startswith("#")],
                     'idgen-init is written or run outside `if [ -n "$OWNER_SECRET" ]`')
@@ -1012,10 +1011,10 @@ def main():
     def _():
         found = []
         for name_, template in templates.items():
-            examples = [None] + ([READER_EXAMPLE] if name_ == "global.yaml" else [])
-            for launch in resources(template, "AWS::EC2::LaunchTemplate"):
-                for example in examples:
-                    if example is not None and launch not in present(template, example):
+            for example in [None] + ([READER_EXAMPLE] if name_ == "global.yaml" else []):
+                created = present(template, EXAMPLE_VALUES.get(name_, {}) if example is None else example)
+                for launch in resources(template, "AWS::EC2::LaunchTemplate"):
+                    if launch not in created:
                         continue
                     size = len(rendered_user_data(template, name_, launch, example).encode())
                     where = f"{launch}{' (reader region)' if example else ''}"
@@ -1060,10 +1059,15 @@ def leaves(tree, prefix=""):
         yield prefix, tree
 
 
+def differing(ours, theirs):
+    """The dotted keys whose values differ between two TOML trees (absent on one side counts)."""
+    a, b = dict(leaves(ours)), dict(leaves(theirs))
+    return sorted(k for k in set(a) | set(b) if a.get(k, object()) != b.get(k, object()))
+
+
 def diff(ours, theirs):
     a, b = dict(leaves(ours)), dict(leaves(theirs))
-    return "; ".join(f"{k}: template {a.get(k, '<absent>')!r}, file {b.get(k, '<absent>')!r}"
-                     for k in sorted(set(a) | set(b)) if a.get(k, object()) != b.get(k, object()))
+    return "; ".join(f"{k}: template {a.get(k, '<absent>')!r}, file {b.get(k, '<absent>')!r}" for k in differing(ours, theirs))
 
 
 if __name__ == "__main__":
