@@ -57,6 +57,8 @@ pub struct WorkerSpec {
     pub audit_spool: Option<PathBuf>,
     /// `lease.dynamodb.region` (default: the development default, us-east-1).
     pub dynamodb_region: Option<String>,
+    /// `lease.create_tables` (default on: a test's tables are its own, made at the worker's start).
+    pub create_tables: bool,
 }
 
 impl WorkerSpec {
@@ -79,19 +81,21 @@ impl WorkerSpec {
             max_backoff_ms: 500,
             audit_spool: None,
             dynamodb_region: None,
+            create_tables: true,
         }
     }
 
     pub fn toml(&self) -> String {
+        let create = if self.create_tables { "create_tables = true\n" } else { "" };
         let store = match &self.store {
             Store::Sqlite(path) => {
                 format!(
-                    "store = \"sqlite\"\nsqlite_path = {}\n",
+                    "store = \"sqlite\"\n{create}sqlite_path = {}\n",
                     serde_json::to_string(&path.to_string_lossy()).unwrap()
                 )
             }
             Store::Dynamodb { table, .. } => format!(
-                "store = \"dynamodb\"\ncreate_tables = true\ntables = {{ v1 = {t}, v2 = {t2} }}\n",
+                "store = \"dynamodb\"\n{create}tables = {{ v1 = {t}, v2 = {t2} }}\n",
                 t = serde_json::to_string(table).unwrap(),
                 t2 = serde_json::to_string(&format!("{table}-v2")).unwrap(),
             ),

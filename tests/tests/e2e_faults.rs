@@ -836,8 +836,13 @@ const DEV_REGION_ARGS: &str = "--region us-east-1 --output json";
 
 /// `idgen worker --config <spec>` run to its exit (at most 20 s): its status and standard error.
 async fn worker_exit(spec: &WorkerSpec) -> Option<(std::process::ExitStatus, String)> {
+    worker_exit_with(&spec.toml()).await
+}
+
+/// [`worker_exit`] with this configuration text.
+async fn worker_exit_with(toml: &str) -> Option<(std::process::ExitStatus, String)> {
     let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    std::fs::write(config.path(), spec.toml()).unwrap();
+    std::fs::write(config.path(), toml).unwrap();
     let run = tokio::process::Command::new(idgen_e2e::idgen_bin())
         .args(["worker", "--config", config.path().to_str().unwrap()])
         .env("RUST_LOG", "warn")
@@ -972,4 +977,58 @@ async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is
     for worker in [a, b, c] {
         worker.stop().await.unwrap();
     }
+}
+
+// A fresh lease table beside the live one: nothing on it says which holders are issuing under its
+// numbers elsewhere, so nobody may claim in it before an operator made it the fleet's table.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_worker_on_a_fresh_table_beside_the_live_one_issues_nothing() {
+    let client = client();
+    let endpoint = shared_dynamodb_endpoint();
+    let (live, fresh) = (unique_table("live"), unique_table("fresh"));
+    // A holds the range's one number, 0, in the live table.
+    let mut spec_a = WorkerSpec::short_lease_on("a", Store::Dynamodb { endpoint: endpoint.clone(), table: live });
+    spec_a.machines = (0, 0);
+    let a = WorkerProcess::start(&spec_a).await.unwrap();
+    assert_eq!(a.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 0);
+    // The new table is made beside it (by a stack, a script, DynamoDB's import), as bare tables.
+    let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
+    let client_b = idgen::lease::dynamodb::client(&settings).await;
+    idgen::DynamoDbLeaseStore::new(client_b, &fresh).create_tables().await.unwrap();
+    // B, on it, with the same one number; its configuration creates nothing (as in production).
+    let mut spec_b = WorkerSpec::short_lease_on("b", Store::Dynamodb { endpoint, table: fresh });
+    (spec_b.machines, spec_b.create_tables) = ((0, 0), false);
+    match worker_exit(&spec_b).await {
+        Some((status, stderr)) => {
+            assert!(!status.success(), "{stderr}");
+            assert!(stderr.contains("genesis") && stderr.contains("idgen leases init"), "{stderr}");
+        }
+        None => {
+            // It ran: it claimed machine 0 in the fresh table while A issues under it.
+            let b = WorkerProcess::start(&spec_b).await.unwrap();
+            b.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+            let (mut ids, mut from_b) = (Vec::new(), 0);
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                let (x, y) = tokio::join!(post_ids(&client, &a.url, 200), post_ids(&client, &b.url, 200));
+                if let Issued::Ids(more) = x.unwrap() {
+                    ids.extend(more);
+                }
+                if let Issued::Ids(more) = y.unwrap() {
+                    from_b += more.len();
+                    ids.extend(more);
+                }
+            }
+            let all = ids.len();
+            ids.sort_unstable();
+            ids.dedup();
+            panic!(
+                "a worker on a fresh table nobody made the fleet's issued {from_b} IDs under the live holder's number; \
+                 {} of {all} were the same",
+                all - ids.len()
+            );
+        }
+    }
+    a.stop().await.unwrap();
 }

@@ -71,7 +71,7 @@ async fn e2e_eight_workers_open_one_fresh_lease_file_at_once() {
             &dir.path().join("worker.toml"),
             format!(
                 "development = true\nlisten = \"127.0.0.1:0\"\nschedule_cache = {:?}\n\
-                 [lease]\nstore = \"sqlite\"\nsqlite_path = {:?}\n[clock]\nrequire_sync = false\n",
+                 [lease]\nstore = \"sqlite\"\ncreate_tables = true\nsqlite_path = {:?}\n[clock]\nrequire_sync = false\n",
                 dir.path().join("schedule.json").display().to_string(),
                 dir.path().join("leases.db").display().to_string()
             ),

@@ -144,6 +144,7 @@ async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
     let mut config = config(dir.path());
     config.lease.store = Some(StoreKind::Dynamodb);
     config.lease.dynamodb.endpoint = Some(endpoint);
+    config.lease.create_tables = false;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     let unique = format!("start-{}-{nanos}", std::process::id());
     config.lease.tables =
@@ -157,6 +158,11 @@ async fn missing_dynamodb_tables_fail_the_start_with_what_to_do() {
     let v1 = idgen::DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, &format!("{unique}-v1"));
     v1.create_tables().await.unwrap();
     config.preclaim_ms = 5 * 365 * DAY as i64; // the v2 cutover (2028) is "soon"
+    // A table nobody made the fleet's (no genesis) fails the start too, saying what to run.
+    let error = format!("{:#}", Worker::build(&config, 1).await.err().expect("no genesis"));
+    assert!(error.contains("genesis") && error.contains("idgen leases init"), "{error}");
+    let init = idgen::GenesisRequest { how: idgen::GenesisHow::Init, by: "test".into(), registry_id: None };
+    v1.record_genesis(&init, idgen::system_unix_ms()).await.unwrap();
     let worker = Worker::build(&config, 2).await.unwrap();
     let kept = worker.embedded.layouts();
     assert_eq!(kept, vec!["v1".to_owned()], "v2's keeper could not start: its table is missing");

@@ -14,8 +14,8 @@ use axum::routing::get;
 use idgen::control::supervisor::{StoreOpener, Supervisor};
 use idgen::core::{Generator, GeneratorConfig};
 use idgen::{
-    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, IdGenerator, LeaseRow, LeaseStore,
-    Lift, LiftOutcome, SqliteLeaseStore, StoreError, SystemClock,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, GeneratorMetrics, Genesis, GenesisRequest,
+    IdGenerator, LeaseRow, LeaseStore, Lift, LiftOutcome, SqliteLeaseStore, StoreError, SystemClock,
 };
 use idgen_worker::config::WorkerConfig;
 use idgen_worker::{Worker, api};
@@ -224,6 +224,18 @@ impl LeaseStore for PanicsOnRenew {
     }
     fn table_key(&self) -> String {
         self.inner.table_key()
+    }
+    fn table_name(&self) -> String {
+        self.inner.table_name()
+    }
+    async fn genesis(&self) -> Result<Option<Genesis>, StoreError> {
+        self.inner.genesis().await
+    }
+    async fn record_genesis(&self, request: &GenesisRequest, now: i64) -> Result<Genesis, StoreError> {
+        self.inner.record_genesis(request, now).await
+    }
+    async fn check_claimable(&self) -> Result<Genesis, StoreError> {
+        self.inner.check_claimable().await
     }
     async fn claim_as(&self, m: u32, h: &str, t: &ClaimToken, now: i64, e: i64) -> Result<ClaimOutcome, StoreError> {
         self.inner.claim_as(m, h, t, now, e).await

@@ -192,6 +192,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let start = |file: &str, cpu_counter: bool| {
         let mut config = GeneratorConfig::development();
+        config.lease.create_tables = true;
         config.clock.require_sync = false;
         config.clock.cpu_counter = cpu_counter;
         config.lease.store = Some(StoreKind::Sqlite);

@@ -24,6 +24,8 @@ async fn main() -> anyhow::Result<()> {
         Some(file) => GeneratorConfig::load(Some(std::path::Path::new(&file)), "IDGEN")?,
         None => {
             let mut config = GeneratorConfig::development();
+            // A throwaway table under .idgen/: the generator makes it (and its genesis) itself.
+            config.lease.create_tables = true;
             // This is a try-out on a laptop: no NTP check. Never in production.
             config.clock.require_sync = false;
             config

@@ -35,8 +35,8 @@ pub use lease::keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRange
 #[cfg(feature = "sqlite")]
 pub use lease::sqlite::SqliteLeaseStore;
 pub use lease::{
-    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
-    MAX_LEASE_MS, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, Genesis, GenesisHow, GenesisRequest, LeaseRow,
+    LeaseStore, Lift, LiftOutcome, MAX_LEASE_MS, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 pub use metrics::GeneratorMetrics;
 

@@ -69,7 +69,7 @@ pub struct GeneratorMetrics {
 
 /// Every lease keeper event ([`GeneratorMetrics::lease_event`]), so each layout's series exist at
 /// 0 from the start: an alert's `increase()` then sees a first event as it sees any other.
-pub const LEASE_EVENTS: [&str; 12] = [
+pub const LEASE_EVENTS: [&str; 13] = [
     "claim",
     "claim_adopted",
     "claim_all_taken",
@@ -77,6 +77,7 @@ pub const LEASE_EVENTS: [&str; 12] = [
     "renew",
     "renew_lost",
     "renew_not_forward",
+    "lease_lapsed",
     "store_unavailable",
     "release",
     "keeper_restarted",
@@ -104,7 +105,7 @@ impl GeneratorMetrics {
         );
         registry.register(
             "idgen_lease_events",
-            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, store_unavailable, release, keeper_restarted, table_refused, table_went_back",
+            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, lease_lapsed, store_unavailable, release, keeper_restarted, table_refused, table_went_back",
             self.lease_events.clone(),
         );
         registry.register(

@@ -40,6 +40,7 @@ fn allocations() -> u64 {
 async fn next_id_allocates_nothing_per_id() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = GeneratorConfig::development();
+    config.lease.create_tables = true;
     config.clock.require_sync = false;
     config.lease.sqlite_path = Some(dir.path().join("leases.db"));
     let generator = EmbeddedGenerator::start(&config, &mut Registry::default()).await.unwrap();

@@ -25,6 +25,7 @@ const DAY: i64 = 86_400_000;
 /// fence, so that the faults below play out in seconds.
 fn config(dir: &Path, holder: &str) -> GeneratorConfig {
     let mut config = GeneratorConfig::development();
+    config.lease.create_tables = true;
     config.holder = Some(holder.into());
     config.clock.require_sync = false;
     config.lease.sqlite_path = Some(dir.join("leases.db"));

@@ -1,5 +1,6 @@
 //! The lease keeper driven step by step: a manual wall clock, a hand-moved monotonic `now`
-//! passed to `tick`, and a real SQLite lease table.
+//! passed to `tick`, and a real SQLite lease table (and, where a test says so, a DynamoDB table on
+//! the DynamoDB-protocol server ./scripts/test starts: the same steps on both stores).
 
 use std::sync::Arc;
 
@@ -19,12 +20,58 @@ struct Fixture {
     _dir: tempfile::TempDir,
     store: Arc<dyn LeaseStore>,
     clock: Arc<ManualClock>,
+    backend: Backend,
+}
+
+/// Which lease store a fixture's table is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Dynamodb,
 }
 
 async fn fixture() -> Fixture {
+    fixture_on(Backend::Sqlite).await
+}
+
+/// A fresh table on `backend` (DynamoDB: a table of its own on the DynamoDB-protocol server).
+async fn fixture_on(backend: Backend) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteLeaseStore::open(&dir.path().join("leases.db"), "idgen-leases").await.unwrap();
-    Fixture { _dir: dir, store: Arc::new(store), clock: Arc::new(ManualClock::new(T0)) }
+    let store: Arc<dyn LeaseStore> = match backend {
+        Backend::Sqlite => {
+            Arc::new(SqliteLeaseStore::open(&dir.path().join("leases.db"), "idgen-leases").await.unwrap())
+        }
+        Backend::Dynamodb => Arc::new(bare_dynamodb_table().await),
+    };
+    // The operator's step that makes a table the fleet's (`idgen leases init`).
+    store.record_genesis(&init_request(), T0).await.unwrap();
+    Fixture { _dir: dir, store, clock: Arc::new(ManualClock::new(T0)), backend }
+}
+
+/// A new DynamoDB lease table (and its audit table), as a stack makes them: no genesis.
+async fn bare_dynamodb_table() -> idgen::DynamoDbLeaseStore {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let table = format!("keeper-{}-{n}-{nanos}", std::process::id());
+    let store = idgen::DynamoDbLeaseStore::new(dynamodb_client().await, &table);
+    store.create_tables().await.expect("creating tables on the DynamoDB-protocol server");
+    store
+}
+
+fn init_request() -> idgen::GenesisRequest {
+    idgen::GenesisRequest { how: idgen::GenesisHow::Init, by: "oncall".into(), registry_id: None }
+}
+
+/// Both stores.
+const BACKENDS: [Backend; 2] = [Backend::Sqlite, Backend::Dynamodb];
+
+async fn dynamodb_client() -> aws_sdk_dynamodb::Client {
+    let endpoint = std::env::var("IDGEN_DYNAMODB_ENDPOINT").expect(
+        "IDGEN_DYNAMODB_ENDPOINT is not set: these tests need a DynamoDB-protocol server (./scripts/test starts moto)",
+    );
+    let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint), ..idgen::DynamoDbSettings::default() };
+    idgen::lease::dynamodb::client(&settings).await
 }
 
 fn config(machines: std::ops::RangeInclusive<u32>) -> LeaseConfig {
@@ -221,13 +268,13 @@ fn switchable(f: &Fixture) -> Arc<FaultyStore> {
 }
 
 #[tokio::test]
-async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
+async fn a_table_outage_keeps_issuing_until_the_fence_and_a_renewal_before_it_extends_the_lease() {
     let mut now = Instant::now();
     let f = fixture().await;
     let store = switchable(&f);
     let g = generator(&f.clock);
     let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(0..=63), "a".into()).unwrap();
-    assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
+    let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
     store.faults.set_down(true);
     now += Duration::from_millis(1_000);
     f.clock.advance(1_000);
@@ -235,14 +282,44 @@ async fn a_table_outage_keeps_issuing_until_the_fence_then_renews() {
     assert!(matches!(outcome, Outcome::StoreUnavailable { .. }), "{outcome:?}");
     f.clock.set(T0 + 2_499);
     assert!(g.next_id().await.is_ok(), "still before the fence at expiry − 500 ms");
+    // The table is back before the fence: the lease is renewed, the number kept.
+    store.faults.set_down(false);
+    now += Duration::from_millis(1_000);
+    let outcome = k.tick(now).await;
+    assert_eq!(outcome, Outcome::Renewed { machine, expiry_unix_ms: T0 + 5_499 });
+    f.clock.set(T0 + 2_600);
+    assert!(g.next_id().await.is_ok(), "past the old fence, under the renewed lease");
+}
+
+#[tokio::test]
+async fn a_table_outage_past_the_fence_stops_issuing_and_the_lease_is_claimed_afresh_not_renewed() {
+    // Before, the renewal after the outage extended a lease the core held as expired, on the
+    // row's word that nobody had claimed the number meanwhile.
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let store = switchable(&f);
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(0..=63), "a".into()).unwrap();
+    let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+    let before = g.next_id().await.unwrap();
+    store.faults.set_down(true);
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    assert!(matches!(k.tick(now).await, Outcome::StoreUnavailable { .. }));
     f.clock.set(T0 + 2_500);
     assert!(matches!(g.next_id().await, Err(Refusal::PastFence { .. })));
     assert!(matches!(g.health(), idgen::Health::Refusing { refusal: Refusal::PastFence { .. }, .. }));
     store.faults.set_down(false);
     now += Duration::from_millis(1_000);
     let outcome = k.tick(now).await;
-    assert!(matches!(outcome, Outcome::Renewed { .. }), "{outcome:?}");
-    assert!(g.next_id().await.is_ok());
+    let Outcome::Lapsed { machine: lapsed, then } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(lapsed, machine);
+    let Outcome::Claimed { machine: other, .. } = *then else { panic!("{then:?}") };
+    assert_ne!(other, machine, "the number it let lapse is not claimed again for a lease");
+    let after = g.next_id().await.unwrap();
+    assert!(after > before && (after >> 12) & 0x3ff == u64::from(other));
+    let text = metrics_text(&g);
+    assert!(text.contains(r#"idgen_lease_events_total{layout="v1",event="lease_lapsed"} 1"#), "{text}");
 }
 
 #[tokio::test]
@@ -461,5 +538,206 @@ async fn a_row_back_at_an_older_epoch_or_another_holder_at_ours_is_a_table_that_
         let Outcome::Lost { then, .. } = outcome else { panic!("{outcome:?}") };
         let Outcome::TableRefused { reason, .. } = *then else { panic!("{change}: claimed again: {then:?}") };
         assert!(reason.contains(shows), "{reason}");
+    }
+}
+
+/// Writes `row` over the fixture's row of its number, behind the store's back: a row put back
+/// from a copy, or edited by hand.
+async fn put_row_by_hand(f: &Fixture, row: &idgen::LeaseRow) {
+    match f.backend {
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", f._dir.path().join("leases.db").display()))
+                .await
+                .unwrap();
+            sqlx::query(
+                r#"INSERT OR REPLACE INTO "idgen-leases"
+                   (machine_id, holder, lease_expiry, lease_epoch, claim_token, expiry_before_quarantine)
+                   VALUES (?, ?, ?, ?, ?, ?)"#,
+            )
+            .bind(row.machine_id)
+            .bind(&row.holder)
+            .bind(row.lease_expiry)
+            .bind(row.lease_epoch as i64)
+            .bind(&row.claim_token)
+            .bind(row.expiry_before_quarantine)
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        Backend::Dynamodb => {
+            use aws_sdk_dynamodb::types::AttributeValue::{N, S};
+            let mut put = dynamodb_client()
+                .await
+                .put_item()
+                .table_name(f.store.table_name())
+                .item("machine_id", N(row.machine_id.to_string()))
+                .item("holder", S(row.holder.clone()))
+                .item("lease_expiry", N(row.lease_expiry.to_string()))
+                .item("lease_epoch", N(row.lease_epoch.to_string()));
+            if let Some(token) = &row.claim_token {
+                put = put.item("claim_token", S(token.clone()));
+            }
+            if let Some(kept) = row.expiry_before_quarantine {
+                put = put.item("expiry_before_quarantine", N(kept.to_string()));
+            }
+            put.send().await.unwrap();
+        }
+    }
+}
+
+/// Deletes the fixture's row of `machine` behind the store's back.
+async fn delete_row_by_hand(f: &Fixture, machine: u32) {
+    match f.backend {
+        Backend::Sqlite => by_hand(f, &format!(r#"DELETE FROM "idgen-leases" WHERE machine_id = {machine}"#)).await,
+        Backend::Dynamodb => {
+            dynamodb_client()
+                .await
+                .delete_item()
+                .table_name(f.store.table_name())
+                .key("machine_id", aws_sdk_dynamodb::types::AttributeValue::N(machine.to_string()))
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// What the test does to the lapsed holder's row once its successor holds the number.
+#[derive(Debug, Clone, Copy)]
+enum SetBack {
+    /// The whole row as the lapsed holder left it (its holder, epoch, expiry and token): a row
+    /// put back from a copy.
+    WholeRow,
+    /// Only its holder and epoch, the successor's expiry left: a hand edit.
+    HolderAndEpoch,
+}
+
+/// Keeper A (5–6) claims 5 and issues; it stops ticking (frozen, or cut off from the table) past
+/// its lease; keeper B (5 only) claims 5 and issues; the row is set back to A; A ticks and both
+/// issue in the same milliseconds.
+async fn a_lapsed_holder_meets_its_row_set_back(backend: Backend, set_back: SetBack) {
+    let mut now = Instant::now();
+    let f = fixture_on(backend).await;
+    // 6 is held until T0 + 1 s, so A's first claim takes 5; it is free again when A's lease lapses.
+    f.store.claim(6, "c", T0, T0 + 1_000).await.unwrap();
+    let ga = generator(&f.clock);
+    let mut ka = keeper(&f, &ga, 5..=6, "a");
+    let outcome = ka.tick(now).await;
+    let Outcome::Claimed { machine: 5, epoch: a_epoch, expiry_unix_ms: a_expiry } = outcome else {
+        panic!("{backend:?}: A claims 5: {outcome:?}")
+    };
+    let mut ids = vec![ga.next_id().await.unwrap()];
+    let as_a_left_it = f.store.get(5).await.unwrap().unwrap();
+
+    // A's lease passes without a tick of A; B takes the number over and issues.
+    f.clock.set(a_expiry + 1);
+    let gb = generator(&f.clock);
+    let mut kb = keeper(&f, &gb, 5..=5, "b");
+    let Outcome::Claimed { machine: 5, .. } = kb.tick(now).await else { panic!("B claims 5") };
+    ids.push(gb.next_id().await.unwrap());
+
+    let row = match set_back {
+        SetBack::WholeRow => as_a_left_it,
+        SetBack::HolderAndEpoch => {
+            let b = f.store.get(5).await.unwrap().unwrap();
+            idgen::LeaseRow { holder: "a".into(), lease_epoch: a_epoch, ..b }
+        }
+    };
+    put_row_by_hand(&f, &row).await;
+
+    // A wakes half a second later (its renewal's expiry is past B's too) and ticks.
+    f.clock.advance(500);
+    now += Duration::from_secs(5);
+    let outcome = ka.tick(now).await;
+    assert!(
+        !matches!(outcome, Outcome::Renewed { .. }),
+        "{backend:?} {set_back:?}: a lapsed lease renewed: {outcome:?}"
+    );
+    // Both issue in the same milliseconds (a wait for the next one, which this clock never
+    // brings by itself, counts as nothing issued).
+    let (mut from_a, mut from_b) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        for (g, into) in [(&ga, &mut from_a), (&gb, &mut from_b)] {
+            if let Ok(Ok(more)) = tokio::time::timeout(Duration::from_millis(200), g.next_ids(4)).await {
+                into.extend(more);
+            }
+        }
+        f.clock.advance(1);
+    }
+    assert!(!from_b.is_empty(), "B, the number's holder, issues on");
+    ids.extend(&from_a);
+    ids.extend(&from_b);
+    let issued = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), issued, "{backend:?} {set_back:?}: an ID issued twice after {outcome:?}");
+    assert!(from_a.iter().all(|id| (id >> 12) & 0x3ff != 5), "A issued under 5 again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_lease_is_not_renewed_in_a_table_set_back_under_its_successor() {
+    // Before, A's renewal met its condition on the row set back to it, extended the lease the
+    // core held as expired, and A issued under 5 in the milliseconds B was issuing in.
+    for backend in BACKENDS {
+        for set_back in [SetBack::WholeRow, SetBack::HolderAndEpoch] {
+            a_lapsed_holder_meets_its_row_set_back(backend, set_back).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_that_went_back_is_refused_by_the_next_keeper_of_the_process_too() {
+    // Before, what a keeper learnt died with it: the supervisor's new keeper (after a panic)
+    // claimed again in the table that went back.
+    for backend in BACKENDS {
+        let mut now = Instant::now();
+        let f = fixture_on(backend).await;
+        let g = generator(&f.clock);
+        let mut k = keeper(&f, &g, 7..=8, "a");
+        let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+        delete_row_by_hand(&f, machine).await;
+        now += Duration::from_millis(1_000);
+        f.clock.advance(1_000);
+        let outcome = k.tick(now).await;
+        let Outcome::Lost { then, .. } = outcome else { panic!("{backend:?}: {outcome:?}") };
+        assert!(matches!(*then, Outcome::TableRefused { .. }), "{backend:?}: {then:?}");
+        drop(k);
+        // The same process starts a new keeper on the same table (a handle opened anew).
+        let mut again = keeper(&f, &g, 7..=8, "a");
+        let outcome = again.tick(now).await;
+        let Outcome::TableRefused { reason, .. } = &outcome else { panic!("{backend:?}: claimed again: {outcome:?}") };
+        assert!(reason.contains("went back"), "{reason}");
+        assert_eq!(again.machine(), None);
+        assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keeper_claims_nothing_in_a_table_nobody_made_the_fleets() {
+    // A table made beside the live one (no genesis) shows every number free; before, a keeper
+    // claimed in it at once.
+    for backend in BACKENDS {
+        let mut now = Instant::now();
+        let dir = tempfile::tempdir().unwrap();
+        let bare: Arc<dyn LeaseStore> = match backend {
+            Backend::Sqlite => {
+                Arc::new(SqliteLeaseStore::open(&dir.path().join("bare.db"), "idgen-leases").await.unwrap())
+            }
+            Backend::Dynamodb => Arc::new(bare_dynamodb_table().await),
+        };
+        let clock = Arc::new(ManualClock::new(T0));
+        let g = generator(&clock);
+        let mut k = LeaseKeeper::new("v1", bare.clone(), g.clone(), config(0..=3), "a".into()).unwrap();
+        for _ in 0..3 {
+            let outcome = k.tick(now).await;
+            let Outcome::TableRefused { reason, retry_in } = &outcome else { panic!("{backend:?}: {outcome:?}") };
+            assert!(reason.contains("genesis") && reason.contains("idgen leases init"), "{reason}");
+            now += *retry_in;
+        }
+        assert!(bare.list().await.unwrap().is_empty(), "{backend:?}: nothing claimed");
+        // Once an operator made it the fleet's, the same keeper claims.
+        bare.record_genesis(&init_request(), T0).await.unwrap();
+        assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
     }
 }

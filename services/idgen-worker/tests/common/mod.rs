@@ -6,6 +6,8 @@ use idgen_worker::config::WorkerConfig;
 /// in `dir`, the sync check off, a 100 ms shutdown grace.
 pub fn config_in(dir: &std::path::Path) -> WorkerConfig {
     let mut config = WorkerConfig::development();
+    // The test's tables are its own: the worker makes them, genesis and all.
+    config.lease.create_tables = true;
     (config.listen, config.shutdown_grace_ms) = ("127.0.0.1:0".parse().unwrap(), 100);
     config.region = Some("eu-west-1".into());
     config.schedule_cache = Some(dir.join("schedule.json"));

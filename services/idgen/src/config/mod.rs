@@ -218,8 +218,9 @@ pub struct LeaseSection {
     pub sqlite_open_timeout_ms: u64,
     /// The DynamoDB lease tables, when `store = "dynamodb"`.
     pub dynamodb: DynamoDbSection,
-    /// Create missing DynamoDB lease and audit tables at start-up (development only; production
-    /// creates them once with `idgen leases init`).
+    /// Development only: the generator runs `idgen leases init` itself at start, making missing
+    /// DynamoDB lease and audit tables and each table's genesis (production: the operator runs
+    /// `idgen leases init` once, and no generator claims in a table without a genesis).
     pub create_tables: bool,
     /// Lease table per layout.
     pub tables: BTreeMap<String, String>,
@@ -377,7 +378,7 @@ impl GeneratorConfig {
         if let Some(table) = self.lease.tables.get(layout) {
             return Ok(table.clone());
         }
-        let table = format!("idgen-leases-{layout}");
+        let table = crate::lease::default_table(layout);
         if table.ends_with("-audit") {
             bail!(
                 "layout {layout}'s default table {table} would be an audit table's name: configure lease.tables.{layout}"
@@ -504,6 +505,11 @@ impl GeneratorConfig {
         // `idgen-leases-<layout>`, so no configured table may take that name for another layout.
         let mut seen = std::collections::BTreeSet::new();
         for (layout, table) in &self.lease.tables {
+            if table == "idgen-genesis" {
+                bail!(
+                    "lease.tables.{layout} = {table:?}: that name is the SQLite lease file's table of genesis records"
+                );
+            }
             if table.ends_with("-audit") {
                 bail!(
                     "lease.tables.{layout} = {table:?}: names ending in -audit are the audit tables' (<table>-audit)"
@@ -650,16 +656,6 @@ async fn open_dynamodb(
         }
         Err(error) => {
             return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
-        }
-    }
-    // A generator does not start on a restored copy nobody adopted (the keeper asks again before
-    // every claim); an operator's command may, to look at it and to adopt it.
-    if audit_required {
-        match store.check_claimable().await {
-            Ok(()) | Err(crate::StoreError::Unavailable(_)) => {}
-            Err(error) => {
-                return Err(error).with_context(|| format!("lease table {table} in region {}", settings.region));
-            }
         }
     }
     let audit = store.audit_table().to_owned();

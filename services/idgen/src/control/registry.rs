@@ -3,10 +3,13 @@
 //! last good copy is kept on local disk, so a restart during a registry outage still works (until
 //! the copy's horizon passes: then the generator refuses, it never guesses).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use idgen_core::{Layout, Schedule, ScheduleEntry, Timestamp};
+
+use crate::lease::genesis::Genesis;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -29,6 +32,20 @@ pub struct RegionWire {
     /// not from then on. Absent from copies saved before retirements had a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retires_at: Option<String>,
+    /// The lease table the region's generators claim in, per layout. Absent from the answers of
+    /// a registry, and from copies saved, before the registry named them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lease_tables: BTreeMap<String, LeaseTableWire>,
+}
+
+/// The lease table a region's generators use under one layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTableWire {
+    pub table: String,
+    /// The table it replaced, when an operator moved the region to this one: a generator claims
+    /// here only once this table was adopted from that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<String>,
 }
 
 impl RegionWire {
@@ -52,6 +69,11 @@ pub struct RegistrySnapshot {
     pub horizon_ms: u64,
     pub home_region: String,
     pub regions: Vec<RegionWire>,
+    /// The registry's identity, made once when its database was initialized: a registry started
+    /// over has another. Absent from the answers of a registry, and from copies saved, before
+    /// registries had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_id: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -109,6 +131,8 @@ struct LayoutsResponse {
     layouts: Vec<LayoutWire>,
     horizon_ms: u64,
     home_region: String,
+    #[serde(default)]
+    registry_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +173,7 @@ impl RegistrySnapshot {
             horizon_ms: layouts.horizon_ms,
             home_region: layouts.home_region,
             regions: regions.regions,
+            registry_id: layouts.registry_id,
         };
         snapshot.check()?;
         Ok(snapshot)
@@ -189,10 +214,10 @@ impl RegistrySnapshot {
     }
 
     /// Whether this copy may replace `held` in a generator of `region`: the schedule only moves
-    /// forward ([`Schedule::check_successor`]), and neither the region's number nor the home
-    /// region changes. A registry restored from an old backup, or a different registry, fails
-    /// this; a generator that took such an answer could share a millisecond's layout, region or
-    /// machine bits with one that did not.
+    /// forward ([`Schedule::check_successor`]), and neither the region's number, the home region
+    /// nor the registry's identity changes. A registry restored from an old backup, one started
+    /// over, or a different registry, fails this; a generator that took such an answer could share
+    /// a millisecond's layout, region or machine bits with one that did not.
     pub fn may_replace(&self, held: &RegistrySnapshot, region: &str) -> Result<(), RegistryError> {
         held.schedule()?.check_successor(&self.schedule()?).map_err(|e| RegistryError::Contradicts(e.to_string()))?;
         // A region retired and added again has a new, never-used number, and its old one is
@@ -205,11 +230,86 @@ impl RegistrySnapshot {
         {
             return Err(RegistryError::Contradicts(format!("region {region} was number {before}, now {now}")));
         }
+        // A registry with another identity is another registry, or this one started over: its
+        // region numbers may be handed out again. A copy saved before registries had one takes
+        // the first identity it meets.
+        if let Some(held_id) = &held.registry_id
+            && self.registry_id.as_ref() != Some(held_id)
+        {
+            return Err(RegistryError::Contradicts(format!(
+                "the registry was {held_id}, now {}: a registry started over (a new database, or a backup \
+                 restored) numbers regions from 0 again",
+                self.registry_id.as_deref().unwrap_or("one without an identity")
+            )));
+        }
         if held.home_region != self.home_region {
             return Err(RegistryError::Contradicts(format!(
                 "the home region was {}, now {}",
                 held.home_region, self.home_region
             )));
+        }
+        Ok(())
+    }
+
+    /// Whether a generator of `region` holding this answer of the registry (or its copy on disk)
+    /// may claim in `table` under `layout`, whose genesis is `genesis` (`None`: the caller is about to
+    /// write one, `idgen leases init`). The registry names each region's table per layout: a
+    /// generator claims in that table and no other, a table the registry moved there only once it was
+    /// adopted from the one it replaces, and one whose genesis names this registry.
+    ///
+    /// A registry of an earlier release (no identity in its answer) names no tables: nothing is
+    /// checked against it until it is upgraded.
+    pub fn check_lease_table(
+        &self,
+        region: &str,
+        layout: &str,
+        table: &str,
+        genesis: Option<&Genesis>,
+    ) -> Result<(), String> {
+        let Some(registry_id) = &self.registry_id else { return Ok(()) };
+        let entry =
+            self.active_region(region).ok().and_then(|entry| entry.lease_tables.get(layout)).ok_or_else(|| {
+                format!("the registry names no lease table for region {region} under layout {layout}")
+            })?;
+        if entry.table != table {
+            return Err(format!(
+                "lease table {table} is not region {region}'s table for layout {layout}: the registry names {named}. \
+                 Generators claim only in the table their region's entry names, so a table made beside the live one \
+                 cannot hand out numbers held there. Point lease.tables.{layout} at {named}; to move the region to \
+                 {table}, adopt it (`idgen leases adopt --from-table {named}`) and then `idgen regions \
+                 move-lease-table {region} --confirm {region} --layout {layout} --from {named} --to {table}` \
+                 (runbooks/lease-table-restore.md)",
+                named = entry.table
+            ));
+        }
+        let Some(genesis) = genesis else { return Ok(()) };
+        match &genesis.registry_id {
+            None => {
+                return Err(format!(
+                    "lease table {table}'s genesis names no registry, and this generator follows one: run `idgen \
+                     leases init --config <this configuration>`, which records the registry ({registry_id})"
+                ));
+            }
+            Some(held) if held != registry_id => {
+                return Err(format!(
+                    "lease table {table} belongs to the region of registry {held} (its genesis says so), but the \
+                     registry answers as {registry_id}: a registry started over (a new database, or one restored from \
+                     a backup older than this table) numbers regions from 0 again, and a region number handed out \
+                     twice is two regions issuing the same IDs. Nothing is claimed here until the registry is the \
+                     one this table was made for (runbooks/lease-table-restore.md)"
+                ));
+            }
+            Some(_) => {}
+        }
+        if let Some(old) = &entry.moved_from {
+            let adopted = genesis.how.adopted_from().is_some_and(|from| from == old || from == "gone");
+            if !adopted {
+                return Err(format!(
+                    "the registry moved region {region}'s {layout} lease table here from {old}, but {table} was not \
+                     adopted from it: a claim here could take a number whose holder issues in {old}. Run `idgen leases \
+                     adopt --from-table {old}` (or --source-gone) first (runbooks/lease-table-restore.md)"
+                ));
+            }
         }
         Ok(())
     }
@@ -288,7 +388,7 @@ mod tests {
     }
 
     fn region(name: &str, number: u32, status: &str) -> RegionWire {
-        RegionWire { name: name.into(), number, status: status.into(), retires_at: None }
+        RegionWire { name: name.into(), number, status: status.into(), retires_at: None, lease_tables: BTreeMap::new() }
     }
 
     fn snapshot() -> RegistrySnapshot {
@@ -310,6 +410,7 @@ mod tests {
                 region("eu-west-1", 2, "active"),
                 region("old-1", 1, "retired"),
             ],
+            registry_id: None,
         }
     }
 
@@ -385,5 +486,72 @@ mod tests {
         let mut rehomed = later;
         rehomed.home_region = "eu-west-1".into();
         assert!(rehomed.may_replace(&held, "us-east-1").is_err());
+    }
+
+    #[test]
+    fn a_registry_with_another_identity_is_refused_once_one_was_held() {
+        let held = RegistrySnapshot { registry_id: Some("r1".into()), ..snapshot() };
+        let mut later = held.clone();
+        later.horizon_ms += 1;
+        later.may_replace(&held, "eu-west-1").unwrap();
+        // Started over: another identity (or none: a registry of an earlier release).
+        for other in [Some("r2".to_owned()), None] {
+            let reset = RegistrySnapshot { registry_id: other, ..later.clone() };
+            let refused = reset.may_replace(&held, "eu-west-1").unwrap_err().to_string();
+            assert!(refused.contains("started over"), "{refused}");
+        }
+        // A copy saved before registries had an identity takes the first it meets.
+        later.may_replace(&snapshot(), "eu-west-1").unwrap();
+    }
+
+    fn genesis(registry: Option<&str>, how: crate::lease::GenesisHow) -> Genesis {
+        Genesis {
+            table_id: "t".into(),
+            registry_id: registry.map(str::to_owned),
+            how,
+            by: "oncall".into(),
+            at_unix_ms: 0,
+            table_created_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_generator_claims_only_in_the_table_its_region_names_bound_to_this_registry() {
+        use crate::lease::GenesisHow;
+        let table = |name: &str, moved_from: Option<&str>| LeaseTableWire {
+            table: name.into(),
+            moved_from: moved_from.map(str::to_owned),
+        };
+        let mut s = RegistrySnapshot { registry_id: Some("r1".into()), ..snapshot() };
+        s.regions[1].lease_tables = BTreeMap::from([
+            ("v1".into(), table("idgen-leases", None)),
+            ("v2".into(), table("idgen-leases-v2-restored", Some("idgen-leases-v2"))),
+        ]);
+        let init = genesis(Some("r1"), GenesisHow::Init);
+        s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init)).unwrap();
+        s.check_lease_table("eu-west-1", "v1", "idgen-leases", None).unwrap();
+        // Another table: a fresh one beside the live one.
+        let fresh = s.check_lease_table("eu-west-1", "v1", "idgen-leases-new", Some(&init)).unwrap_err();
+        assert!(fresh.contains("names idgen-leases") && fresh.contains("move-lease-table"), "{fresh}");
+        // No table named for the layout, or the region unknown.
+        assert!(s.check_lease_table("eu-west-1", "v3", "idgen-leases-v3", None).is_err());
+        assert!(s.check_lease_table("old-1", "v1", "idgen-leases", None).is_err());
+        // The table's genesis names no registry, or another (this one started over).
+        let unbound = s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&genesis(None, GenesisHow::Init)));
+        assert!(unbound.unwrap_err().contains("idgen leases init"));
+        let other =
+            s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&genesis(Some("r0"), GenesisHow::Init)));
+        assert!(other.unwrap_err().contains("started over"));
+        // A table moved here must have been adopted from the one it replaces.
+        let moved = "idgen-leases-v2-restored";
+        assert!(s.check_lease_table("eu-west-1", "v2", moved, Some(&init)).unwrap_err().contains("adopt"));
+        for from in ["idgen-leases-v2", "gone"] {
+            let adopted = genesis(Some("r1"), GenesisHow::Adopted { from: from.into() });
+            s.check_lease_table("eu-west-1", "v2", moved, Some(&adopted)).unwrap();
+        }
+        let elsewhere = genesis(Some("r1"), GenesisHow::Adopted { from: "idgen-leases-other".into() });
+        assert!(s.check_lease_table("eu-west-1", "v2", moved, Some(&elsewhere)).is_err());
+        // A registry of an earlier release names nothing: nothing to check against it.
+        snapshot().check_lease_table("eu-west-1", "v1", "anything", None).unwrap();
     }
 }

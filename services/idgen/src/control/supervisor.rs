@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::GeneratorConfig;
+use crate::lease::{Genesis, GenesisHow, GenesisRequest, TableCheck};
 use crate::{IdGenerator, LeaseKeeper, LeaseStore, RegistrySnapshot, StoreError};
 
 struct Running {
@@ -43,6 +44,22 @@ fn configured_stores() -> StoreOpener {
     })
 }
 
+/// The registry's word on a lease table, from the answer the supervisor holds (refreshed):
+/// what a keeper asks before every sweep of claims.
+struct RegistryTables {
+    region: String,
+    held: Arc<RwLock<Option<RegistrySnapshot>>>,
+}
+
+impl TableCheck for RegistryTables {
+    fn check(&self, layout: &str, table: &str, genesis: &Genesis) -> Result<(), String> {
+        match &*self.held.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            Some(snapshot) => snapshot.check_lease_table(&self.region, layout, table, Some(genesis)),
+            None => Ok(()),
+        }
+    }
+}
+
 pub struct Supervisor {
     config: GeneratorConfig,
     generator: Arc<IdGenerator>,
@@ -55,6 +72,8 @@ pub struct Supervisor {
     next_refresh: tokio::time::Instant,
     /// The registry's answer in force; a refresh must be able to replace it.
     held: Option<RegistrySnapshot>,
+    /// The same, for the keepers' checks of their tables ([`RegistryTables`]).
+    shared_held: Arc<RwLock<Option<RegistrySnapshot>>>,
     /// When a keeper for a layout not yet in force last failed to start (for the log).
     early_failures: HashMap<String, tokio::time::Instant>,
     /// Per layout, how often its keeper ended by itself and when it may be started again.
@@ -83,6 +102,7 @@ impl Supervisor {
             registry_http,
             keepers: HashMap::new(),
             next_refresh,
+            shared_held: Arc::new(RwLock::new(held.clone())),
             held,
             early_failures: HashMap::new(),
             restarts: HashMap::new(),
@@ -201,10 +221,48 @@ impl Supervisor {
         }
     }
 
+    /// Opens the layout's table and starts its keeper, once the table passes what every claim
+    /// asks of it: a table that is not this region's is refused here, so a generator does not start
+    /// on it, rather than only stay without a lease.
     async fn start_keeper(&mut self, layout: &str) -> anyhow::Result<()> {
         let store = (self.stores)(&self.config, layout).await?;
-        let keeper =
+        let table = store.table_name();
+        let region = self.config.region().to_owned();
+        let held = self.held.clone();
+        if let Some(snapshot) = &held {
+            snapshot.check_lease_table(&region, layout, &table, None).map_err(anyhow::Error::msg)?;
+        }
+        // Development's `create_tables`: the generator runs `idgen leases init` itself.
+        if self.config.lease.create_tables {
+            let request = GenesisRequest {
+                how: GenesisHow::Init,
+                by: format!("create_tables:{}", self.holder),
+                registry_id: held.as_ref().and_then(|snapshot| snapshot.registry_id.clone()),
+            };
+            match store.record_genesis(&request, self.generator.clock().unix_ms()).await {
+                Ok(_) => {}
+                Err(error @ StoreError::Unavailable(_)) => {
+                    tracing::warn!(%error, table, "could not write the table's genesis (create_tables): asked again before claiming")
+                }
+                Err(error) => return Err(anyhow::Error::new(error).context(store.describe())),
+            }
+        }
+        match store.check_claimable().await {
+            Ok(genesis) => {
+                if let Some(snapshot) = &held {
+                    snapshot.check_lease_table(&region, layout, &table, Some(&genesis)).map_err(anyhow::Error::msg)?;
+                }
+            }
+            Err(error @ StoreError::Unavailable(_)) => {
+                tracing::warn!(%error, table, "lease table unreachable at start-up: claiming once it answers")
+            }
+            Err(error) => return Err(anyhow::Error::new(error).context(store.describe())),
+        }
+        let mut keeper =
             LeaseKeeper::new(layout, store, self.generator.clone(), self.config.lease_config(), self.holder.clone())?;
+        if self.config.registry_url.is_some() {
+            keeper = keeper.with_table_check(Arc::new(RegistryTables { region, held: self.shared_held.clone() }));
+        }
         let (stop, stop_rx) = watch::channel(false);
         tracing::info!(layout, "starting the lease keeper");
         self.keepers.insert(layout.to_owned(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
@@ -251,6 +309,7 @@ impl Supervisor {
                         if let Err(error) = snapshot.save(&self.config.schedule_cache_path()) {
                             tracing::warn!(%error, "could not save the registry copy");
                         }
+                        *self.shared_held.write().unwrap_or_else(|p| p.into_inner()) = Some(snapshot.clone());
                         self.held = Some(snapshot);
                     }
                     Err(error) => tracing::error!(%error, "the registry's schedule was refused"),

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::lease::{
-    AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseStore, Lift, LiftOutcome, QUARANTINE_EXPIRY_UNIX_MS,
-    QUARANTINED,
+    AuditKind, ClaimOutcome, ClaimToken, Conditional, Genesis, GenesisHow, GenesisRequest, LeaseStore, Lift,
+    LiftOutcome, QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 
 /// Opens handles to one fresh table. Each `open` is an independent client (its own connections),
@@ -291,6 +291,43 @@ pub async fn racing_claimants_exactly_one_wins(factory: &dyn StoreFactory) {
     }
 }
 
+fn genesis_request(how: GenesisHow, registry: Option<&str>) -> GenesisRequest {
+    GenesisRequest { how, by: "oncall".into(), registry_id: registry.map(str::to_owned) }
+}
+
+/// A fresh table is claimed in by nobody until an explicit step wrote its genesis; `init` writes
+/// it once, binds it to a registry once and never to another; an adoption writes its own.
+pub async fn a_table_is_claimable_only_once_its_genesis_is_written(factory: &dyn StoreFactory) {
+    let store = factory.open().await;
+    let refused = store.check_claimable().await.unwrap_err();
+    let StoreError::Misconfigured(why) = &refused else { panic!("{refused:?}") };
+    assert!(why.contains("genesis") && why.contains("idgen leases init"), "{why}");
+    assert_eq!(store.genesis().await.unwrap(), None);
+    // Rows alone (an earlier release's live table) make no genesis, and init changes none of them.
+    let row = claimed(store.claim(3, "a", T0, T0 + LEASE).await.unwrap());
+    assert!(store.check_claimable().await.is_err());
+
+    let first = store.record_genesis(&genesis_request(GenesisHow::Init, None), T0).await.unwrap();
+    assert_eq!((first.how.clone(), first.registry_id.clone(), first.by.as_str()), (GenesisHow::Init, None, "oncall"));
+    assert_eq!(store.check_claimable().await.unwrap(), first);
+    assert_eq!(store.get(3).await.unwrap(), Some(row), "init changes no row");
+    assert_eq!(store.list().await.unwrap().len(), 1, "the genesis is no machine number's row");
+    // Idempotent: the record is kept as it is.
+    assert_eq!(store.record_genesis(&genesis_request(GenesisHow::Init, None), T0 + 1).await.unwrap(), first);
+    // Bound to the first registry that asks, and to no other after.
+    let bound = store.record_genesis(&genesis_request(GenesisHow::Init, Some("r1")), T0 + 2).await.unwrap();
+    assert_eq!(bound, Genesis { registry_id: Some("r1".into()), ..first.clone() });
+    let other = store.record_genesis(&genesis_request(GenesisHow::Init, Some("r2")), T0 + 3).await.unwrap_err();
+    assert!(matches!(&other, StoreError::Misconfigured(why) if why.contains("r1")), "{other:?}");
+    assert_eq!(store.genesis().await.unwrap(), Some(bound.clone()), "a refused write changes nothing");
+    // An adoption writes its own, under the same registry, seen by every handle.
+    let from = GenesisHow::Adopted { from: "idgen-leases-old".into() };
+    let adopted = store.record_genesis(&genesis_request(from.clone(), None), T0 + 4).await.unwrap();
+    assert_eq!((adopted.how.clone(), adopted.registry_id.as_deref()), (from, Some("r1")));
+    assert_ne!(adopted.table_id, bound.table_id);
+    assert_eq!(factory.open().await.check_claimable().await.unwrap(), adopted);
+}
+
 /// Generates one `#[tokio::test]` per conformance check. `$factory` is an async fn returning a
 /// [`StoreFactory`] for a fresh table.
 #[macro_export]
@@ -307,7 +344,8 @@ macro_rules! lease_store_conformance {
             lifting_a_quarantine_never_moves_a_holders_expiry_back,
             a_quarantine_that_kept_no_expiry_is_lifted_only_once_its_holder_is_stopped,
             list_and_history,
-            racing_claimants_exactly_one_wins
+            racing_claimants_exactly_one_wins,
+            a_table_is_claimable_only_once_its_genesis_is_written
         );
     };
     (@tests $factory:path; $($name:ident),*) => {
@@ -369,7 +407,18 @@ impl LeaseStore for FaultyStore {
     fn table_key(&self) -> String {
         self.inner.table_key()
     }
-    async fn check_claimable(&self) -> Result<(), crate::StoreError> {
+    fn table_name(&self) -> String {
+        self.inner.table_name()
+    }
+    async fn genesis(&self) -> Result<Option<Genesis>, crate::StoreError> {
+        self.check()?;
+        self.inner.genesis().await
+    }
+    async fn record_genesis(&self, request: &GenesisRequest, now: i64) -> Result<Genesis, crate::StoreError> {
+        self.check()?;
+        self.inner.record_genesis(request, now).await
+    }
+    async fn check_claimable(&self) -> Result<Genesis, crate::StoreError> {
         self.check()?;
         self.inner.check_claimable().await
     }

@@ -32,6 +32,7 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 use crate::lease::audit_spool::{AuditSink, AuditSpool, SpooledRecord};
 pub use crate::lease::aws::DynamoDbSettings;
+use crate::lease::genesis::{self, Genesis, GenesisHow, GenesisRequest, GenesisWrite};
 use crate::lease::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
     QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
@@ -174,13 +175,25 @@ const READ_WRITE_ATTEMPTS: usize = 5;
 /// machine can have, so no claim touches it; [`LeaseStore::list`] leaves it out.
 pub const TABLE_RECORD_KEY: i64 = -1;
 
+/// The key of the table's genesis ([`crate::lease::genesis`]), likewise no machine's.
+pub const GENESIS_KEY: i64 = -2;
+
 /// What `DescribeTable` says of a table made by a restore (point in time, or from a backup).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Restored {
     /// `RestoreSummary.SourceTableArn`, else the backup's ARN.
     pub source: String,
+    /// The name of the table it is a copy of (from `SourceTableArn`), when DynamoDB says.
+    pub source_table: Option<String>,
     /// The point in time the copy holds, Unix ms.
     pub restored_to_unix_ms: i64,
+}
+
+/// The table name in a DynamoDB table ARN (`arn:aws:dynamodb:<region>:<account>:table/<name>`, a
+/// backup's ARN continuing `/backup/<id>`).
+pub fn table_of_arn(arn: &str) -> Option<&str> {
+    let (_, rest) = arn.split_once(":table/")?;
+    rest.split('/').next().filter(|name| !name.is_empty())
 }
 
 /// An operator's statement, kept in the table, that its numbers' earlier holders are all past
@@ -242,6 +255,7 @@ impl DynamoDbLeaseStore {
                 .or(summary.source_backup_arn())
                 .unwrap_or("an unnamed source")
                 .to_owned(),
+            source_table: summary.source_table_arn().and_then(table_of_arn).map(str::to_owned),
             restored_to_unix_ms: millis(Some(summary.restore_date_time())).unwrap_or(0),
         });
         Ok((created, restored))
@@ -287,6 +301,80 @@ impl DynamoDbLeaseStore {
         Err(StoreError::Unavailable(format!("machine {machine}'s row kept changing while its expiry was carried")))
     }
 
+    /// Quarantines one row as the table the fleet used before had it quarantined
+    /// (`idgen leases adopt`): keeping exactly what that quarantine kept, `kept` (`None`: it kept
+    /// nothing, and its lift must wait for the holder to be stopped here too), or, where this
+    /// table's row held a later expiry than the kept one, that. The epoch goes above both tables'.
+    pub async fn carry_quarantine(
+        &self,
+        machine: u32,
+        operator: &str,
+        kept: Option<i64>,
+        old_epoch: u64,
+        now_unix_ms: i64,
+    ) -> Result<LeaseRow, StoreError> {
+        for _ in 0..READ_WRITE_ATTEMPTS {
+            let before = self.get(machine).await?;
+            let epoch = before.as_ref().map_or(0, |row| row.lease_epoch).max(old_epoch) + 1;
+            // This table's own row is a holder's too (a restored copy's, or a carried expiry): the
+            // later of the two, where both say something.
+            let own = before.as_ref().filter(|row| row.holder != QUARANTINED).map(|row| row.lease_expiry);
+            let kept = kept.map(|kept| own.map_or(kept, |own| own.max(kept)));
+            let update = self
+                .update(machine)
+                .expression_attribute_names("#h", "holder")
+                .expression_attribute_values(":q", s(QUARANTINED))
+                .expression_attribute_values(":far", n(QUARANTINE_EXPIRY_UNIX_MS))
+                .expression_attribute_values(":epoch", n(epoch))
+                .return_values(ReturnValue::AllNew);
+            let update = match kept {
+                Some(kept) => update
+                    .update_expression(
+                        "SET #h = :q, lease_expiry = :far, lease_epoch = :epoch, expiry_before_quarantine = :kept \
+                         REMOVE claim_token",
+                    )
+                    .expression_attribute_values(":kept", n(kept)),
+                None => update.update_expression(
+                    "SET #h = :q, lease_expiry = :far, lease_epoch = :epoch REMOVE claim_token, expiry_before_quarantine",
+                ),
+            };
+            let update = match &before {
+                Some(row) => update
+                    .condition_expression("lease_epoch = :was_epoch AND lease_expiry = :was_expiry")
+                    .expression_attribute_values(":was_epoch", n(row.lease_epoch))
+                    .expression_attribute_values(":was_expiry", n(row.lease_expiry)),
+                None => update.condition_expression("attribute_not_exists(machine_id)"),
+            };
+            let row = match update.send().await {
+                Ok(output) => lease_row(
+                    output.attributes().ok_or_else(|| StoreError::Invalid("quarantine returned no row".into()))?,
+                )?,
+                Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                    match already_ours(old_item(e.err()), |row| {
+                        row.holder == QUARANTINED && row.lease_epoch == epoch && row.expiry_before_quarantine == kept
+                    }) {
+                        Some(row) => row,
+                        None => continue,
+                    }
+                }
+                Err(error) => return Err(unavailable(error)),
+            };
+            self.record_or_log(AuditEvent::new(
+                AuditKind::Quarantine,
+                machine,
+                operator,
+                row.lease_epoch,
+                row.lease_expiry,
+                now_unix_ms,
+            ))
+            .await;
+            return Ok(row);
+        }
+        Err(StoreError::Unavailable(format!(
+            "machine {machine}'s row kept changing while its quarantine was carried over"
+        )))
+    }
+
     /// The adoption recorded in this table, if any.
     pub async fn adoption(&self) -> Result<Option<Adoption>, StoreError> {
         let Some(item) = self.get_item(TABLE_RECORD_KEY).await? else { return Ok(None) };
@@ -296,6 +384,22 @@ impl DynamoDbLeaseStore {
             operator: string(&item, "adopted_by")?,
             at_unix_ms: number(&item, "adopted_at_unix_ms")?,
         }))
+    }
+
+    /// Whether this table is a restored copy no operator has adopted: why not to claim in it.
+    async fn unadopted_restore(&self, created: i64, restored: Option<Restored>) -> Result<Option<String>, StoreError> {
+        let Some(restored) = restored else { return Ok(None) };
+        if self.adoption().await?.is_some_and(|adoption| adoption.table_created_unix_ms == created) {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "lease table {} is a restored copy of {} as of {} that no operator has adopted: its rows are older \
+             than the leases their numbers' holders may still hold, so a claim here could take a number that is \
+             in use. Nothing is claimed in it until `idgen leases adopt` has run (runbooks/lease-table-restore.md)",
+            self.table,
+            restored.source,
+            idgen_core::format_unix_ms(restored.restored_to_unix_ms),
+        )))
     }
 
     /// One item of the lease table, by key (a machine number, or [`TABLE_RECORD_KEY`]).
@@ -524,19 +628,106 @@ impl LeaseStore for DynamoDbLeaseStore {
         format!("dynamodb:{region}:{}", self.table)
     }
 
-    async fn check_claimable(&self) -> Result<(), StoreError> {
-        let (created, Some(restored)) = self.origin().await? else { return Ok(()) };
-        match self.adoption().await? {
-            Some(adoption) if adoption.table_created_unix_ms == created => Ok(()),
-            _ => Err(StoreError::Misconfigured(format!(
-                "lease table {} is a restored copy of {} as of {} that no operator has adopted: its rows are older \
-                 than the leases their numbers' holders may still hold, so a claim here could take a number that is \
-                 in use. Nothing is claimed in it until `idgen leases adopt` has run (runbooks/lease-table-restore.md)",
-                self.table,
-                restored.source,
-                idgen_core::format_unix_ms(restored.restored_to_unix_ms),
-            ))),
+    fn table_name(&self) -> String {
+        self.table.clone()
+    }
+
+    async fn genesis(&self) -> Result<Option<Genesis>, StoreError> {
+        let Some(item) = self.get_item(GENESIS_KEY).await? else { return Ok(None) };
+        let how = string(&item, "how")?;
+        let from = item.contains_key("adopted_from").then(|| string(&item, "adopted_from")).transpose()?;
+        Ok(Some(Genesis {
+            table_id: string(&item, "table_id")?,
+            registry_id: item.contains_key("registry_id").then(|| string(&item, "registry_id")).transpose()?,
+            how: GenesisHow::parse(&how, from).ok_or_else(|| StoreError::Invalid(format!("genesis how = {how:?}")))?,
+            by: string(&item, "written_by")?,
+            at_unix_ms: number(&item, "at_unix_ms")?,
+            table_created_unix_ms: Some(number(&item, "table_created_unix_ms")?),
+        }))
+    }
+
+    async fn record_genesis(&self, request: &GenesisRequest, now_unix_ms: i64) -> Result<Genesis, StoreError> {
+        for _ in 0..READ_WRITE_ATTEMPTS {
+            let (created, restored) = self.origin().await?;
+            // A restored copy becomes the fleet's by an adoption, which writes its own genesis.
+            if request.how == GenesisHow::Init
+                && let Some(why) = self.unadopted_restore(created, restored).await?
+            {
+                return Err(StoreError::Misconfigured(why));
+            }
+            let existing = self.genesis().await?;
+            let write = genesis::decide(existing.as_ref(), Some(created), request, &self.table, now_unix_ms)
+                .map_err(StoreError::Misconfigured)?;
+            let new = match write {
+                GenesisWrite::Keep(genesis) => return Ok(genesis),
+                GenesisWrite::Put(genesis) => genesis,
+            };
+            let mut update = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("machine_id", n(GENESIS_KEY))
+                .expression_attribute_values(":id", s(&new.table_id))
+                .expression_attribute_values(":how", s(new.how.kind()))
+                .expression_attribute_values(":by", s(&new.by))
+                .expression_attribute_values(":at", n(new.at_unix_ms))
+                .expression_attribute_values(":created", n(created));
+            let mut set = vec![
+                "table_id = :id",
+                "how = :how",
+                "written_by = :by",
+                "at_unix_ms = :at",
+                "table_created_unix_ms = :created",
+            ];
+            let mut remove = Vec::new();
+            match &new.registry_id {
+                Some(registry) => {
+                    set.push("registry_id = :registry");
+                    update = update.expression_attribute_values(":registry", s(registry));
+                }
+                None => remove.push("registry_id"),
+            }
+            match new.how.adopted_from() {
+                Some(from) => {
+                    set.push("adopted_from = :from");
+                    update = update.expression_attribute_values(":from", s(from));
+                }
+                None => remove.push("adopted_from"),
+            }
+            let mut expression = format!("SET {}", set.join(", "));
+            if !remove.is_empty() {
+                expression += &format!(" REMOVE {}", remove.join(", "));
+            }
+            // Over the record read, only if it is still that one.
+            update = match &existing {
+                None => update.condition_expression("attribute_not_exists(machine_id)"),
+                Some(was) => update
+                    .condition_expression("table_id = :was_id AND at_unix_ms = :was_at")
+                    .expression_attribute_values(":was_id", s(&was.table_id))
+                    .expression_attribute_values(":was_at", n(was.at_unix_ms)),
+            };
+            match update.update_expression(expression).send().await {
+                Ok(_) => return Ok(new),
+                Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => continue,
+                Err(error) => return Err(unavailable(error)),
+            }
         }
+        Err(StoreError::Unavailable(format!(
+            "the genesis of {} changed under {READ_WRITE_ATTEMPTS} writes in a row; try again",
+            self.table
+        )))
+    }
+
+    async fn check_claimable(&self) -> Result<Genesis, StoreError> {
+        let (created, restored) = self.origin().await?;
+        if let Some(why) = self.unadopted_restore(created, restored).await? {
+            return Err(StoreError::Misconfigured(why));
+        }
+        let genesis = self.genesis().await?.ok_or_else(|| StoreError::Misconfigured(genesis::missing(&self.table)))?;
+        if genesis.table_created_unix_ms != Some(created) {
+            return Err(StoreError::Misconfigured(genesis::copied(&self.table, genesis.table_created_unix_ms)));
+        }
+        Ok(genesis)
     }
 
     async fn claim_as(

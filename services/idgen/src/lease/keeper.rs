@@ -10,6 +10,11 @@
 //! whose condition fails means the number is lost: the generator stops issuing under it at once
 //! and the keeper claims another. When the table cannot be reached, nothing changes: the generator
 //! keeps issuing until its fence and the keeper retries. On shutdown, release.
+//!
+//! Two rules beyond SPEC §2 keep a table that went back from handing a number out twice. A lease
+//! the core already holds past its fence is not renewed but claimed again ([`LeaseKeeper::tick`],
+//! `Outcome::Lapsed`). And a table seen going back is claimed in no more by this process, whichever
+//! keeper saw it ([`WENT_BACK`], by `LeaseStore::table_key`, as [`KEPT`] is).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
@@ -23,7 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::issuing::IdGenerator;
-use crate::lease::{ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError};
+use crate::lease::{ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError, TableCheck};
 
 /// Which machine numbers a generator may claim, per layout. Fleet workers take 0–63, embedded
 /// generators 64 and up (SPEC §2), so the two never compete for a number.
@@ -164,6 +169,16 @@ impl Drop for KeptTable {
     }
 }
 
+/// The tables this process saw go back under a lease it held, by `LeaseStore::table_key`, with
+/// why: nothing more is claimed in them by any keeper of the process (a keeper that panics is
+/// started again by the supervisor, and must not forget). Until the process restarts, after an
+/// operator made a table the fleet's again (runbooks/lease-table-restore.md).
+static WENT_BACK: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
+
+fn went_back_before(table_key: &str) -> Option<String> {
+    WENT_BACK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(table_key).cloned()
+}
+
 /// What one tick did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -195,6 +210,14 @@ pub enum Outcome {
         machine: u32,
         expiry_unix_ms: i64,
     },
+    /// The core held the lease past its fence (the process froze, or the table was out of reach
+    /// for a lease): it is no renewal's to extend. The lease was dropped and `then` is what the
+    /// keeper did instead: a claim like anyone's, of any number but this one for a lease, or, if
+    /// the row shows the table going back, nothing.
+    Lapsed {
+        machine: u32,
+        then: Box<Outcome>,
+    },
     /// The renewal's condition failed: the number was taken over or quarantined. The generator
     /// stopped issuing under it; `then` is what the immediate re-claim did.
     Lost {
@@ -217,8 +240,9 @@ pub enum Outcome {
     ClockUnsynchronized {
         reason: String,
     },
-    /// Nothing is claimed in this table: it is a restored copy no operator has adopted (asked
-    /// again after `retry_in`), or it went back under this keeper (see [`Outcome::Lost`]: its
+    /// Nothing is claimed in this table: it has no genesis of its own, is a restored copy no
+    /// operator has adopted, or is not the table the registry names for the region (asked again
+    /// after `retry_in`), or it went back under a lease of this process (see [`Outcome::Lost`]: its
     /// row vanished, or carries an older epoch), and then this process claims in it no more.
     TableRefused {
         reason: String,
@@ -260,9 +284,11 @@ pub struct LeaseKeeper {
     state: State,
     /// How often the clock's sync state is re-read while nothing else is due.
     sync_check_every: Duration,
-    /// Why this table is not to be claimed in again by this process: it went back under a
-    /// lease this keeper held (a restore into the same name, a row deleted or rewritten by hand).
-    went_back: Option<String>,
+    /// What the registry says of the table, asked before every sweep of claims (none: no
+    /// registry, development).
+    table_check: Option<Arc<dyn TableCheck>>,
+    /// A number whose lease lapsed, not claimed again until then: its row may hide a successor.
+    avoid: Option<(u32, Instant)>,
     _kept: KeptTable,
 }
 
@@ -298,9 +324,16 @@ impl LeaseKeeper {
             holder,
             state,
             sync_check_every: Duration::from_secs(1),
-            went_back: None,
+            table_check: None,
+            avoid: None,
             _kept: kept,
         })
+    }
+
+    /// Asks `check` (the registry's word on the table) before every sweep of claims.
+    pub fn with_table_check(mut self, check: Arc<dyn TableCheck>) -> Self {
+        self.table_check = Some(check);
+        self
     }
 
     pub fn holder(&self) -> &str {
@@ -346,6 +379,12 @@ impl LeaseKeeper {
 
     async fn renew(&mut self, now: Instant, machine: u32, epoch: u64) -> Outcome {
         let wall = self.generator.clock().unix_ms();
+        let fence = self.config.fence_ms;
+        let held = self.generator.with_core(|core| core.lease(&self.layout));
+        if held.is_none_or(|held| held.machine != machine || held.epoch != epoch || wall >= held.expiry_unix_ms - fence)
+        {
+            return self.lapsed(now, machine, epoch).await;
+        }
         let new_expiry = wall + self.config.lease_ms;
         match self.store.renew(machine, &self.holder, epoch, new_expiry, wall).await {
             Ok(Conditional::Applied) => {
@@ -373,18 +412,7 @@ impl LeaseKeeper {
                 if let Ok(row) = &row
                     && let Some(why) = went_back(row.as_ref(), &self.holder, epoch)
                 {
-                    // Every change of a row raises its epoch, and none deletes it: this table is
-                    // not the one the lease was claimed in. Its other rows are as old, and a claim
-                    // in it could take a number whose holder is issuing right now.
-                    let reason = format!(
-                        "{} went back under the lease on machine {machine} (epoch {epoch}): {why}. Nothing more \
-                         is claimed in it by this process: see runbooks/lease-table-restore.md",
-                        self.store.describe()
-                    );
-                    self.generator.metrics().lease_event(&self.layout, "table_went_back");
-                    tracing::error!(layout = %self.layout, machine, epoch, "{reason}");
-                    self.went_back = Some(reason.clone());
-                    let then = self.refused(now, 0, reason, None);
+                    let then = self.table_went_back(now, machine, epoch, &why);
                     return Outcome::Lost { machine, then: Box::new(then) };
                 }
                 self.generator.metrics().lease_event(&self.layout, "renew_lost");
@@ -413,14 +441,85 @@ impl LeaseKeeper {
         }
     }
 
+    /// A lease the core holds past its fence (or no longer holds) is not renewed. Its renewal
+    /// would take the row's word that nobody claimed the number since the lease ran out; a table
+    /// put back from a copy, or a row set back by hand, gives that word just as well, while the
+    /// successor that claimed it issues on (and the core's `extend_lease` takes any later expiry at
+    /// the same epoch). So the keeper drops the lease and reads the row as a failed renewal reads
+    /// it (gone, an older epoch, another holder at ours: the table went back, and this process
+    /// claims in it no more), then claims like any claimant: through the table's and the
+    /// registry's checks, under `lease_expiry < :now`, with the floor a claim gets. It is then as
+    /// safe as any claimant, and safer in one respect: the number it let lapse, whose row is the
+    /// one that may hide a successor, it does not claim again for a lease, by which time such a
+    /// successor has found the row changed under it (its next renewal) or passed its own fence.
+    async fn lapsed(&mut self, now: Instant, machine: u32, epoch: u64) -> Outcome {
+        let row = match self.store.get(machine).await {
+            Ok(row) => row,
+            // Still out of reach: nothing changes (the core refuses past its fence) until it answers.
+            Err(error) => {
+                self.generator.metrics().lease_event(&self.layout, "store_unavailable");
+                let retry_in = Duration::from_secs(1).min(ms(self.config.renew_interval_ms));
+                self.state = State::Held { machine, epoch, renew_at: now + retry_in };
+                return Outcome::StoreUnavailable { error, retry_in };
+            }
+        };
+        self.generator.with_core(|core| core.drop_lease(&self.layout));
+        self.generator.metrics().lease_event(&self.layout, "lease_lapsed");
+        tracing::warn!(
+            layout = %self.layout,
+            machine,
+            epoch,
+            "the lease passed its fence without a renewal: not renewing it, claiming afresh (another number)"
+        );
+        if let Some(why) = went_back(row.as_ref(), &self.holder, epoch) {
+            let then = self.table_went_back(now, machine, epoch, &why);
+            return Outcome::Lapsed { machine, then: Box::new(then) };
+        }
+        self.avoid = Some((machine, now + ms(self.config.lease_ms)));
+        let then = match self.generator.clock().sync_status().refusal() {
+            Some(reason) => {
+                self.state =
+                    State::Unclaimed { failures: 0, retry_at: Some(now + self.sync_check_every), pending: None };
+                Outcome::ClockUnsynchronized { reason }
+            }
+            None => self.claim(now, 0, None).await,
+        };
+        Outcome::Lapsed { machine, then: Box::new(then) }
+    }
+
+    /// The row of `machine` showed the table going back under our lease (`why`): every change of
+    /// a row raises its epoch, and none deletes it, so this table is not the one the lease was
+    /// claimed in. Its other rows are as old, and a claim in it could take a number whose holder
+    /// is issuing right now: this process claims in it no more.
+    fn table_went_back(&mut self, now: Instant, machine: u32, epoch: u64, why: &str) -> Outcome {
+        let reason = format!(
+            "{} went back under the lease on machine {machine} (epoch {epoch}): {why}. Nothing more is claimed \
+             in it by this process: see runbooks/lease-table-restore.md",
+            self.store.describe()
+        );
+        self.generator.metrics().lease_event(&self.layout, "table_went_back");
+        tracing::error!(layout = %self.layout, machine, epoch, "{reason}");
+        WENT_BACK
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(self.store.table_key())
+            .or_insert_with(|| reason.clone());
+        self.refused(now, 0, reason, None)
+    }
+
     async fn claim(&mut self, now: Instant, failures: u32, pending: Option<PendingClaim>) -> Outcome {
-        if let Some(reason) = self.went_back.clone() {
+        if let Some(reason) = went_back_before(&self.store.table_key()) {
             return self.refused(now, failures, reason, pending);
         }
-        match self.store.check_claimable().await {
-            Ok(()) => {}
+        let genesis = match self.store.check_claimable().await {
+            Ok(genesis) => genesis,
             Err(StoreError::Misconfigured(reason)) => return self.refused(now, failures, reason, pending),
             Err(error) => return self.unavailable(now, failures, error, pending),
+        };
+        if let Some(check) = &self.table_check
+            && let Err(reason) = check.check(&self.layout, &self.store.table_name(), &genesis)
+        {
+            return self.refused(now, failures, reason, pending);
         }
         if let Some(pending) = pending {
             // The last claim's answer was lost. If it applied, the row carries its token and the
@@ -439,8 +538,12 @@ impl LeaseKeeper {
         let (first, last) = (*self.machines.start(), *self.machines.end());
         let size = last - first + 1;
         let start = rand::rng().random_range(0..size);
+        let avoid = self.avoid.filter(|(_, until)| now < *until).map(|(machine, _)| machine);
         for offset in 0..size {
             let machine = first + (start + offset) % size;
+            if avoid == Some(machine) {
+                continue;
+            }
             // Never take a row the generator cannot use (e.g. this region's number does not fit
             // the layout): each retry would take another, until the range is drained.
             if let Err(error) = self.generator.with_core(|core| core.check_installable(&self.layout, machine)) {

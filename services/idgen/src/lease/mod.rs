@@ -13,6 +13,7 @@ pub mod aws;
 pub mod conformance;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
+pub mod genesis;
 pub mod keeper;
 pub mod open_lock;
 #[cfg(feature = "sqlite")]
@@ -21,10 +22,29 @@ pub mod sqlite;
 use async_trait::async_trait;
 use thiserror::Error;
 
+pub use genesis::{Genesis, GenesisHow, GenesisRequest};
+
 /// The holder written by a quarantine.
 pub const QUARANTINED: &str = "QUARANTINED";
 /// 2100-01-01T00:00:00Z: a quarantined row's expiry, so nobody's `lease_expiry < :now` holds.
 pub const QUARANTINE_EXPIRY_UNIX_MS: i64 = 4_102_444_800_000;
+
+/// The lease table a layout's generators use where nothing names another: `idgen-leases` for v1
+/// (SPEC §2), `idgen-leases-<layout>` for every later layout (v2: `idgen-leases-v2`). The registry
+/// names these for a region unless told others when the region is added.
+pub fn default_table(layout: &str) -> String {
+    match layout {
+        "v1" => "idgen-leases".to_owned(),
+        other => format!("idgen-leases-{other}"),
+    }
+}
+
+/// What a generator asks before it claims in a table, besides the table's own word (its genesis,
+/// [`LeaseStore::check_claimable`]): the registry's, that the table is its region's
+/// ([`crate::control::registry::RegistrySnapshot::check_lease_table`]). `Err`: why not.
+pub trait TableCheck: Send + Sync {
+    fn check(&self, layout: &str, table: &str, genesis: &Genesis) -> Result<(), String>;
+}
 
 /// The longest lease any generator may hold (validated at start-up, [`crate::LeaseConfig`]).
 /// Lifting a quarantine keeps the number unclaimable at least this long, so a holder the
@@ -194,6 +214,18 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Who this table is, for the one-keeper-per-table rule: the same for two handles on one table.
     fn table_key(&self) -> String;
 
+    /// The table's name, as configuration gives it and the registry names it.
+    fn table_name(&self) -> String;
+
+    /// The table's genesis record ([`genesis`]), if it has one.
+    async fn genesis(&self) -> Result<Option<Genesis>, StoreError>;
+
+    /// Writes the table's genesis as [`genesis::decide`] rules (at most once for `init`; an
+    /// adoption writes its own) and returns the record the table now holds. A refusal of the rule
+    /// is `Misconfigured`. Only `idgen leases init`, `idgen leases adopt` and development's
+    /// `lease.create_tables` call it.
+    async fn record_genesis(&self, request: &GenesisRequest, now_unix_ms: i64) -> Result<Genesis, StoreError>;
+
     /// `attribute_not_exists(machine_id) OR lease_expiry < :now` → set holder, expiry, the claim
     /// token and epoch + 1. A failed condition on a row that already carries `token` is our own
     /// earlier attempt (its answer was lost): `Claimed`, and recorded in the audit if it was not.
@@ -206,15 +238,14 @@ pub trait LeaseStore: Send + Sync + 'static {
         expiry_unix_ms: i64,
     ) -> Result<ClaimOutcome, StoreError>;
 
-    /// Whether this table may be claimed in at all, asked before every sweep of claims. A table
-    /// that is a restored copy of another (DynamoDB restores to a new table: point in time, or a
-    /// backup) holds expiries from before the restore point, while the holders of the numbers
-    /// since then may still be issuing under them elsewhere: `Misconfigured` until an operator
-    /// has adopted it (`idgen leases adopt`, runbooks/lease-table-restore.md). Stores that cannot
-    /// be restored that way answer `Ok`.
-    async fn check_claimable(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
+    /// Whether this table may be claimed in at all, asked before every sweep of claims and at a
+    /// generator's start; its genesis, for the registry's checks. `Misconfigured`: a table without
+    /// a genesis of its own (a fresh table beside the live one, or a copy of another: nothing says
+    /// who holds its numbers), and a restored copy (DynamoDB restores to a new table: point in
+    /// time, or a backup), whose expiries are from before the restore point while the holders of
+    /// the numbers since then may still be issuing under them elsewhere, until an operator has
+    /// adopted it (`idgen leases adopt`, runbooks/lease-table-restore.md).
+    async fn check_claimable(&self) -> Result<Genesis, StoreError>;
 
     /// A claim with a fresh token.
     async fn claim(

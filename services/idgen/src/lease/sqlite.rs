@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
+use crate::lease::genesis::{self, Genesis, GenesisHow, GenesisRequest, GenesisWrite};
 use crate::lease::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
     QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
@@ -31,6 +32,14 @@ pub struct SqliteLeaseStore {
 
 /// The columns every query reads a lease row from.
 const ROW: &str = "machine_id, holder, lease_expiry, lease_epoch, claim_token, expiry_before_quarantine";
+
+/// The file's table of genesis records, one per lease table in it ([`crate::lease::genesis`]). No
+/// lease table may have this name (`GeneratorConfig::validate_settings`).
+pub const GENESIS_TABLE: &str = "idgen-genesis";
+
+/// How often a genesis write is tried again when the record changed between its read and the
+/// conditional write.
+const GENESIS_ATTEMPTS: usize = 5;
 
 fn unavailable(error: sqlx::Error) -> StoreError {
     StoreError::Unavailable(error.to_string())
@@ -157,7 +166,16 @@ impl SqliteLeaseStore {
                    at_unix_ms   INTEGER NOT NULL
                );
                CREATE INDEX IF NOT EXISTS "{audit}-by-machine" ON "{audit}" (machine_id, at_unix_ms);
-               CREATE INDEX IF NOT EXISTS "{audit}-by-time" ON "{audit}" (at_unix_ms);"#
+               CREATE INDEX IF NOT EXISTS "{audit}-by-time" ON "{audit}" (at_unix_ms);
+               CREATE TABLE IF NOT EXISTS "{GENESIS_TABLE}" (
+                   lease_table  TEXT    PRIMARY KEY,
+                   table_id     TEXT    NOT NULL,
+                   registry_id  TEXT,
+                   how          TEXT    NOT NULL,
+                   adopted_from TEXT,
+                   written_by   TEXT    NOT NULL,
+                   at_unix_ms   INTEGER NOT NULL
+               );"#
         );
         sqlx::raw_sql(&ddl).execute(&self.pool).await.map_err(unavailable)?;
         // Files made before claim tokens and kept quarantine expiries get the two columns. Several
@@ -222,6 +240,19 @@ impl SqliteLeaseStore {
     }
 }
 
+fn row_to_genesis(row: &sqlx::sqlite::SqliteRow) -> Result<Genesis, StoreError> {
+    let how: String = row.try_get("how").map_err(unavailable)?;
+    let from: Option<String> = row.try_get("adopted_from").map_err(unavailable)?;
+    Ok(Genesis {
+        table_id: row.try_get("table_id").map_err(unavailable)?,
+        registry_id: row.try_get("registry_id").map_err(unavailable)?,
+        how: GenesisHow::parse(&how, from).ok_or_else(|| StoreError::Invalid(format!("genesis how = {how:?}")))?,
+        by: row.try_get("written_by").map_err(unavailable)?,
+        at_unix_ms: row.try_get("at_unix_ms").map_err(unavailable)?,
+        table_created_unix_ms: None,
+    })
+}
+
 fn row_to_lease(row: &sqlx::sqlite::SqliteRow) -> Result<LeaseRow, StoreError> {
     let machine: i64 = row.try_get("machine_id").map_err(unavailable)?;
     let epoch: i64 = row.try_get("lease_epoch").map_err(unavailable)?;
@@ -243,6 +274,68 @@ impl LeaseStore for SqliteLeaseStore {
 
     fn table_key(&self) -> String {
         format!("sqlite:{}:{}", self.file, self.table)
+    }
+
+    fn table_name(&self) -> String {
+        self.table.clone()
+    }
+
+    async fn genesis(&self) -> Result<Option<Genesis>, StoreError> {
+        let sql = format!(
+            r#"SELECT table_id, registry_id, how, adopted_from, written_by, at_unix_ms FROM "{GENESIS_TABLE}"
+                WHERE lease_table = ?"#
+        );
+        let row = sqlx::query(&sql).bind(&self.table).fetch_optional(&self.pool).await.map_err(unavailable)?;
+        row.as_ref().map(row_to_genesis).transpose()
+    }
+
+    async fn record_genesis(&self, request: &GenesisRequest, now_unix_ms: i64) -> Result<Genesis, StoreError> {
+        for _ in 0..GENESIS_ATTEMPTS {
+            let existing = self.genesis().await?;
+            let write = genesis::decide(existing.as_ref(), None, request, &self.table, now_unix_ms)
+                .map_err(StoreError::Misconfigured)?;
+            let new = match write {
+                GenesisWrite::Keep(genesis) => return Ok(genesis),
+                GenesisWrite::Put(genesis) => genesis,
+            };
+            // Written over the record read, only if it is still that one.
+            let sql = format!(
+                r#"INSERT INTO "{GENESIS_TABLE}"
+                       (lease_table, table_id, registry_id, how, adopted_from, written_by, at_unix_ms)
+                       VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                   ON CONFLICT (lease_table) DO UPDATE
+                      SET table_id = excluded.table_id, registry_id = excluded.registry_id, how = excluded.how,
+                          adopted_from = excluded.adopted_from, written_by = excluded.written_by,
+                          at_unix_ms = excluded.at_unix_ms
+                    WHERE ?8 AND table_id = ?9 AND registry_id IS ?10 AND at_unix_ms = ?11"#
+            );
+            let done = sqlx::query(&sql)
+                .bind(&self.table)
+                .bind(&new.table_id)
+                .bind(&new.registry_id)
+                .bind(new.how.kind())
+                .bind(new.how.adopted_from())
+                .bind(&new.by)
+                .bind(new.at_unix_ms)
+                .bind(existing.is_some())
+                .bind(existing.as_ref().map(|e| e.table_id.clone()))
+                .bind(existing.as_ref().and_then(|e| e.registry_id.clone()))
+                .bind(existing.as_ref().map(|e| e.at_unix_ms))
+                .execute(&self.pool)
+                .await
+                .map_err(unavailable)?;
+            if done.rows_affected() == 1 {
+                return Ok(new);
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the genesis of {} changed under {GENESIS_ATTEMPTS} writes in a row; try again",
+            self.table
+        )))
+    }
+
+    async fn check_claimable(&self) -> Result<Genesis, StoreError> {
+        self.genesis().await?.ok_or_else(|| StoreError::Misconfigured(genesis::missing(&self.table)))
     }
 
     async fn claim_as(
