@@ -80,6 +80,15 @@ impl From<RegistryError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "no_retirement_pending", error.to_string())
             }
             RegistryError::LayoutExists(_) => ApiError::new(StatusCode::CONFLICT, "layout_exists", error.to_string()),
+            RegistryError::UnknownLayout(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "unknown_layout", error.to_string())
+            }
+            RegistryError::LeaseTableMoved { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "lease_table_moved", error.to_string())
+            }
+            RegistryError::LeaseTableInUse { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "lease_table_in_use", error.to_string())
+            }
             RegistryError::ScheduleConflict { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "schedule_conflict", error.to_string())
             }
@@ -233,7 +242,40 @@ fn region_json(region: &Region) -> Value {
     if let Some(retires) = region.retires_at_ms {
         value["retires_at"] = json!(format_unix_ms(retires));
     }
+    if !region.lease_tables.is_empty() {
+        let tables: Map<String, Value> = region
+            .lease_tables
+            .iter()
+            .map(|(layout, table)| {
+                let mut entry = json!({ "table": table.table });
+                if let Some(from) = &table.moved_from {
+                    entry["moved_from"] = json!(from);
+                }
+                (layout.clone(), entry)
+            })
+            .collect();
+        value["lease_tables"] = Value::Object(tables);
+    }
     value
+}
+
+/// Lease table names: 3–200 of A–Z a–z 0–9 `-` `_` `.` (what DynamoDB and the SQLite store both
+/// take), neither an audit table's (`…-audit`) nor the SQLite file's genesis table.
+pub fn valid_table_name(name: &str) -> bool {
+    (3..=200).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !name.ends_with("-audit")
+        && name != "idgen-genesis"
+}
+
+/// A body's lease table name, or why not.
+fn table_name<'a>(body: &'a Map<String, Value>, field: &str) -> Result<&'a str, ApiError> {
+    match body.get(field) {
+        Some(Value::String(name)) if valid_table_name(name) => Ok(name),
+        _ => Err(ApiError::bad_request(format!(
+            "\"{field}\" must be a lease table name: 3-200 of A-Z a-z 0-9 - _ ., not ending in -audit"
+        ))),
+    }
 }
 
 fn epoch_ms_text(ms: u64) -> String {
@@ -260,6 +302,7 @@ fn layouts_json(view: &ScheduleView) -> Value {
         "horizon": epoch_ms_text(view.horizon_ms),
         "horizon_ms": view.horizon_ms,
         "home_region": view.home_region,
+        "registry_id": view.registry_id,
     })
 }
 
@@ -284,7 +327,7 @@ pub async fn add_region(
 ) -> Result<Response, ApiError> {
     let actor = operator(&state, &headers, &caller)?;
     let body = json_object(body).await?;
-    only_fields(&body, &["name"])?;
+    only_fields(&body, &["name", "lease_tables"])?;
     let name = body
         .get("name")
         .and_then(Value::as_str)
@@ -294,9 +337,21 @@ pub async fn add_region(
             "region name {name:?} must be 1–63 of a–z, 0–9, '-', starting with a letter"
         )));
     }
+    let tables = match body.get("lease_tables") {
+        None => std::collections::BTreeMap::new(),
+        Some(Value::Object(tables)) => tables
+            .keys()
+            .map(|layout| Ok((layout.clone(), table_name(tables, layout)?.to_owned())))
+            .collect::<Result<std::collections::BTreeMap<_, _>, ApiError>>()?,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "\"lease_tables\" must be an object: a lease table name per layout, like {\"v2\": \"idgen-leases-v2\"}",
+            ));
+        }
+    };
     let now = (state.now)();
     let capacity = state.store.schedule(now, state.horizon_lead_ms).await?.region_capacity(now);
-    let region = state.store.add_region(name, capacity, &actor, now).await?;
+    let region = state.store.add_region_with_tables(name, capacity, &tables, &actor, now).await?;
     tracing::info!(%actor, name, number = region.number, "region added");
     Ok((StatusCode::CREATED, Json(region_json(&region))).into_response())
 }
@@ -311,14 +366,14 @@ pub async fn region_action(
     body: Body,
 ) -> Result<Response, ApiError> {
     let Path(segment) = path.map_err(|_| ApiError::bad_request("the region name in the path is not valid UTF-8"))?;
-    let (name, cancel) = match segment.rsplit_once(':') {
-        Some((name, "retire")) => (name, false),
-        Some((name, "cancel-retire")) => (name, true),
+    let (name, action) = match segment.rsplit_once(':') {
+        Some((name, action @ ("retire" | "cancel-retire" | "move-lease-table"))) => (name, action),
         _ => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "the region actions are POST /v1/regions/{name}:retire and POST /v1/regions/{name}:cancel-retire",
+                "the region actions are POST /v1/regions/{name}:retire, POST /v1/regions/{name}:cancel-retire and \
+                 POST /v1/regions/{name}:move-lease-table",
             ));
         }
     };
@@ -330,7 +385,23 @@ pub async fn region_action(
         ApiError::bad_request(format!("{}: send {{\"confirm\": {name:?}}}; nothing was changed", error.message))
     })?;
     let now = (state.now)();
-    if cancel {
+    if action == "move-lease-table" {
+        only_fields(&body, &["confirm", "layout", "from", "to"])?;
+        confirmed(&body, name)?;
+        let layout = body
+            .get("layout")
+            .and_then(Value::as_str)
+            .filter(|layout| !layout.is_empty())
+            .ok_or_else(|| ApiError::bad_request("\"layout\" (a layout's name, like \"v2\") is required"))?;
+        let (from, to) = (table_name(&body, "from")?, table_name(&body, "to")?);
+        if from == to {
+            return Err(ApiError::bad_request("\"from\" and \"to\" name the same table: nothing to move"));
+        }
+        let region = state.store.move_lease_table(name, layout, from, to, &actor, now).await?;
+        tracing::warn!(%actor, name, layout, from, to, "lease table moved: the region's generators claim in it once it is adopted");
+        return Ok(Json(region_json(&region)).into_response());
+    }
+    if action == "cancel-retire" {
         only_fields(&body, &["confirm"])?;
         confirmed(&body, name)?;
         let region = state.store.cancel_retire(name, &actor, now).await?;

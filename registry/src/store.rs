@@ -2,6 +2,8 @@
 //! implementation over sqlx's `Any` driver with SQL both databases accept, and the same store
 //! test suite run on both (`tests/store.rs`).
 
+use std::collections::BTreeMap;
+
 use idgen_core::{Layout, MAX_TIMESTAMP};
 use idgen_server::database::{Connection, Schema};
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -39,6 +41,17 @@ pub struct Region {
     /// A retirement scheduled and not reached yet: until then the region is active, issues and
     /// can have the retirement cancelled.
     pub retires_at_ms: Option<i64>,
+    /// The lease table the region's generators claim in, per layout (empty where an answer does
+    /// not carry them: a retirement's).
+    pub lease_tables: BTreeMap<String, LeaseTable>,
+}
+
+/// A region's lease table under one layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseTable {
+    pub table: String,
+    /// The table it replaced, when an operator moved the region to this one.
+    pub moved_from: Option<String>,
 }
 
 /// A scheduled layout: in force from `from_ms` (ms since the idgen epoch) on.
@@ -54,6 +67,8 @@ pub struct ScheduleView {
     /// ms since the idgen epoch; no cutover before it.
     pub horizon_ms: u64,
     pub home_region: String,
+    /// The registry's identity, made once at `init`.
+    pub registry_id: String,
 }
 
 impl ScheduleView {
@@ -112,6 +127,15 @@ pub enum RegistryError {
     AlreadyRetired { name: String, at_ms: i64 },
     #[error("region {0} has no retirement pending")]
     NoRetirementPending(String),
+    #[error("no layout named {0:?} is scheduled")]
+    UnknownLayout(String),
+    #[error(
+        "region {name}'s lease table for layout {layout} is {current}, not {from}: another operator moved it, or \
+         the command names the wrong table; nothing was changed"
+    )]
+    LeaseTableMoved { name: String, layout: String, from: String, current: String },
+    #[error("region {name} already uses {table} for layout {other}: every layout has a table of its own")]
+    LeaseTableInUse { name: String, table: String, other: String },
     #[error("a layout named {0:?} is already scheduled")]
     LayoutExists(String),
     #[error("{what}")]
@@ -171,6 +195,7 @@ fn region_row(row: &AnyRow, now_ms: i64) -> Result<Region, RegistryError> {
         created_at_ms: row.try_get("created_at_ms")?,
         retired_at_ms: row.try_get("retired_at_ms")?,
         retires_at_ms: None,
+        lease_tables: BTreeMap::new(),
     };
     match (region.status, row.try_get::<Option<i64>, _>("retires_at_ms")?) {
         (RegionStatus::Active, Some(at)) if at <= now_ms => {
@@ -265,8 +290,10 @@ impl RegistryStore {
         let seeded: i64 =
             sqlx::query("SELECT COUNT(*) AS n FROM schedule_state").fetch_one(&mut *tx).await?.try_get("n")?;
         if seeded == 0 {
-            sqlx::query("INSERT INTO schedule_state (id, horizon_ms, home_region) VALUES (1, 0, $1)")
+            // The registry's identity: made here, once, and never again for this database.
+            sqlx::query("INSERT INTO schedule_state (id, horizon_ms, home_region, registry_id) VALUES (1, 0, $1, $2)")
                 .bind(&initial.home_region)
+                .bind(format!("{:032x}", rand::random::<u128>()))
                 .execute(&mut *tx)
                 .await?;
             for entry in &initial.layouts {
@@ -295,11 +322,17 @@ impl RegistryStore {
     pub async fn regions(&self, now_ms: i64) -> Result<Vec<Region>, RegistryError> {
         let rows =
             sqlx::query(&format!("SELECT {REGION_COLUMNS} FROM regions ORDER BY number")).fetch_all(&self.pool).await?;
-        rows.iter().map(|row| region_row(row, now_ms)).collect()
+        let mut regions: Vec<Region> = rows.iter().map(|row| region_row(row, now_ms)).collect::<Result<_, _>>()?;
+        let mut tables = read_lease_tables(&self.pool, None).await?;
+        for region in &mut regions {
+            region.lease_tables = tables.remove(&region.number).unwrap_or_default();
+        }
+        Ok(regions)
     }
 
     /// Hands out the lowest number never used. Retried when a concurrent add took the same
     /// number first (the primary key refuses the second).
+    /// Its lease tables are the defaults ([`idgen::lease::default_table`]).
     pub async fn add_region(
         &self,
         name: &str,
@@ -307,8 +340,34 @@ impl RegistryStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<Region, RegistryError> {
+        self.add_region_with_tables(name, capacity, &BTreeMap::new(), actor, now_ms).await
+    }
+
+    /// [`Self::add_region`], its lease tables `tables` where given (by layout), the defaults for
+    /// every other scheduled layout.
+    pub async fn add_region_with_tables(
+        &self,
+        name: &str,
+        capacity: u32,
+        tables: &BTreeMap<String, String>,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<Region, RegistryError> {
         for _ in 0..50 {
             let mut tx = self.pool.begin().await?;
+            let layouts = read_layouts(&mut *tx).await?;
+            if let Some(unknown) = tables.keys().find(|name| !layouts.iter().any(|l| l.layout.name() == *name)) {
+                return Err(RegistryError::UnknownLayout(unknown.clone()));
+            }
+            let lease_tables: BTreeMap<String, LeaseTable> = layouts
+                .iter()
+                .map(|l| {
+                    let layout = l.layout.name().to_owned();
+                    let table = tables.get(&layout).cloned().unwrap_or_else(|| idgen::lease::default_table(&layout));
+                    (layout, LeaseTable { table, moved_from: None })
+                })
+                .collect();
+            distinct_tables(name, &lease_tables)?;
             // A name whose retirement time has come is free again.
             settle_retirements(&mut tx, now_ms).await?;
             let active: i64 = sqlx::query("SELECT COUNT(*) AS n FROM regions WHERE name = $1 AND status = 'active'")
@@ -340,7 +399,11 @@ impl RegistryStore {
                 Err(error) if is_unique_violation(&error) => continue,
                 Err(error) => return Err(error.into()),
             }
-            audit(&mut tx, now_ms, actor, "add_region", &format!("{name} = {number}")).await?;
+            for (layout, table) in &lease_tables {
+                insert_lease_table(&mut tx, number, layout, table, now_ms).await?;
+            }
+            let named: Vec<String> = lease_tables.iter().map(|(l, t)| format!("{l} {}", t.table)).collect();
+            audit(&mut tx, now_ms, actor, "add_region", &format!("{name} = {number}; {}", named.join(", "))).await?;
             match tx.commit().await {
                 Ok(()) => {
                     return Ok(Region {
@@ -350,6 +413,7 @@ impl RegistryStore {
                         created_at_ms: now_ms,
                         retired_at_ms: None,
                         retires_at_ms: None,
+                        lease_tables,
                     });
                 }
                 Err(error) if is_unique_violation(&error) => continue,
@@ -462,6 +526,51 @@ impl RegistryStore {
         Ok(Region { retires_at_ms: None, ..region })
     }
 
+    /// Moves region `name`'s lease table for `layout` from `from` (which must be the one named
+    /// now: a compare-and-set, so two operators cannot both move it) to `to`, recording `from`
+    /// as what it replaced: its generators then claim in `to` only once it was adopted from `from`
+    /// (`idgen leases adopt`), which they check on the table's genesis.
+    pub async fn move_lease_table(
+        &self,
+        name: &str,
+        layout: &str,
+        from: &str,
+        to: &str,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<Region, RegistryError> {
+        let mut tx = self.pool.begin().await?;
+        settle_retirements(&mut tx, now_ms).await?;
+        let region = lock_active_region(&mut tx, name, now_ms).await?;
+        let number = i64::from(region.number);
+        let mut tables = read_lease_tables(&mut *tx, Some(number)).await?.remove(&region.number).unwrap_or_default();
+        let current = tables.get(layout).ok_or_else(|| RegistryError::UnknownLayout(layout.to_owned()))?;
+        if current.table != from {
+            return Err(RegistryError::LeaseTableMoved {
+                name: name.to_owned(),
+                layout: layout.to_owned(),
+                from: from.to_owned(),
+                current: current.table.clone(),
+            });
+        }
+        tables.insert(layout.to_owned(), LeaseTable { table: to.to_owned(), moved_from: Some(from.to_owned()) });
+        distinct_tables(name, &tables)?;
+        sqlx::query(
+            "UPDATE region_lease_tables SET table_name = $1, moved_from = $2, set_at_ms = $3 \
+             WHERE region_number = $4 AND layout = $5",
+        )
+        .bind(to)
+        .bind(from)
+        .bind(now_ms)
+        .bind(number)
+        .bind(layout)
+        .execute(&mut *tx)
+        .await?;
+        audit(&mut tx, now_ms, actor, "move_lease_table", &format!("{name} {layout}: {from} -> {to}")).await?;
+        tx.commit().await?;
+        Ok(Region { lease_tables: tables, ..region })
+    }
+
     /// The schedule, as published. A read, which writes nothing while the stored horizon is at
     /// least half a lead ahead (`now + lead / 2`): the horizon writer ([`Self::advance_horizon`],
     /// a task of every registry process) keeps it a whole lead ahead. Only when it has fallen
@@ -473,7 +582,7 @@ impl RegistryStore {
     /// horizon, which only grows), so the answer never holds a horizon past a cutover it lacks.
     /// (Read in the other order, a layout and a horizon past it could both commit in between.)
     pub async fn schedule(&self, now_unix_ms: i64, lead_ms: i64) -> Result<ScheduleView, RegistryError> {
-        let state = sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1")
+        let state = sqlx::query("SELECT horizon_ms, home_region, registry_id FROM schedule_state WHERE id = 1")
             .fetch_one(&self.pool)
             .await?;
         let horizon_ms = state.try_get::<i64, _>("horizon_ms")? as u64;
@@ -484,7 +593,12 @@ impl RegistryStore {
             return Ok(view);
         }
         let layouts = read_layouts(&self.pool).await?;
-        Ok(ScheduleView { layouts, horizon_ms, home_region: state.try_get("home_region")? })
+        Ok(ScheduleView {
+            layouts,
+            horizon_ms,
+            home_region: state.try_get("home_region")?,
+            registry_id: registry_id(&state)?,
+        })
     }
 
     /// The horizon writer: moves the stored horizon to `now + lead` (never back) and returns it.
@@ -586,6 +700,16 @@ impl RegistryStore {
             }
             Err(error) => return Err(error),
         }
+        // Every active region's generators will claim under it in its default table.
+        sqlx::query(
+            "INSERT INTO region_lease_tables (region_number, layout, table_name, set_at_ms) \
+             SELECT number, $1, $2, $3 FROM regions WHERE status = 'active'",
+        )
+        .bind(entry.layout.name())
+        .bind(idgen::lease::default_table(entry.layout.name()))
+        .bind(now_unix_ms)
+        .execute(&mut *tx)
+        .await?;
         let l = &entry.layout;
         let detail = format!(
             "{} = {}+{}+{} from_ms {}",
@@ -638,6 +762,7 @@ const SCHEMA: Schema = Schema {
         ("regions", "SELECT, INSERT, UPDATE"),
         ("layouts", "SELECT, INSERT"),
         ("schedule_state", "SELECT, UPDATE"),
+        ("region_lease_tables", "SELECT, INSERT, UPDATE"),
         ("registry_audit", "SELECT, INSERT"),
     ],
     sequences: &["registry_audit_seq_seq"],
@@ -697,11 +822,17 @@ async fn read_schedule(
     .bind(wanted)
     .execute(&mut **tx)
     .await?;
-    let state =
-        sqlx::query("SELECT horizon_ms, home_region FROM schedule_state WHERE id = 1").fetch_one(&mut **tx).await?;
+    let state = sqlx::query("SELECT horizon_ms, home_region, registry_id FROM schedule_state WHERE id = 1")
+        .fetch_one(&mut **tx)
+        .await?;
     let layouts = read_layouts(&mut **tx).await?;
     let horizon_ms: i64 = state.try_get("horizon_ms")?;
-    Ok(ScheduleView { layouts, horizon_ms: horizon_ms as u64, home_region: state.try_get("home_region")? })
+    Ok(ScheduleView {
+        layouts,
+        horizon_ms: horizon_ms as u64,
+        home_region: state.try_get("home_region")?,
+        registry_id: registry_id(&state)?,
+    })
 }
 
 /// Every scheduled layout, in the order they start.
@@ -803,5 +934,72 @@ async fn audit(
         .bind(detail)
         .execute(&mut **tx)
         .await?;
+    Ok(())
+}
+
+fn registry_id(state: &AnyRow) -> Result<String, RegistryError> {
+    state
+        .try_get::<Option<String>, _>("registry_id")?
+        .ok_or_else(|| RegistryError::Invalid("the registry has no identity: run `idgen registry init`".into()))
+}
+
+/// The lease tables, by region number and layout (of one region, or all).
+async fn read_lease_tables<'c>(
+    executor: impl sqlx::Executor<'c, Database = sqlx::Any>,
+    region_number: Option<i64>,
+) -> Result<BTreeMap<u32, BTreeMap<String, LeaseTable>>, RegistryError> {
+    const SELECT: &str = "SELECT region_number, layout, table_name, moved_from FROM region_lease_tables";
+    let rows = match region_number {
+        Some(number) => {
+            sqlx::query(&format!("{SELECT} WHERE region_number = $1")).bind(number).fetch_all(executor).await?
+        }
+        None => sqlx::query(SELECT).fetch_all(executor).await?,
+    };
+    let mut tables: BTreeMap<u32, BTreeMap<String, LeaseTable>> = BTreeMap::new();
+    for row in &rows {
+        let number: i64 = row.try_get("region_number")?;
+        let number = u32::try_from(number).map_err(|_| RegistryError::Invalid(format!("region number {number}")))?;
+        tables.entry(number).or_default().insert(
+            row.try_get("layout")?,
+            LeaseTable { table: row.try_get("table_name")?, moved_from: row.try_get("moved_from")? },
+        );
+    }
+    Ok(tables)
+}
+
+async fn insert_lease_table(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    region_number: i64,
+    layout: &str,
+    table: &LeaseTable,
+    now_ms: i64,
+) -> Result<(), RegistryError> {
+    sqlx::query(
+        "INSERT INTO region_lease_tables (region_number, layout, table_name, moved_from, set_at_ms) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(region_number)
+    .bind(layout)
+    .bind(&table.table)
+    .bind(&table.moved_from)
+    .bind(now_ms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// One table per layout within a region: two keepers of a generator on one table would each take
+/// the other's row for their own.
+fn distinct_tables(name: &str, tables: &BTreeMap<String, LeaseTable>) -> Result<(), RegistryError> {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (layout, table) in tables {
+        if let Some(other) = seen.insert(&table.table, layout) {
+            return Err(RegistryError::LeaseTableInUse {
+                name: name.to_owned(),
+                table: table.table.clone(),
+                other: other.to_owned(),
+            });
+        }
+    }
     Ok(())
 }

@@ -309,8 +309,73 @@ async fn the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead(db: 
     assert!(why.contains("v3") && why.contains("scheduled from") && why.contains("no end"), "{why}");
 }
 
-store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead);
-store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead);
+async fn a_registry_has_one_identity_made_at_init(db: Db) {
+    let store = open(&db).await;
+    let id = store.schedule(NOW, LEAD).await.unwrap().registry_id;
+    assert_eq!(id.len(), 32, "{id}");
+    // Init again, or another process opening it: the same registry.
+    assert_eq!(open(&db).await.schedule(NOW + DAY, LEAD).await.unwrap().registry_id, id);
+    // A registry started over on another database has another.
+    let other = if db.url().starts_with("sqlite:") { sqlite().await } else { postgres().await };
+    assert_ne!(open(&other).await.schedule(NOW, LEAD).await.unwrap().registry_id, id);
+}
+
+async fn each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one(db: Db) {
+    use std::collections::BTreeMap;
+    let store = open(&db).await;
+    let tables = |region: &idgen_registry::store::Region| -> Vec<(String, String, Option<String>)> {
+        region.lease_tables.iter().map(|(l, t)| (l.clone(), t.table.clone(), t.moved_from.clone())).collect()
+    };
+    let defaults = store.add_region("us-east-1", 8, "alice", NOW).await.unwrap();
+    assert_eq!(
+        tables(&defaults),
+        vec![("v1".into(), "idgen-leases".into(), None), ("v2".into(), "idgen-leases-v2".into(), None)]
+    );
+    let named = BTreeMap::from([("v2".to_owned(), "eu-leases-v2".to_owned())]);
+    let eu = store.add_region_with_tables("eu-west-1", 8, &named, "alice", NOW).await.unwrap();
+    assert_eq!(tables(&eu)[1], ("v2".into(), "eu-leases-v2".into(), None));
+    let unknown = BTreeMap::from([("v9".to_owned(), "x-leases".to_owned())]);
+    let refused = store.add_region_with_tables("ap-south-1", 8, &unknown, "alice", NOW).await;
+    assert!(matches!(refused, Err(RegistryError::UnknownLayout(_))), "{refused:?}");
+    let twice = BTreeMap::from([("v1".to_owned(), "same".to_owned()), ("v2".to_owned(), "same".to_owned())]);
+    let refused = store.add_region_with_tables("ap-south-1", 8, &twice, "alice", NOW).await;
+    assert!(matches!(refused, Err(RegistryError::LeaseTableInUse { .. })), "{refused:?}");
+    assert_eq!(store.regions(NOW).await.unwrap().len(), 2, "refused adds add nothing");
+
+    // A move names the table it replaces; a move from a table that is no longer the region's is
+    // refused (two operators, or a typo), and changes nothing.
+    let moved = store.move_lease_table("eu-west-1", "v2", "eu-leases-v2", "eu-leases-v2-restored", "bob", NOW).await;
+    let moved = moved.unwrap();
+    assert_eq!(tables(&moved)[1], ("v2".into(), "eu-leases-v2-restored".into(), Some("eu-leases-v2".into())));
+    let stale = store.move_lease_table("eu-west-1", "v2", "eu-leases-v2", "eu-leases-v2-again", "carol", NOW).await;
+    assert!(matches!(stale, Err(RegistryError::LeaseTableMoved { .. })), "{stale:?}");
+    let clash = store.move_lease_table("eu-west-1", "v1", "idgen-leases", "eu-leases-v2-restored", "bob", NOW).await;
+    assert!(matches!(clash, Err(RegistryError::LeaseTableInUse { .. })), "{clash:?}");
+    assert!(matches!(
+        store.move_lease_table("eu-west-1", "v9", "a-table", "b-table", "bob", NOW).await,
+        Err(RegistryError::UnknownLayout(_))
+    ));
+    assert!(matches!(
+        store.move_lease_table("nowhere", "v1", "a-table", "b-table", "bob", NOW).await,
+        Err(RegistryError::UnknownRegion(_))
+    ));
+    let listed = store.regions(NOW).await.unwrap();
+    assert_eq!(tables(&listed[1]), tables(&moved), "as the move answered");
+    assert_eq!(tables(&listed[0]), tables(&defaults), "another region untouched");
+    let audit = store.audit_log(10).await.unwrap();
+    assert_eq!((audit[0].action.as_str(), audit[0].actor.as_str()), ("move_lease_table", "bob"));
+
+    // A layout scheduled later gets every active region's default table.
+    let v3 = Layout::new("v3", 4, 8, 10).unwrap();
+    let from_ms = idgen_core::DEFAULT_V2_FROM + 365 * DAY as u64;
+    store.add_layout(ScheduledLayout { layout: v3, from_ms }, "alice", NOW, LEAD).await.unwrap();
+    for region in store.regions(NOW).await.unwrap() {
+        assert_eq!(region.lease_tables["v3"].table, "idgen-leases-v3", "{}", region.name);
+    }
+}
+
+store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead, a_registry_has_one_identity_made_at_init, each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one);
+store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead, a_registry_has_one_identity_made_at_init, each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one);
 
 /// `idgen registry init --owner-url`: the migrations run as the schema's owner, and the role the
 /// registry runs as can do everything the registry does (open, add and retire regions, add a
@@ -380,4 +445,43 @@ async fn a_runtime_role_does_what_the_registry_does_and_nothing_more() {
     let fresh = postgres().await;
     let own = fresh.url().replacen("://postgres@", &format!("://{role}@"), 1);
     assert!(RegistryStore::initialize(&own, &initial, within).await.is_err(), "the runtime role created tables");
+}
+
+/// A registry database made before registries had an identity and named lease tables (its
+/// migrations up to 0002), with regions: `init` gives it an identity and names each region's
+/// tables as they were, the defaults, so the fleets it serves go on claiming where they did.
+#[tokio::test]
+async fn a_registry_of_an_earlier_release_gets_an_identity_and_names_todays_tables() {
+    use std::borrow::Cow;
+    let db = postgres().await;
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations/registry/postgres");
+    let mut migrator = sqlx::migrate::Migrator::new(dir).await.unwrap();
+    migrator.migrations = Cow::Owned(migrator.migrations.iter().filter(|m| m.version < 3).cloned().collect());
+    migrator.run(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO schedule_state (id, horizon_ms, home_region) VALUES (1, 0, 'us-east-1');
+         INSERT INTO layouts VALUES ('v1', 0, 10, 12, 0, 0), ('v2', 3, 9, 10, 63072000000, 0);
+         INSERT INTO regions (number, name, status, created_at_ms) VALUES (0, 'us-east-1', 'active', 0),
+                (1, 'eu-west-1', 'active', 0);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let initialized = RegistryStore::initialize(
+        db.url(),
+        &InitialSchedule::spec_default("us-east-1"),
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(initialized, Initialized::Already { regions: 2, .. }), "{initialized:?}");
+    let store = RegistryStore::open(db.url(), "us-east-1", std::time::Duration::from_secs(5)).await.unwrap();
+    assert_eq!(store.schedule(NOW, LEAD).await.unwrap().registry_id.len(), 32);
+    for region in store.regions(NOW).await.unwrap() {
+        let named: Vec<(&str, &str)> =
+            region.lease_tables.iter().map(|(l, t)| (l.as_str(), t.table.as_str())).collect();
+        assert_eq!(named, vec![("v1", "idgen-leases"), ("v2", "idgen-leases-v2")], "{}", region.name);
+    }
 }

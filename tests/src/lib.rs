@@ -136,6 +136,20 @@ impl WorkerSpec {
     }
 }
 
+/// `idgen worker --config <spec>` run to its exit (at most 20 s): its status and standard error;
+/// `None` if it was still running then (it is killed).
+pub async fn worker_exit(spec: &WorkerSpec) -> Option<(std::process::ExitStatus, String)> {
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml()).unwrap();
+    let run = Command::new(idgen_bin())
+        .args(["worker", "--config", config.path().to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(20), run).await.ok()?.unwrap();
+    Some((output.status, String::from_utf8_lossy(&output.stderr).into_owned()))
+}
+
 /// A running `idgen worker` process.
 pub struct WorkerProcess {
     pub name: String,
@@ -313,10 +327,23 @@ impl RegistryProcess {
     }
 
     pub async fn add_region(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<u32> {
+        self.add_region_with_tables(client, name, &[]).await
+    }
+
+    /// [`Self::add_region`], naming the region's lease tables (`(layout, table)`) where not the
+    /// defaults.
+    pub async fn add_region_with_tables(
+        &self,
+        client: &reqwest::Client,
+        name: &str,
+        tables: &[(&str, &str)],
+    ) -> anyhow::Result<u32> {
+        let tables: serde_json::Map<String, Value> =
+            tables.iter().map(|(layout, table)| ((*layout).to_owned(), Value::from(*table))).collect();
         let response = client
             .post(format!("{}/v1/regions", self.url))
             .bearer_auth(&self.token)
-            .json(&serde_json::json!({ "name": name }))
+            .json(&serde_json::json!({ "name": name, "lease_tables": tables }))
             .send()
             .await?;
         anyhow::ensure!(response.status() == 201, "adding {name}: {}", response.status());

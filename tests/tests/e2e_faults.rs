@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use idgen_e2e::{
     Issued, MotoServer, Store, WorkerProcess, WorkerSpec, assert_no_duplicates, idgen, now_unix_ms, open_store,
-    post_ids, shared_dynamodb_endpoint, unique_table, v1_fields,
+    post_ids, shared_dynamodb_endpoint, unique_table, v1_fields, worker_exit,
 };
 
 fn client() -> reqwest::Client {
@@ -834,24 +834,6 @@ async fn e2e_audit_table_killed_mid_run_every_record_is_found_afterwards() {
 /// in (us-east-1), with JSON output.
 const DEV_REGION_ARGS: &str = "--region us-east-1 --output json";
 
-/// `idgen worker --config <spec>` run to its exit (at most 20 s): its status and standard error.
-async fn worker_exit(spec: &WorkerSpec) -> Option<(std::process::ExitStatus, String)> {
-    worker_exit_with(&spec.toml()).await
-}
-
-/// [`worker_exit`] with this configuration text.
-async fn worker_exit_with(toml: &str) -> Option<(std::process::ExitStatus, String)> {
-    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    std::fs::write(config.path(), toml).unwrap();
-    let run = tokio::process::Command::new(idgen_e2e::idgen_bin())
-        .args(["worker", "--config", config.path().to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(20), run).await.ok()?.unwrap();
-    Some((output.status, String::from_utf8_lossy(&output.stderr).into_owned()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is_issued_twice() {
     let client = client();
@@ -1031,4 +1013,209 @@ async fn e2e_a_worker_on_a_fresh_table_beside_the_live_one_issues_nothing() {
         }
     }
     a.stop().await.unwrap();
+}
+
+/// `idgen <args>` run to its exit: its status, standard output and standard error.
+async fn idgen_output(args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(idgen_e2e::idgen_bin()).args(args).output().await.unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.success(), text(&output.stdout), text(&output.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_with_a_registry_a_region_claims_only_in_the_table_it_names_and_a_move_goes_with_an_adoption() {
+    let client = client();
+    let endpoint = shared_dynamodb_endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let (live, fresh) = (unique_table("named"), unique_table("beside"));
+    let registry = idgen_e2e::RegistryProcess::start("").await.unwrap();
+    // The registry names the region's tables: the live one (and its v2 pair, as WorkerSpec names it).
+    let live_v2 = format!("{live}-v2");
+    registry.add_region_with_tables(&client, "us-east-1", &[("v1", &live), ("v2", &live_v2)]).await.unwrap();
+    let on = |name: &str, table: &str| {
+        let mut spec =
+            WorkerSpec::short_lease_on(name, Store::Dynamodb { endpoint: endpoint.clone(), table: table.into() });
+        spec.machines = (0, 0);
+        spec.extra = format!(
+            "region = \"us-east-1\"\nregistry_url = \"{}\"\nschedule_cache = \"{}\"\n",
+            registry.url,
+            dir.path().join(format!("{name}-schedule.json")).display()
+        );
+        spec
+    };
+    let spec_a = on("a", &live);
+    let a = WorkerProcess::start(&spec_a).await.unwrap();
+    assert_eq!(a.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 0);
+
+    // A table beside it, made the fleet's as far as its own record goes (`init` by a
+    // configuration without the registry): still not the region's.
+    let mut spec_b = on("b", &fresh);
+    spec_b.create_tables = false;
+    let no_registry = WorkerSpec { extra: String::new(), ..spec_b.clone() };
+    let config_plain = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config_plain.path(), no_registry.toml()).unwrap();
+    idgen(&["leases", "--config", config_plain.path().to_str().unwrap(), "--layout", "v1", "init"]).await.unwrap();
+    let config_b = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config_b.path(), spec_b.toml()).unwrap();
+    let config_b = config_b.path().to_str().unwrap();
+    // `init` with the region's configuration refuses a table the registry does not name.
+    let (ok, _, stderr) = idgen_output(&["leases", "--config", config_b, "--layout", "v1", "init"]).await;
+    assert!(!ok && stderr.contains(&format!("the registry names {live}")), "{stderr}");
+    // And so does a worker: it does not start.
+    let (status, stderr) = worker_exit(&spec_b).await.expect("refused at its start");
+    assert!(!status.success() && stderr.contains(&format!("the registry names {live}")), "{stderr}");
+    assert!(stderr.contains("move-lease-table"), "{stderr}");
+
+    // The move: adopted from the live table (every number quarantined there, expiries carried),
+    // then the registry moved; only then does B claim, and after A's last ID.
+    let hammer = hammer(&client, &a);
+    let (ok, adopted, stderr) =
+        idgen_output(&["leases", "--config", config_b, "--layout", "v1", "adopt", "--from-table", &live]).await;
+    assert!(ok, "{stderr}");
+    let command = format!("move-lease-table us-east-1 --confirm us-east-1 --layout v1 --from {live} --to {fresh}");
+    assert!(adopted.contains(&command), "the adoption names the registry's step: {adopted}");
+    let (status, stderr) = worker_exit(&spec_b).await.expect("refused until the registry moves");
+    assert!(!status.success() && stderr.contains(&format!("the registry names {live}")), "{stderr}");
+    let moved = idgen(&[
+        "regions",
+        "--registry",
+        &registry.url,
+        "--token",
+        &registry.token,
+        "move-lease-table",
+        "us-east-1",
+        "--confirm",
+        "us-east-1",
+        "--layout",
+        "v1",
+        "--from",
+        &live,
+        "--to",
+        &fresh,
+    ])
+    .await
+    .unwrap();
+    assert!(moved.contains(&format!("v1 {fresh} (moved from {live})")), "{moved}");
+    let b = WorkerProcess::start(&spec_b).await.unwrap();
+    assert_eq!(b.wait_ready(&client, Duration::from_secs(15)).await.unwrap(), 0);
+    let mut from_b = Vec::new();
+    for _ in 0..10 {
+        from_b.extend(issue_ok(&client, &b, 50).await);
+    }
+    let from_a = hammer.stop().await;
+    assert!(!from_a.is_empty());
+    let last_a = from_a.iter().map(|&id| v1_fields(id).0).max().unwrap();
+    let first_b = from_b.iter().map(|&id| v1_fields(id).0).min().unwrap();
+    assert!(last_a < first_b, "A issued under machine 0 until {last_a}, B from {first_b}");
+    let mut all: Vec<u64> = from_a.iter().chain(&from_b).copied().collect();
+    let checked = assert_no_duplicates(&mut all);
+    println!("registry-named tables: a fresh table refused until adopted and moved; {checked} IDs, none twice");
+    for worker in [a, b] {
+        worker.stop().await.unwrap();
+    }
+}
+
+/// A client issuing from one worker until stopped, collecting every ID.
+struct Hammer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<u64>>,
+}
+
+impl Hammer {
+    async fn stop(self) -> Vec<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.unwrap()
+    }
+}
+
+fn hammer(client: &reqwest::Client, worker: &WorkerProcess) -> Hammer {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (client, url, flag) = (client.clone(), worker.url.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok(Issued::Ids(more)) = post_ids(&client, &url, 50).await {
+                ids.extend(more);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        ids
+    });
+    Hammer { stop, task }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_an_adoption_carries_each_quarantine_as_it_was_kept_and_refuses_a_copy_of_another_table() {
+    let endpoint = shared_dynamodb_endpoint();
+    let (old, other, new) = (unique_table("quarantined"), unique_table("other"), unique_table("adopting"));
+    let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
+    let dynamodb = idgen::lease::dynamodb::client(&settings).await;
+    for table in [&old, &other] {
+        idgen::DynamoDbLeaseStore::new(dynamodb.clone(), table).create_tables().await.unwrap();
+    }
+    let old_store = idgen::DynamoDbLeaseStore::new(dynamodb.clone(), &old);
+    let now = now_unix_ms();
+    use idgen::LeaseStore as _;
+    old_store.claim(3, "h3", now, now + 60_000).await.unwrap();
+    old_store.claim(4, "h4", now, now + 60_000).await.unwrap();
+    // A backup while both are held, as the copy to adopt will be.
+    let backup =
+        aws_cli(&endpoint, &format!("dynamodb create-backup {DEV_REGION_ARGS} --table-name {old} --backup-name b"))
+            .await;
+    let arn = backup["BackupDetails"]["BackupArn"].as_str().unwrap().to_owned();
+    // Both renew to an hour ahead; then machine 3 is quarantined by the design notes' command
+    // (nothing kept: its holder's expiry is known nowhere), machine 4 by ours (the expiry kept).
+    old_store.renew(3, "h3", 1, now + 3_600_000, now).await.unwrap();
+    old_store.renew(4, "h4", 1, now + 3_600_000, now).await.unwrap();
+    aws_cli(
+        &endpoint,
+        &format!(
+            "dynamodb update-item {DEV_REGION_ARGS} --table-name {old} --key '{{\"machine_id\": {{\"N\": \"3\"}}}}' \
+             --update-expression 'SET #h = :q, lease_expiry = :far ADD lease_epoch :one' \
+             --expression-attribute-names '{{\"#h\": \"holder\"}}' \
+             --expression-attribute-values '{{\":q\": {{\"S\": \"QUARANTINED\"}}, \":far\": {{\"N\": \"4102444800000\"}}, \":one\": {{\"N\": \"1\"}}}}'"
+        ),
+    )
+    .await;
+    old_store.quarantine(4, "oncall", now).await.unwrap();
+
+    // The copy holds both as held, with the expiry of the backup's time.
+    aws_cli(
+        &endpoint,
+        &format!("dynamodb restore-table-from-backup {DEV_REGION_ARGS} --target-table-name {new} --backup-arn {arn}"),
+    )
+    .await;
+    idgen::DynamoDbLeaseStore::new(dynamodb.clone(), &new).create_tables().await.unwrap(); // its audit table
+    let mut spec =
+        WorkerSpec::short_lease_on("adopter", Store::Dynamodb { endpoint: endpoint.clone(), table: new.clone() });
+    spec.create_tables = false;
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml()).unwrap();
+    let config = config.path().to_str().unwrap();
+    let (ok, _, stderr) =
+        idgen_output(&["leases", "--config", config, "--layout", "v1", "adopt", "--from-table", &other]).await;
+    assert!(!ok && stderr.contains(&format!("a restored copy of {old}, not of {other}")), "{stderr}");
+    let untouched = idgen::DynamoDbLeaseStore::new(dynamodb.clone(), &other);
+    assert!(untouched.list().await.unwrap().is_empty(), "the other table was not quarantined");
+
+    // Adopted from its source: machine 3's quarantine still kept nothing, 4's kept its expiry.
+    let (ok, _, stderr) =
+        idgen_output(&["leases", "--config", config, "--layout", "v1", "adopt", "--from-table", &old]).await;
+    assert!(ok, "{stderr}");
+    let adopted = idgen::DynamoDbLeaseStore::new(dynamodb, &new);
+    let three = adopted.get(3).await.unwrap().unwrap();
+    assert_eq!((three.holder.as_str(), three.expiry_before_quarantine), ("QUARANTINED", None), "{three:?}");
+    let four = adopted.get(4).await.unwrap().unwrap();
+    assert_eq!(four.expiry_before_quarantine, Some(now + 3_600_000), "{four:?}");
+    // So lifting 3 there still needs its holder stopped; 4 lifts as before.
+    let (ok, _, stderr) =
+        idgen_output(&["leases", "--config", config, "--layout", "v1", "release-quarantine", "3"]).await;
+    assert!(!ok && stderr.contains("--holder-stopped"), "lifted without the holder stopped: {stderr}");
+    let (ok, _, stderr) =
+        idgen_output(&["leases", "--config", config, "--layout", "v1", "release-quarantine", "4"]).await;
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) =
+        idgen_output(&["leases", "--config", config, "--layout", "v1", "release-quarantine", "3", "--holder-stopped"])
+            .await;
+    assert!(ok, "{stderr}");
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use idgen_e2e::{
-    Issued, RegistryProcess, Store, WorkerProcess, WorkerSpec, assert_no_duplicates, now_unix_ms, post_ids,
+    Issued, RegistryProcess, Store, WorkerProcess, WorkerSpec, assert_no_duplicates, now_unix_ms, post_ids, worker_exit,
 };
 
 const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
@@ -391,4 +391,34 @@ async fn e2e_leases_commands_follow_the_registrys_schedule() {
     let lifted: serde_json::Value = serde_json::from_str(&lifted).unwrap();
     assert!(lifted["claimable_after_ms"].as_i64().unwrap() >= before + idgen::MAX_LEASE_MS, "{lifted}");
     worker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_registry_started_over_is_refused_by_every_worker_old_host_or_new() {
+    // Before, a host with a copy of the old registry on disk refused the new one, but a new host
+    // took it: region numbers from 0 again, under a region's own lease tables.
+    let client = client();
+    let dir = tempfile::tempdir().unwrap();
+    let registry = RegistryProcess::start("").await.unwrap();
+    assert_eq!(registry.add_region(&client, "us-east-1").await.unwrap(), 0);
+    let old_host = worker_spec("old-host", "us-east-1", &registry.url, dir.path(), 1_000);
+    let worker = WorkerProcess::start(&old_host).await.unwrap();
+    worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
+    assert!(worker.stop().await.unwrap().success());
+
+    // The registry starts over: a new database, the region added again, number 0 again: the same
+    // answers but for the registry's identity.
+    let reset = RegistryProcess::start("").await.unwrap();
+    assert_eq!(reset.add_region(&client, "us-east-1").await.unwrap(), 0);
+    let moved = |spec: &WorkerSpec| WorkerSpec { extra: spec.extra.replace(&registry.url, &reset.url), ..spec.clone() };
+    // The old host: its copy on disk names the first registry.
+    let (status, stderr) = worker_exit(&moved(&old_host)).await.expect("refused at its start");
+    assert!(!status.success() && stderr.contains("started over"), "{stderr}");
+    // A new host, no copy on disk: the lease table's genesis names the first registry.
+    for create_tables in [true, false] {
+        let new_host =
+            WorkerSpec { create_tables, ..worker_spec("new-host", "us-east-1", &reset.url, dir.path(), 1_000) };
+        let (status, stderr) = worker_exit(&new_host).await.expect("refused at its start");
+        assert!(!status.success() && stderr.contains("started over"), "create_tables = {create_tables}: {stderr}");
+    }
 }

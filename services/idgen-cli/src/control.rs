@@ -32,8 +32,32 @@ pub struct Registry {
 pub enum RegionsCommand {
     /// Every region with its number and status, and how many numbers are left.
     List,
-    /// Register a region: it gets the lowest number never used.
-    Add { name: String },
+    /// Register a region: it gets the lowest number never used, and its lease tables (the
+    /// defaults, `idgen-leases` for v1 and `idgen-leases-<layout>` for the others, unless named).
+    Add {
+        name: String,
+        /// A lease table other than the default, as LAYOUT=TABLE (repeatable), e.g.
+        /// v2=idgen-leases-v2-eu.
+        #[arg(long = "lease-table", value_name = "LAYOUT=TABLE", value_parser = layout_table)]
+        lease_tables: Vec<(String, String)>,
+    },
+    /// Move the region's lease table for one layout to another table: the step that goes with
+    /// `idgen leases adopt` (runbooks/lease-table-restore.md). The region's generators claim in
+    /// the new table only once it was adopted from the one it replaces.
+    MoveLeaseTable {
+        name: String,
+        /// The region's name once more: a typo in either is refused.
+        #[arg(long, value_name = "NAME")]
+        confirm: String,
+        #[arg(long)]
+        layout: String,
+        /// The table the region names now.
+        #[arg(long)]
+        from: String,
+        /// The adopted table it moves to.
+        #[arg(long)]
+        to: String,
+    },
     /// Retire a region: its workers stop issuing at a time no earlier than the registry's grace
     /// from now (24 h in production), cancellable until then; its number is never handed out
     /// again.
@@ -130,8 +154,18 @@ impl Registry {
     pub async fn regions(&self, command: RegionsCommand) -> anyhow::Result<()> {
         let body = match &command {
             RegionsCommand::List => self.call(reqwest::Method::GET, "/v1/regions", None).await?,
-            RegionsCommand::Add { name } => {
-                self.call(reqwest::Method::POST, "/v1/regions", Some(json!({ "name": name }))).await?
+            RegionsCommand::Add { name, lease_tables } => {
+                let mut request = json!({ "name": name });
+                if !lease_tables.is_empty() {
+                    let tables: serde_json::Map<String, Value> =
+                        lease_tables.iter().map(|(layout, table)| (layout.clone(), json!(table))).collect();
+                    request["lease_tables"] = Value::Object(tables);
+                }
+                self.call(reqwest::Method::POST, "/v1/regions", Some(request)).await?
+            }
+            RegionsCommand::MoveLeaseTable { name, confirm, layout, from, to } => {
+                let request = json!({ "confirm": confirm, "layout": layout, "from": from, "to": to });
+                self.call(reqwest::Method::POST, &format!("/v1/regions/{name}:move-lease-table"), Some(request)).await?
             }
             RegionsCommand::Retire { name, confirm, at, now } => {
                 let mut request = json!({ "confirm": confirm });
@@ -154,7 +188,8 @@ impl Registry {
         }
         match command {
             RegionsCommand::List => {
-                let mut table = Table::new(&["NUMBER", "STATUS", "CREATED", "RETIRES", "NAME"]).right(&[0]);
+                let mut table =
+                    Table::new(&["NUMBER", "STATUS", "CREATED", "RETIRES", "NAME", "LEASE TABLES"]).right(&[0]);
                 for region in body["regions"].as_array().into_iter().flatten() {
                     table.row([
                         text(&region["number"]),
@@ -163,6 +198,7 @@ impl Registry {
                         // A dash, not an empty cell: the columns stay readable (and parseable) by eye.
                         region["retires_at"].as_str().unwrap_or("-").to_owned(),
                         text(&region["name"]),
+                        lease_tables(region),
                     ]);
                 }
                 table.print();
@@ -172,7 +208,20 @@ impl Registry {
                 );
             }
             RegionsCommand::Add { .. } => {
-                println!("region {} has number {}", body["name"].as_str().unwrap_or(""), body["number"])
+                println!(
+                    "region {} has number {}; lease tables: {}",
+                    body["name"].as_str().unwrap_or(""),
+                    body["number"],
+                    lease_tables(&body)
+                )
+            }
+            RegionsCommand::MoveLeaseTable { layout, to, .. } => {
+                let name = body["name"].as_str().unwrap_or("");
+                println!(
+                    "region {name}'s lease table for {layout} is now {to} (its generators claim there once it is \
+                     adopted); lease tables: {}",
+                    lease_tables(&body)
+                )
             }
             RegionsCommand::Retire { .. } => {
                 let name = body["name"].as_str().unwrap_or("");
@@ -213,4 +262,26 @@ impl Registry {
         );
         Ok(())
     }
+}
+
+/// `LAYOUT=TABLE`, as `regions add --lease-table` takes it.
+fn layout_table(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((layout, table)) if !layout.is_empty() && !table.is_empty() => Ok((layout.to_owned(), table.to_owned())),
+        _ => Err(format!("{text:?}: give LAYOUT=TABLE, e.g. v2=idgen-leases-v2-eu")),
+    }
+}
+
+/// A region's lease tables, as one line: `v1 idgen-leases, v2 idgen-leases-v2 (moved from …)`.
+fn lease_tables(region: &Value) -> String {
+    let tables: Vec<String> = region["lease_tables"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(layout, entry)| {
+            let moved = entry["moved_from"].as_str().map(|from| format!(" (moved from {from})")).unwrap_or_default();
+            format!("{layout} {}{moved}", entry["table"].as_str().unwrap_or(""))
+        })
+        .collect();
+    if tables.is_empty() { "-".to_owned() } else { tables.join(", ") }
 }

@@ -12,7 +12,10 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use idgen::core::{Schedule, Timestamp, format_unix_ms};
-use idgen::{AuditEvent, LeaseRow, LeaseStore, Lift, LiftOutcome, MAX_LEASE_MS, QUARANTINED};
+use idgen::{
+    AuditEvent, GenesisHow, GenesisRequest, LeaseRow, LeaseStore, Lift, LiftOutcome, MAX_LEASE_MS, QUARANTINED,
+    RegistrySnapshot,
+};
 use idgen_worker::config::{StoreKind, WorkerConfig};
 
 use crate::table::Table;
@@ -35,9 +38,15 @@ pub struct LeasesArgs {
 
 #[derive(Subcommand, Debug)]
 enum LeasesCommand {
-    /// Create the lease table and its audit table (idempotent): the operator step before the
-    /// first worker starts.
-    Init,
+    /// Make this configuration's table the region's lease table: create it and its audit table
+    /// where missing, and record its genesis, without which no generator claims in it (bound to
+    /// the configuration's registry, which must name the table for the region). Idempotent; on a
+    /// live table of an earlier release it records the genesis and changes no row. The operator
+    /// step before the first worker starts.
+    Init {
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+    },
     /// Every machine number's lease: holder, epoch, expiry.
     List,
     /// One machine number's lease.
@@ -107,6 +116,8 @@ struct Issuing {
     schedule: Schedule,
     region_numbers: Vec<u32>,
     home_region: bool,
+    /// The registry's answer (or its copy on disk); none without a registry.
+    registry: Option<RegistrySnapshot>,
 }
 
 /// The registry's answer (its copy on disk when it is down), as the workers take it; without a
@@ -117,6 +128,7 @@ async fn issuing(config: &WorkerConfig) -> anyhow::Result<Issuing> {
             schedule: config.schedule(),
             region_numbers: vec![config.region_number()],
             home_region: config.home_region(),
+            registry: None,
         });
     };
     let (snapshot, _) = idgen::control::supervisor::registry_answer(config, url).await?;
@@ -124,6 +136,7 @@ async fn issuing(config: &WorkerConfig) -> anyhow::Result<Issuing> {
         schedule: snapshot.schedule()?,
         region_numbers: snapshot.region_numbers(config.region()),
         home_region: snapshot.home_region == config.region(),
+        registry: Some(snapshot),
     })
 }
 
@@ -191,8 +204,8 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
             issuing(&config).await?.schedule.entry_at(now).layout.name().to_owned()
         }
     };
-    if let LeasesCommand::Init = args.command {
-        return init(&config, &layout, args.json).await;
+    if let LeasesCommand::Init { operator } = &args.command {
+        return init(&config, &layout, operator, args.json).await;
     }
     if let LeasesCommand::Adopt { from_table, lease_ms, operator, .. } = &args.command {
         return adopt(&config, &layout, from_table.as_deref(), *lease_ms, operator, args.json).await;
@@ -200,7 +213,7 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
     let store = idgen::open_lease_store_for_operator(&config, &layout).await?;
     let now = idgen::system_unix_ms();
     match args.command {
-        LeasesCommand::Init | LeasesCommand::Adopt { .. } => unreachable!("handled above"),
+        LeasesCommand::Init { .. } | LeasesCommand::Adopt { .. } => unreachable!("handled above"),
         LeasesCommand::List => {
             let rows = store.list().await?;
             print_rows(&rows, now, args.json);
@@ -270,24 +283,93 @@ async fn quarantine_and_print(
     Ok(())
 }
 
-async fn init(config: &WorkerConfig, layout: &str, json: bool) -> anyhow::Result<()> {
+/// What `init` made of a layout's table.
+pub struct Initialized {
+    pub table: String,
+    pub audit: String,
+    /// Rows it held already (a live table of an earlier release), none changed.
+    pub rows: usize,
+    /// Its genesis; none for a restored copy, which becomes the fleet's by adoption.
+    pub genesis: Option<idgen::Genesis>,
+}
+
+/// `idgen leases init` for one layout, without printing: the tables made where missing, and the
+/// genesis recorded (bound to the registry, which must name the table for the region). `idgen up`
+/// runs it for every region and layout before it starts a worker.
+pub async fn initialize(config: &WorkerConfig, layout: &str, operator: &str) -> anyhow::Result<Initialized> {
     // A layout the registry added later has the default table, as the worker uses it.
-    let table = &config.table_for(layout)?;
+    let table = config.table_for(layout)?;
     let audit = format!("{table}-audit");
-    match config.store_kind() {
+    let registry = issuing(config).await?.registry;
+    // The registry names the region's table: init makes no other table the fleet's.
+    if let Some(snapshot) = &registry {
+        snapshot.check_lease_table(config.region(), layout, &table, None).map_err(anyhow::Error::msg)?;
+    }
+    let store: Arc<dyn LeaseStore> = match config.store_kind() {
         StoreKind::Dynamodb => {
             let client = idgen::lease::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
-            idgen::DynamoDbLeaseStore::new(client, table).create_tables().await?;
+            let store = idgen::DynamoDbLeaseStore::new(client, &table);
+            // Tables that exist (the stack's) are only checked: init needs no CreateTable then.
+            let exists = store.verify_lease_table().await.is_ok() && store.verify_audit_table().await.is_ok();
+            if !exists {
+                store.create_tables().await?;
+            }
+            let (created, restored) = store.origin().await?;
+            let adopted = store.adoption().await?.is_some_and(|adoption| adoption.table_created_unix_ms == created);
+            if restored.is_some() && !adopted {
+                return Ok(Initialized { table, audit, rows: store.list().await?.len(), genesis: None });
+            }
+            Arc::new(store)
         }
-        StoreKind::Sqlite => {
-            let _store: Arc<dyn LeaseStore> = idgen_worker::open_lease_store(config, layout).await?;
-        }
+        StoreKind::Sqlite => idgen_worker::open_lease_store(config, layout).await?,
+    };
+    let rows = store.list().await?.len();
+    let request = GenesisRequest {
+        how: GenesisHow::Init,
+        by: operator.to_owned(),
+        registry_id: registry.as_ref().and_then(|snapshot| snapshot.registry_id.clone()),
+    };
+    let genesis = store.record_genesis(&request, idgen::system_unix_ms()).await?;
+    if let Some(snapshot) = &registry {
+        snapshot.check_lease_table(config.region(), layout, &table, Some(&genesis)).map_err(anyhow::Error::msg)?;
     }
+    Ok(Initialized { table, audit, rows, genesis: Some(genesis) })
+}
+
+async fn init(config: &WorkerConfig, layout: &str, operator: &str, json: bool) -> anyhow::Result<()> {
+    let Initialized { table, audit, rows, genesis } = initialize(config, layout, operator).await?;
     if json {
-        println!("{}", json!({"layout": layout, "table": table, "audit_table": audit, "ready": true}));
-    } else {
-        println!("lease table {table} and audit table {audit} are ready (layout {layout})");
+        let genesis = genesis.map(|genesis| {
+            json!({
+                "table_id": genesis.table_id, "registry_id": genesis.registry_id, "how": genesis.how.kind(),
+                "by": genesis.by, "at": format_unix_ms(genesis.at_unix_ms),
+            })
+        });
+        println!(
+            "{}",
+            json!({"layout": layout, "table": table, "audit_table": audit, "ready": true, "rows": rows, "genesis": genesis})
+        );
+        return Ok(());
     }
+    let Some(genesis) = genesis else {
+        println!(
+            "lease table {table} and audit table {audit} are ready (layout {layout}); it is a restored copy: no \
+             genesis until it is adopted (`idgen leases adopt`, runbooks/lease-table-restore.md)"
+        );
+        return Ok(());
+    };
+    let bound = match &genesis.registry_id {
+        Some(id) => format!("region {} of registry {id}", config.region()),
+        None => "no registry (development, one host)".to_owned(),
+    };
+    println!(
+        "lease table {table} and audit table {audit} are ready (layout {layout}); genesis {} by {} at {}, for \
+         {bound}{}",
+        genesis.table_id,
+        genesis.by,
+        format_unix_ms(genesis.at_unix_ms),
+        if rows > 0 { format!("; its {rows} rows are as they were") } else { String::new() }
+    );
     Ok(())
 }
 
@@ -311,13 +393,26 @@ async fn adopt(
         );
     }
     let table = config.table_for(layout)?;
-    let Some(known) = issuing(config).await?.schedule.layout(layout).cloned() else {
+    let issuing = issuing(config).await?;
+    let Some(known) = issuing.schedule.layout(layout).cloned() else {
         bail!("layout {layout} is not in the schedule");
     };
     let client = idgen::lease::dynamodb::client(&config.lease.dynamodb.settings().patient()).await;
     let new = idgen::DynamoDbLeaseStore::new(client.clone(), &table);
     new.verify_lease_table().await.with_context(|| format!("the new lease table {table}"))?;
     let (_, restored) = new.origin().await?;
+    // A restored copy names its source: adopting it from another table would quarantine the wrong
+    // table and carry the wrong expiries, leaving the source's holders issuing.
+    if let (Some(old), Some(source)) = (from_table, restored.as_ref().and_then(|r| r.source_table.as_deref()))
+        && old != source
+    {
+        return Err(crate::Usage(format!(
+            "{table} is a restored copy of {source}, not of {old}: adopting it --from-table {old} would leave the \
+             holders in {source} issuing under numbers this table shows free. Give --from-table {source} (or \
+             --source-gone if {source} no longer exists); nothing was changed"
+        ))
+        .into());
+    }
     let wait_ms = lease_ms.unwrap_or(config.lease.lease_ms).max(0);
     let mut quarantined = 0usize;
     let mut held = 0usize;
@@ -341,6 +436,13 @@ async fn adopt(
         // must not claim one that a generator on the new table may claim too.
         let numbers: Vec<u32> = (0..(1u32 << known.machine_bits())).collect();
         let by = format!("adopt:{operator}");
+        // Each old quarantine as it was kept: one that kept no expiry stays one whose lift needs
+        // its holder stopped.
+        let old_quarantines: Vec<(u32, Option<i64>, u64)> = before
+            .iter()
+            .filter(|row| row.holder == QUARANTINED)
+            .map(|row| (row.machine_id, row.expiry_before_quarantine, row.lease_epoch))
+            .collect();
         let mut kept = Vec::new();
         for chunk in numbers.chunks(ADOPT_PARALLEL) {
             let mut writes = tokio::task::JoinSet::new();
@@ -364,8 +466,8 @@ async fn adopt(
                 expiries_carried += 1;
             }
         }
-        for &machine in &carried {
-            new.quarantine(machine, operator, now).await?;
+        for &(machine, kept, epoch) in &old_quarantines {
+            new.carry_quarantine(machine, operator, kept, epoch, now).await?;
         }
     }
     let source = from_table.unwrap_or("gone");
@@ -389,6 +491,27 @@ async fn adopt(
         }
     }
     let adoption = new.record_adoption(source, operator, idgen::system_unix_ms()).await?;
+    // Adopted: the table's genesis, naming what it replaces (which a registry that moves the
+    // region here checks), bound to the configuration's registry.
+    let request = GenesisRequest {
+        how: GenesisHow::Adopted { from: source.to_owned() },
+        by: operator.to_owned(),
+        registry_id: issuing.registry.as_ref().and_then(|snapshot| snapshot.registry_id.clone()),
+    };
+    let genesis = new.record_genesis(&request, idgen::system_unix_ms()).await?;
+    // What the registry still names for the region, if not this table: the move that goes with it.
+    let region = config.region();
+    let named = issuing.registry.as_ref().and_then(|snapshot| {
+        let entry = snapshot.active_region(region).ok()?.lease_tables.get(layout)?;
+        (entry.table != table).then(|| entry.table.clone())
+    });
+    let move_command = named.as_ref().map(|named| {
+        format!(
+            "idgen regions --registry {} move-lease-table {region} --confirm {region} --layout {layout} --from {named} \
+             --to {table}",
+            config.registry_url.as_deref().unwrap_or_default()
+        )
+    });
     if json {
         println!(
             "{}",
@@ -399,6 +522,7 @@ async fn adopt(
                 "quarantined_in_old_table": quarantined, "held_in_old_table": held,
                 "quarantines_carried": carried, "expiries_carried": expiries_carried,
                 "waited_ms": if from_table.is_some() { 0 } else { wait.as_millis() as u64 },
+                "genesis": genesis.table_id, "registry_move": move_command,
             })
         );
     } else {
@@ -409,10 +533,18 @@ async fn adopt(
         if !carried.is_empty() {
             println!("quarantines carried over from {source}: machine numbers {carried:?}");
         }
-        println!(
-            "lease table {table} adopted ({what}): generators may claim in it now. Point the fleet at it; a \
-             generator still on the old table finds every number quarantined there"
-        );
+        match &move_command {
+            None => println!(
+                "lease table {table} adopted ({what}): generators may claim in it now. Point the fleet at it; a \
+                 generator still on the old table finds every number quarantined there"
+            ),
+            Some(command) => println!(
+                "lease table {table} adopted ({what}). The registry still names {} for region {region}: generators \
+                 claim in {table} once it is moved there too:\n  {command}\nPoint the fleet at it; a generator still \
+                 on the old table finds every number quarantined there",
+                named.as_deref().unwrap_or_default()
+            ),
+        }
     }
     Ok(())
 }

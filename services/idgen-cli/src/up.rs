@@ -221,10 +221,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", registry_db.display()));
         }
+        // Their lease files go too: each table's genesis names the registry it was made for, and
+        // the new one is another registry (nothing of the old platform runs: `up` owns it all).
         for region_dir in std::fs::read_dir(&dir)?.flatten().filter(|e| e.path().is_dir()) {
             for file in std::fs::read_dir(region_dir.path())?.flatten() {
                 let name = file.file_name();
-                if name.to_string_lossy().starts_with("schedule-worker-") {
+                let name = name.to_string_lossy();
+                if name.starts_with("schedule-worker-") || name.starts_with("leases.db") {
                     let _ = std::fs::remove_file(file.path());
                 }
             }
@@ -359,6 +362,17 @@ async fn start_all(
                 );
             }
             std::fs::write(&config_path, config).with_context(|| format!("writing {}", config_path.display()))?;
+            if index == 1 {
+                // The operator's step before a region's first worker: its lease tables made and
+                // made the region's (`idgen leases init`), as the registry names them.
+                let config = idgen_worker::config::WorkerConfig::load(Some(&config_path))?;
+                let layouts = idgen::control::supervisor::registry_answer(&config, &registry_url).await?.0.layouts;
+                for layout in layouts {
+                    crate::leases::initialize(&config, &layout.name, "idgen-up")
+                        .await
+                        .with_context(|| format!("making region {region}'s {} lease table", layout.name))?;
+                }
+            }
             let worker = start_child(
                 exe,
                 &name,

@@ -219,17 +219,6 @@ impl RegistrySnapshot {
     /// over, or a different registry, fails this; a generator that took such an answer could share
     /// a millisecond's layout, region or machine bits with one that did not.
     pub fn may_replace(&self, held: &RegistrySnapshot, region: &str) -> Result<(), RegistryError> {
-        held.schedule()?.check_successor(&self.schedule()?).map_err(|e| RegistryError::Contradicts(e.to_string()))?;
-        // A region retired and added again has a new, never-used number, and its old one is
-        // listed as retired under its name: that is the registry working, not a contradiction.
-        let retired_since =
-            |number: u32| self.regions.iter().any(|r| r.name == region && r.number == number && r.status == "retired");
-        if let (Ok(before), Ok(now)) = (held.region_number(region), self.region_number(region))
-            && before != now
-            && !retired_since(before)
-        {
-            return Err(RegistryError::Contradicts(format!("region {region} was number {before}, now {now}")));
-        }
         // A registry with another identity is another registry, or this one started over: its
         // region numbers may be handed out again. A copy saved before registries had one takes
         // the first identity it meets.
@@ -241,6 +230,17 @@ impl RegistrySnapshot {
                  restored) numbers regions from 0 again",
                 self.registry_id.as_deref().unwrap_or("one without an identity")
             )));
+        }
+        held.schedule()?.check_successor(&self.schedule()?).map_err(|e| RegistryError::Contradicts(e.to_string()))?;
+        // A region retired and added again has a new, never-used number, and its old one is
+        // listed as retired under its name: that is the registry working, not a contradiction.
+        let retired_since =
+            |number: u32| self.regions.iter().any(|r| r.name == region && r.number == number && r.status == "retired");
+        if let (Ok(before), Ok(now)) = (held.region_number(region), self.region_number(region))
+            && before != now
+            && !retired_since(before)
+        {
+            return Err(RegistryError::Contradicts(format!("region {region} was number {before}, now {now}")));
         }
         if held.home_region != self.home_region {
             return Err(RegistryError::Contradicts(format!(
