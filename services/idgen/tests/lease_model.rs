@@ -51,10 +51,25 @@
 //! - two writes of the keeper are left out: giving back a claim the generator could not install,
 //!   and a shutdown's release of a claim adopted after a lost answer (both write the claim's own
 //!   `:now`, below which nothing was issued);
-//! - the bounds are small (a lease of 2 ms, a fence of 1, 1 ms of skew, 3–4 ms of true time) and
-//!   the faults are spread over several runs; the `#[ignore]`d run puts them all together.
+//! - the bounds are small (a lease of 2 ms, a fence of 1, 1 ms of skew, 3–5 ms of true time) and
+//!   the faults are spread over several runs; the `#[ignore]`d run puts them all together. A
+//!   keeper renews only before its fence, so in a lease of 2 ms no renewal extends one: the runs
+//!   about renewals that extend take a lease of 3 ms.
 //! - with two layouts, every process knows the cutover (the horizon rule is the core's, tested
 //!   there), and a keeper per layout may claim at any time (pre-claim).
+//!
+//! The table itself can be wrong (SPEC §2, ARCHITECTURE invariant 19): put back under its
+//! holders by DynamoDB's restore under its own name (which marks it: `RestoreSummary`), emptied
+//! under them with nothing to mark it (a SQLite file replaced, rows deleted by hand), or a second,
+//! fresh table beside the live one that one generator is configured with (bare, or initialized by
+//! `leases init`; with a registry naming the live one, or without). The keeper's rules for it: a
+//! lease past its fence is not renewed but counted lapsed (the row read, the lease dropped, the
+//! number avoided for a lease, a claim afresh); a renewal or a lapse that finds its row gone or at
+//! an older epoch marks the table gone back, and the process (not the keeper, which a panic
+//! forgets) claims in it no more; a marked table is not claimed in; a table without a genesis is
+//! not claimed in; a table the registry does not name is not claimed in. What no rule sees: a
+//! table put back, unmarked, to a state a process still finds its own row in, while that process
+//! holds nothing it could compare (a test shows the duplicate, and the runbook owns that case).
 //!
 //! Each rule can be removed ([`Rules`]); the tests that remove one assert the checker then finds
 //! a counterexample, and print it as a trace. Where two rules guard the same fact the checker proves
@@ -110,6 +125,33 @@ struct Bounds {
     playbook: bool,
     /// The operator's clock, against true time.
     operator_skew: i8,
+    /// Layout v1's table put back under its holders (once), or not.
+    restore: Option<Restore>,
+    /// The last generator is configured with a second table for layout v1 (one layout only).
+    fresh_table: Option<FreshTable>,
+}
+
+/// How the table goes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Restore {
+    /// DynamoDB's restore under the table's own name, from a backup taken any time earlier: the
+    /// table carries a `RestoreSummary`.
+    Marked,
+    /// The same, with nothing to mark it (a SQLite file put back from a copy).
+    Unmarked,
+    /// Every row gone at once, with nothing to mark it (a SQLite file replaced by a new one, the
+    /// rows deleted by hand), while every running process holds a number: each of them finds its
+    /// row gone at its next renewal.
+    Emptied,
+}
+
+/// The table beside the live one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FreshTable {
+    /// `idgen leases init` was run on it (it has a genesis).
+    init: bool,
+    /// A registry is configured, naming the live table.
+    registry: bool,
 }
 
 /// The rules of SPEC §2, each of which a test removes.
@@ -144,6 +186,21 @@ struct Rules {
     /// A quarantine that kept no expiry is lifted only once its last holder is stopped (else it
     /// is lifted to the operator's now + the longest lease).
     lift_needs_kept_expiry_or_stopped_holder: bool,
+    /// A renewal of a lease the core holds as expired (at or past expiry − fence) is not sent:
+    /// the keeper reads the row, drops the lease and claims afresh, avoiding the number for one
+    /// lease (else it renews, and a row put back under it meets the renewal's condition).
+    lapsed_not_renewed: bool,
+    /// A table a restore marked is not claimed in (`check_claimable`: until it is adopted).
+    restored_table_refused: bool,
+    /// A renewal or a lapse that finds its row gone, at an older epoch, or naming another holder
+    /// at its epoch stops claims in that table (else the keeper claims on).
+    went_back_refuses: bool,
+    /// ... for the whole process (else for the keeper, which a panic and restart forget).
+    went_back_per_process: bool,
+    /// A table without a genesis is not claimed in.
+    genesis_required: bool,
+    /// Where a registry is configured, a table it does not name is not claimed in.
+    registry_names_table: bool,
 }
 
 impl Rules {
@@ -159,6 +216,12 @@ impl Rules {
         unique_holders: true,
         claim_token: true,
         lift_needs_kept_expiry_or_stopped_holder: true,
+        lapsed_not_renewed: true,
+        restored_table_refused: true,
+        went_back_refuses: true,
+        went_back_per_process: true,
+        genesis_required: true,
+        registry_names_table: true,
     };
 }
 
@@ -246,6 +309,9 @@ enum Answer {
     /// Renewal: the condition failed but the row still names us and our epoch (a clock behind).
     NotForward,
     ConditionFailed,
+    /// Renewal: the condition failed and the row went back under the lease (gone, an older
+    /// epoch, or another holder at ours).
+    WentBack,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -295,6 +361,10 @@ struct Keeper {
     released: bool,
     /// The process's clock stepped back since that release (for [`reached`]).
     stepped_back: bool,
+    /// The keeper saw its table go back (kept here only without `went_back_per_process`).
+    went_back: bool,
+    /// A lapsed number, not claimed again before this clock reading.
+    avoid: Option<(u8, i8)>,
 }
 
 /// One ID: what its bits say, and the epoch of the lease it was issued under.
@@ -323,6 +393,8 @@ struct Process {
     down_at: Option<i8>,
     previous_down_at: Option<i8>,
     keepers: [Keeper; LAYOUTS],
+    /// A bit per table this process saw go back (`WENT_BACK` in the keeper).
+    went_back: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -351,8 +423,12 @@ mod reached {
     pub const KEPT_EXPIRY_DECIDED_A_LIFT: u16 = 1 << 7;
     /// A process claimed again under a layout it had released, its clock stepped back meanwhile.
     pub const CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK: u16 = 1 << 8;
+    /// A keeper found its lease past the fence when it came to renew it.
+    pub const LEASE_LAPSED: u16 = 1 << 9;
+    /// The table went back under a lease: a put-back changed the row of a number a process held.
+    pub const WENT_BACK_UNDER_A_LEASE: u16 = 1 << 10;
 
-    pub const NAMES: [(u16, &str); 9] = [
+    pub const NAMES: [(u16, &str); 11] = [
         (HANDED_OVER, "an ID is issued under a number that changed hands"),
         (LATE_HAND_OUT, "an ID is handed out after its lease left the core"),
         (NEW_NUMBER_IN_THE_MILLISECOND, "a new number is installed inside the millisecond of the last ID"),
@@ -362,6 +438,8 @@ mod reached {
         (LIFTED_WITHOUT_KEPT_EXPIRY, "a quarantine that kept no expiry is lifted"),
         (KEPT_EXPIRY_DECIDED_A_LIFT, "a kept expiry past the operator's clock decides a lift"),
         (CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK, "a process claims again under a released layout after a step back"),
+        (LEASE_LAPSED, "a keeper finds its lease past the fence when it comes to renew it"),
+        (WENT_BACK_UNDER_A_LEASE, "the table goes back under a held lease"),
     ];
 }
 
@@ -384,6 +462,12 @@ struct State {
     /// [`reached`] bits.
     reached: u16,
     broken: Option<Broken>,
+    /// Layout v1's table as a backup took it (`Restore::Marked`, `Restore::Unmarked`).
+    backup: Option<[Option<Row>; MACHINES]>,
+    /// The put-back happened (once).
+    put_back: bool,
+    /// Layout v1's table is one a restore made (`RestoreSummary`).
+    restored: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -466,6 +550,10 @@ enum Action {
         layout: u8,
         machine: u8,
     },
+    /// A backup of layout v1's table.
+    Backup,
+    /// Layout v1's table put back (to the backup, or emptied).
+    PutBack,
 }
 
 const OUTCOMES: [Outcome; 4] = [Outcome::Answered, Outcome::AnswerLost, Outcome::NotApplied, Outcome::Delayed];
@@ -481,6 +569,44 @@ impl LeaseModel {
 
     fn clock(&self, state: &State, slot: u8) -> i8 {
         state.now + state.processes[slot as usize].skew
+    }
+
+    /// The table a process's keeper claims in: its layout's, or, for the last generator with a
+    /// fresh table beside the live one, that table (index 1; one layout only).
+    fn table_of(&self, slot: u8, layout: u8) -> u8 {
+        if self.bounds.fresh_table.is_some() && slot + 1 == self.bounds.generators { 1 } else { layout }
+    }
+
+    /// Whether the keeper's claim is refused before it is sent: the table went back under this
+    /// process (or keeper), a restore marked it, it has no genesis, or the registry names another.
+    fn claim_refused(&self, process: &Process, slot: u8, layout: u8, restored: bool) -> bool {
+        let table = self.table_of(slot, layout);
+        let keeper = &process.keepers[layout as usize];
+        if self.rules.went_back_refuses && (process.went_back & (1 << table) != 0 || keeper.went_back) {
+            return true;
+        }
+        if table == 0 && restored && self.rules.restored_table_refused {
+            return true;
+        }
+        match self.bounds.fresh_table {
+            Some(fresh) if table == 1 => {
+                (self.rules.genesis_required && !fresh.init) || (self.rules.registry_names_table && fresh.registry)
+            }
+            _ => false,
+        }
+    }
+
+    /// The keeper saw `table` go back under its lease: it claims there no more (the process, or,
+    /// without `went_back_per_process`, this keeper only).
+    fn mark_went_back(&self, process: &mut Process, layout: u8, table: u8) {
+        if !self.rules.went_back_refuses {
+            return;
+        }
+        if self.rules.went_back_per_process {
+            process.went_back |= 1 << table;
+        } else {
+            process.keepers[layout as usize].went_back = true;
+        }
     }
 
     fn layout_at(&self, timestamp: i8) -> u8 {
@@ -540,7 +666,7 @@ impl LeaseModel {
                 (None, if ours { Answer::Claimed { epoch: row.lease_epoch } } else { Answer::Taken })
             }
             Request::Renew { epoch, new_expiry, .. } => {
-                let Some(row) = row else { return (None, Answer::ConditionFailed) };
+                let Some(row) = row else { return (None, Answer::WentBack) };
                 let our_epoch = !self.rules.renew_epoch || row.lease_epoch == epoch;
                 let forward = !self.rules.renew_forward || row.lease_expiry < new_expiry;
                 if row.holder == holder && our_epoch && forward {
@@ -551,7 +677,7 @@ impl LeaseModel {
                     let answer = if row.lease_expiry == new_expiry { Answer::Applied } else { Answer::NotForward };
                     return (None, answer);
                 }
-                (None, Answer::ConditionFailed)
+                (None, if went_back(Some(row), holder, epoch) { Answer::WentBack } else { Answer::ConditionFailed })
             }
             Request::Release { epoch, expiry, .. } => match row {
                 Some(row) if row.holder == holder && row.lease_epoch == epoch => {
@@ -563,7 +689,7 @@ impl LeaseModel {
     }
 
     /// The keeper reads the answer to its write.
-    fn answer(&self, process: &mut Process, layout: u8, request: Request, answer: Answer, now: i8) -> u16 {
+    fn answer(&self, process: &mut Process, layout: u8, table: u8, request: Request, answer: Answer, now: i8) -> u16 {
         let mut reached = 0;
         let keeper = &mut process.keepers[layout as usize];
         match (request, answer) {
@@ -611,6 +737,12 @@ impl LeaseModel {
                 }
             }
             (Request::Renew { .. }, Answer::NotForward) => {}
+            (Request::Renew { .. }, Answer::WentBack) => {
+                process.keepers[layout as usize].lease = None;
+                process.keepers[layout as usize].state = KeeperState::Unclaimed { pending: None };
+                process.keepers[layout as usize].resumed = false;
+                self.mark_went_back(process, layout, table);
+            }
             (Request::Renew { .. }, _) => {
                 // Lost: `drop_lease` (stop issuing at once), then claim another number.
                 keeper.lease = None;
@@ -631,12 +763,12 @@ impl LeaseModel {
         // A renewal that timed out: the lease is kept, issuing goes on until the fence.
     }
 
-    fn apply_to_table(&self, state: &mut State, layout: u8, holder: Holder, request: Request) -> Answer {
+    fn apply_to_table(&self, state: &mut State, slot: u8, layout: u8, holder: Holder, request: Request) -> Answer {
         let machine = match request {
             Request::Claim(claim) => claim.machine,
             Request::Renew { machine, .. } | Request::Release { machine, .. } => machine,
         };
-        let cell = &mut state.table[layout as usize][machine as usize];
+        let cell = &mut state.table[self.table_of(slot, layout) as usize][machine as usize];
         let (row, answer) = self.apply(*cell, holder, request);
         if let Some(row) = row {
             *cell = Some(row);
@@ -648,14 +780,15 @@ impl LeaseModel {
         let holder = self.holder(slot, state.processes[slot as usize].incarnation);
         match outcome {
             Outcome::Answered => {
-                let answer = self.apply_to_table(state, layout, holder, request);
+                let answer = self.apply_to_table(state, slot, layout, holder, request);
                 let now = self.clock(state, slot);
-                let reached = self.answer(&mut state.processes[slot as usize], layout, request, answer, now);
+                let table = self.table_of(slot, layout);
+                let reached = self.answer(&mut state.processes[slot as usize], layout, table, request, answer, now);
                 state.reached |= reached;
             }
             Outcome::AnswerLost | Outcome::NotApplied => {
                 if outcome == Outcome::AnswerLost {
-                    self.apply_to_table(state, layout, holder, request);
+                    self.apply_to_table(state, slot, layout, holder, request);
                 }
                 Self::time_out(&mut state.processes[slot as usize].keepers[layout as usize], request);
             }
@@ -779,6 +912,8 @@ impl LeaseModel {
             resumed: false,
             released: false,
             stepped_back: false,
+            went_back: false,
+            avoid: None,
         };
         Process {
             up: true,
@@ -791,6 +926,7 @@ impl LeaseModel {
             down_at: None,
             previous_down_at,
             keepers: [keeper; LAYOUTS],
+            went_back: 0,
         }
     }
 
@@ -840,6 +976,9 @@ impl Model for LeaseModel {
             layout_releases: 0,
             reached: 0,
             broken: None,
+            backup: None,
+            put_back: false,
+            restored: false,
         }]
     }
 
@@ -899,13 +1038,21 @@ impl Model for LeaseModel {
                 if waiting.contains(&(slot, layout)) {
                     continue;
                 }
+                // `claim` asks the table (and the registry) first, and refuses without a write.
+                let refused = self.claim_refused(process, slot, layout, state.restored);
+                let clock = self.clock(state, slot);
                 for &outcome in outcomes {
                     match keeper.state {
+                        KeeperState::Unclaimed { .. } if refused => {}
                         KeeperState::Unclaimed { pending: Some(_) } => {
                             actions.push(Action::RetryClaim { slot, layout, outcome })
                         }
                         KeeperState::Unclaimed { pending: None } if process.claims < b.claims => {
                             for machine in 0..b.machines {
+                                // A lapsed number is left alone for one lease.
+                                if keeper.avoid.is_some_and(|(avoided, until)| avoided == machine && clock < until) {
+                                    continue;
+                                }
                                 actions.push(Action::Claim { slot, layout, machine, outcome });
                             }
                         }
@@ -929,6 +1076,21 @@ impl Model for LeaseModel {
                 actions.push(Action::Shutdown { slot, outcome });
             }
             actions.push(Action::Crash { slot });
+        }
+        match b.restore {
+            Some(Restore::Marked | Restore::Unmarked) if state.backup.is_none() => actions.push(Action::Backup),
+            Some(Restore::Marked | Restore::Unmarked) if !state.put_back => actions.push(Action::PutBack),
+            // Emptied while every running process holds a number (and someone runs).
+            Some(Restore::Emptied)
+                if !state.put_back
+                    && state.processes.iter().take(b.generators as usize).any(|p| p.up)
+                    && state.processes.iter().take(b.generators as usize).all(|p| {
+                        !p.up || matches!(p.keepers[0].state, KeeperState::Held { .. }) && p.keepers[0].lease.is_some()
+                    }) =>
+            {
+                actions.push(Action::PutBack)
+            }
+            _ => {}
         }
         if state.operator_actions < b.operator_actions {
             for layout in 0..b.layouts {
@@ -1002,6 +1164,27 @@ impl Model for LeaseModel {
                 let now = self.clock(&state, slot);
                 let keeper = &state.processes[slot as usize].keepers[layout as usize];
                 let KeeperState::Held { machine, epoch } = keeper.state else { unreachable!() };
+                let live = keeper
+                    .lease
+                    .is_some_and(|held| held.machine == machine && held.epoch == epoch && now < held.expiry - b.fence);
+                if self.rules.lapsed_not_renewed && !live {
+                    // `LeaseKeeper::lapsed`: read the row, drop the lease, and claim afresh.
+                    state.reached |= reached::LEASE_LAPSED;
+                    let table = self.table_of(slot, layout);
+                    let row = state.table[table as usize][machine as usize];
+                    let holder = self.holder(slot, state.processes[slot as usize].incarnation);
+                    let process = &mut state.processes[slot as usize];
+                    let keeper = &mut process.keepers[layout as usize];
+                    keeper.lease = None;
+                    keeper.state = KeeperState::Unclaimed { pending: None };
+                    keeper.resumed = false;
+                    if went_back(row, holder, epoch) {
+                        self.mark_went_back(process, layout, table);
+                    } else {
+                        keeper.avoid = Some((machine, now + b.lease));
+                    }
+                    return Some(state);
+                }
                 self.send(
                     &mut state,
                     slot,
@@ -1012,7 +1195,13 @@ impl Model for LeaseModel {
             }
             Action::Apply { index } => {
                 let in_flight = state.network[index as usize].expect("in flight");
-                let answer = self.apply_to_table(&mut state, in_flight.layout, in_flight.holder, in_flight.request);
+                let answer = self.apply_to_table(
+                    &mut state,
+                    in_flight.slot,
+                    in_flight.layout,
+                    in_flight.holder,
+                    in_flight.request,
+                );
                 // Nobody reads the answer of a write not waited for: it has done all it can.
                 state.network[index as usize] =
                     in_flight.awaited.then_some(InFlight { answer: Some(answer), ..in_flight });
@@ -1023,8 +1212,9 @@ impl Model for LeaseModel {
                 Self::settle_network(&mut state);
                 let now = self.clock(&state, in_flight.slot);
                 let answer = in_flight.answer.expect("applied");
+                let table = self.table_of(in_flight.slot, in_flight.layout);
                 let process = &mut state.processes[in_flight.slot as usize];
-                let reached = self.answer(process, in_flight.layout, in_flight.request, answer, now);
+                let reached = self.answer(process, in_flight.layout, table, in_flight.request, answer, now);
                 state.reached |= reached;
             }
             Action::TimeOut { index } => {
@@ -1049,6 +1239,9 @@ impl Model for LeaseModel {
                     None => KeeperState::Unclaimed { pending: None },
                 };
                 keeper.resumed = keeper.lease.is_some();
+                // A new `LeaseKeeper`: what the old one knew of its own is gone.
+                keeper.went_back = false;
+                keeper.avoid = None;
             }
             Action::ReleaseLayout { slot, layout, outcome } => {
                 state.layout_releases += 1;
@@ -1140,6 +1333,25 @@ impl Model for LeaseModel {
                     last_claimant: row.last_claimant,
                 });
             }
+            Action::Backup => state.backup = Some(state.table[0]),
+            Action::PutBack => {
+                state.put_back = true;
+                let to = match b.restore {
+                    Some(Restore::Emptied) => [None; MACHINES],
+                    _ => state.backup.take().expect("a backup"),
+                };
+                state.restored = b.restore == Some(Restore::Marked);
+                // For `reached`: a held lease whose row the put-back changed.
+                for (slot, process) in state.processes.iter().enumerate().take(b.generators as usize) {
+                    if let Some(held) = process.keepers[0].lease
+                        && self.table_of(slot as u8, 0) == 0
+                        && to[held.machine as usize] != state.table[0][held.machine as usize]
+                    {
+                        state.reached |= reached::WENT_BACK_UNDER_A_LEASE;
+                    }
+                }
+                state.table[0] = to;
+            }
         }
         Some(state)
     }
@@ -1178,10 +1390,25 @@ impl Model for LeaseModel {
                 reached::CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK => Property::sometimes(name, |_, s: &State| {
                     s.reached & reached::CLAIMED_AFTER_RELEASE_AND_A_STEP_BACK != 0
                 }),
+                reached::LEASE_LAPSED => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::LEASE_LAPSED != 0)
+                }
+                reached::WENT_BACK_UNDER_A_LEASE => {
+                    Property::sometimes(name, |_, s: &State| s.reached & reached::WENT_BACK_UNDER_A_LEASE != 0)
+                }
                 _ => Property::sometimes(name, |_, s: &State| s.reached & reached::KEPT_EXPIRY_DECIDED_A_LIFT != 0),
             });
         }
         properties
+    }
+}
+
+/// `went_back` in `keeper.rs`: the row under a lease (`holder`, `epoch`) shows the table went
+/// back: no tool deletes a row, and every change raises its epoch.
+fn went_back(row: Option<Row>, holder: Holder, epoch: u8) -> bool {
+    match row {
+        None => true,
+        Some(row) => row.lease_epoch < epoch || (row.lease_epoch == epoch && row.holder != holder),
     }
 }
 
@@ -1211,6 +1438,8 @@ const SMALL: Bounds = Bounds {
     layout_releases: 0,
     playbook: false,
     operator_skew: 0,
+    restore: None,
+    fresh_table: None,
 };
 
 /// Three generators on two numbers, with quarantine and lift; writes answered, lost after
@@ -1233,6 +1462,11 @@ const TWO_WRITES_IN_FLIGHT: Bounds = Bounds { in_flight: 2, end_of_time: 3, ..SM
 /// goes on and claimed again.
 const KEEPER_RESTARTS_AND_RELEASES: Bounds =
     Bounds { keeper_restarts: 1, layout_releases: 1, claims: 2, end_of_time: 3, ..SMALL };
+/// A keeper that panics, resumes the core's lease and renews it: a lease of 3 ms, since a keeper
+/// renews only before the fence (a lapsed lease is claimed afresh), and in a lease of 2 ms with a
+/// fence of 1 the only such renewal is in the claim's own millisecond, which extends nothing.
+/// The same lease wherever a rule's counterexample needs a renewal that extends.
+const KEEPER_RESTARTS: Bounds = Bounds { keeper_restarts: 1, claims: 2, end_of_time: 3, lease: 3, ..SMALL };
 /// A layout released while the process goes on, the clock stepped back, and the layout claimed
 /// again (with the keeper restart too, 38 million states: the ignored larger bound's share).
 const RELEASE_AND_A_STEP_BACK: Bounds =
@@ -1241,6 +1475,22 @@ const RELEASE_AND_A_STEP_BACK: Bounds =
 /// kept), lifted by an operator whose clock is a whole lease behind.
 const PLAYBOOK_QUARANTINES: Bounds =
     Bounds { machines: 1, playbook: true, operator_actions: 2, operator_skew: -2, end_of_time: 5, ..SMALL };
+
+/// One number, two generators: a backup taken any time, DynamoDB's restore under the same name
+/// any time later (the table marked), the holder frozen past its lease and its successor
+/// issuing around it.
+const MARKED_RESTORE: Bounds =
+    Bounds { machines: 1, claims: 2, end_of_time: 5, restore: Some(Restore::Marked), ..SMALL };
+/// The same, with nothing marking the table (a SQLite file put back from a copy).
+const UNMARKED_RESTORE: Bounds = Bounds { restore: Some(Restore::Unmarked), ..MARKED_RESTORE };
+/// Two generators on two numbers, every row gone while both hold one; a keeper may panic and
+/// be started again.
+const EMPTIED_UNDER_ITS_HOLDERS: Bounds =
+    Bounds { claims: 2, keeper_restarts: 1, end_of_time: 4, restore: Some(Restore::Emptied), ..SMALL };
+/// Three generators on two numbers, the third configured with a second table for the layout.
+const fn fresh_table(init: bool, registry: bool) -> Bounds {
+    Bounds { generators: 3, end_of_time: 4, fresh_table: Some(FreshTable { init, registry }), ..SMALL }
+}
 
 struct Report {
     unique_states: usize,
@@ -1319,11 +1569,14 @@ fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
             }
             _ => {}
         }
-        out.push_str("\n      table:");
-        for (l, rows) in after.table.iter().take(bounds.layouts as usize).enumerate() {
+        out.push_str(if after.restored { "\n      table (restored):" } else { "\n      table:" });
+        let tables = bounds.layouts as usize + usize::from(bounds.fresh_table.is_some());
+        for (l, rows) in after.table.iter().take(tables).enumerate() {
+            let name =
+                if bounds.fresh_table.is_some() && l == 1 { "fresh v1".to_owned() } else { format!("v{}", l + 1) };
             for (m, row) in rows.iter().enumerate() {
                 if let Some(row) = row {
-                    let _ = write!(out, " [v{} m{}: {}]", l + 1, m, row);
+                    let _ = write!(out, " [{name} m{m}: {row}]");
                 }
             }
         }
@@ -1358,6 +1611,9 @@ fn trace(bounds: &Bounds, path: &Path<State, Action>) -> String {
             }
             if !process.up {
                 out.push_str(" down");
+            }
+            if process.went_back != 0 || process.keepers.iter().any(|k| k.went_back) {
+                out.push_str(" (saw its table go back)");
             }
             out.push(';');
         }
@@ -1442,11 +1698,8 @@ fn two_writes_in_flight_never_lead_to_an_id_issued_twice() {
 
 #[test]
 fn keeper_restarts_and_layout_releases_never_lead_to_an_id_issued_twice() {
-    assert_safe(
-        KEEPER_RESTARTS_AND_RELEASES,
-        Rules::ALL,
-        reached::RESUMED_AND_RENEWED | reached::CLAIMED_AFTER_RELEASE,
-    );
+    assert_safe(KEEPER_RESTARTS_AND_RELEASES, Rules::ALL, reached::CLAIMED_AFTER_RELEASE);
+    assert_safe(KEEPER_RESTARTS, Rules::ALL, reached::RESUMED_AND_RENEWED);
 }
 
 #[test]
@@ -1501,10 +1754,13 @@ fn without_the_fence_a_frozen_holder_issues_after_its_successor() {
 fn the_epoch_check_on_renew_and_unique_holders_guard_the_same_hole() {
     // A process with another's holder string claims the number after the other froze past its
     // lease; the other wakes up and its renewal (holder matches, epoch not checked) succeeds: two
-    // processes believe they hold one number.
-    assert_duplicate_found(SMALL, Rules { renew_epoch: false, unique_holders: false, ..Rules::ALL });
-    assert_safe(DELAYED_WRITES, Rules { renew_epoch: false, ..Rules::ALL }, 0);
-    assert_safe(DELAYED_WRITES, Rules { unique_holders: false, ..Rules::ALL }, 0);
+    // processes believe they hold one number. The lapse guards it too (the woken keeper does not
+    // renew a lease past its fence), so the three are removed together.
+    let lapse = Rules { lapsed_not_renewed: false, ..Rules::ALL };
+    assert_duplicate_found(SMALL, Rules { renew_epoch: false, unique_holders: false, ..lapse });
+    assert_safe(DELAYED_WRITES, Rules { renew_epoch: false, ..lapse }, 0);
+    assert_safe(DELAYED_WRITES, Rules { unique_holders: false, ..lapse }, 0);
+    assert_safe(DELAYED_WRITES, Rules { renew_epoch: false, unique_holders: false, ..Rules::ALL }, 0);
 }
 
 #[test]
@@ -1529,7 +1785,11 @@ fn without_counting_issued_runs_a_release_lets_a_successor_reissue_an_id_still_b
     // The core issued millisecond t as a run, a request holds its offset; the release writes the
     // last ID handed out + 1 (not t + 1), a successor claims above that and issues t, and the
     // request then hands out t as well.
-    assert_duplicate_found(LATE_HAND_OUTS, Rules { release_counts_issued_runs: false, ..Rules::ALL });
+    // A lease of 3 ms: the holder renews and issues on after the run (`KEEPER_RESTARTS`).
+    assert_duplicate_found(
+        Bounds { lease: 3, ..LATE_HAND_OUTS },
+        Rules { release_counts_issued_runs: false, ..Rules::ALL },
+    );
 }
 
 #[test]
@@ -1547,10 +1807,12 @@ fn without_renewing_only_forward_a_late_renewal_moves_a_held_expiry_back() {
     // Two renewals of one keeper in flight; the later applies first and the keeper believes its
     // expiry, then the earlier one applies and moves the row's expiry back below it: a claimant
     // takes the number while the holder still issues.
-    // Renewals two milliseconds apart, so the expiry moved back by more than the fence.
+    // Renewals two milliseconds apart, so the expiry moved back by more than the fence: in a
+    // lease of 2 ms only a renewal past the fence is that late, so the lapse is removed too (with
+    // it in place the checker finds this with a lease of 3 ms and 4 ms of time, in 2½ minutes).
     assert_duplicate_found(
         Bounds { end_of_time: 4, ..TWO_WRITES_IN_FLIGHT },
-        Rules { renew_forward: false, ..Rules::ALL },
+        Rules { renew_forward: false, lapsed_not_renewed: false, ..Rules::ALL },
     );
 }
 
@@ -1558,7 +1820,10 @@ fn without_renewing_only_forward_a_late_renewal_moves_a_held_expiry_back() {
 fn without_stopping_issuing_first_a_released_layout_is_issued_under_by_two() {
     // The supervisor releases one layout while the process goes on: if the core kept the lease,
     // it issues above the released expiry, where a successor now starts.
-    assert_duplicate_found(KEEPER_RESTARTS_AND_RELEASES, Rules { release_stops_issuing_first: false, ..Rules::ALL });
+    assert_duplicate_found(
+        Bounds { lease: 3, ..KEEPER_RESTARTS_AND_RELEASES },
+        Rules { release_stops_issuing_first: false, ..Rules::ALL },
+    );
 }
 
 #[test]
@@ -1570,4 +1835,81 @@ fn without_the_stopped_holder_rule_a_lift_from_a_clock_behind_lets_a_successor_r
         PLAYBOOK_QUARANTINES,
         Rules { lift_needs_kept_expiry_or_stopped_holder: false, ..Rules::ALL },
     );
+}
+
+#[test]
+fn a_table_restored_under_its_holders_never_leads_to_an_id_issued_twice() {
+    assert_safe(MARKED_RESTORE, Rules::ALL, reached::LEASE_LAPSED | reached::WENT_BACK_UNDER_A_LEASE);
+}
+
+#[test]
+fn without_the_lapse_a_renewal_revives_a_lost_lease_in_a_restored_table() {
+    // The holder froze past its lease after a backup, a successor claimed and issued, the table
+    // was restored: the row names the frozen holder and its epoch again, and its renewal meets
+    // the condition. It issues under the number while the successor goes on.
+    let trace = assert_duplicate_found(MARKED_RESTORE, Rules { lapsed_not_renewed: false, ..Rules::ALL });
+    assert!(trace.contains("PutBack") && trace.contains("Renew"), "{trace}");
+}
+
+#[test]
+fn without_refusing_a_restored_table_a_claim_there_takes_a_number_whose_holder_issues() {
+    // The restored row shows the number expired: a claim takes it while the holder the restore
+    // erased still issues under it.
+    let trace = assert_duplicate_found(MARKED_RESTORE, Rules { restored_table_refused: false, ..Rules::ALL });
+    assert!(trace.contains("PutBack"), "{trace}");
+}
+
+#[test]
+fn a_table_put_back_unmarked_is_beyond_what_the_keepers_can_see() {
+    // The limit the runbook owns (runbooks/lease-table-restore.md): a SQLite file put back from a
+    // copy, with every rule in place. A process that finds its own row as it left it cannot tell
+    // the table went back, and claims a number whose holder the copy erased.
+    let trace = assert_duplicate_found(UNMARKED_RESTORE, Rules::ALL);
+    assert!(trace.contains("PutBack"), "{trace}");
+}
+
+#[test]
+fn a_table_emptied_under_its_holders_never_leads_to_an_id_issued_twice() {
+    assert_safe(EMPTIED_UNDER_ITS_HOLDERS, Rules::ALL, reached::WENT_BACK_UNDER_A_LEASE);
+}
+
+#[test]
+fn without_refusing_a_table_that_went_back_its_holder_claims_a_number_another_issues_under() {
+    // Both rows gone: the first holder's renewal finds its row gone and, claiming on, takes the
+    // other number, whose holder has not renewed yet.
+    let trace = assert_duplicate_found(EMPTIED_UNDER_ITS_HOLDERS, Rules { went_back_refuses: false, ..Rules::ALL });
+    assert!(trace.contains("PutBack"), "{trace}");
+}
+
+#[test]
+fn without_keeping_it_per_process_a_restarted_keeper_forgets_its_table_went_back() {
+    let trace = assert_duplicate_found(EMPTIED_UNDER_ITS_HOLDERS, Rules { went_back_per_process: false, ..Rules::ALL });
+    assert!(trace.contains("PutBack") && trace.contains("RestartKeeper"), "{trace}");
+}
+
+#[test]
+fn a_fresh_table_beside_the_live_one_never_leads_to_an_id_issued_twice() {
+    for (init, registry) in [(false, false), (true, true), (false, true)] {
+        assert_safe(fresh_table(init, registry), Rules::ALL, 0);
+    }
+}
+
+#[test]
+fn without_the_genesis_a_bare_table_beside_the_live_one_hands_out_its_numbers() {
+    // No registry (development, one host): the bare table shows every number free.
+    assert_duplicate_found(fresh_table(false, false), Rules { genesis_required: false, ..Rules::ALL });
+}
+
+#[test]
+fn without_the_registry_naming_it_an_initialized_table_beside_the_live_one_hands_out_its_numbers() {
+    // `leases init` run on the new name while the old table's holders issue: it has a genesis.
+    assert_duplicate_found(fresh_table(true, true), Rules { registry_names_table: false, ..Rules::ALL });
+}
+
+#[test]
+fn the_genesis_and_the_registry_guard_the_same_bare_table() {
+    let bare = fresh_table(false, true);
+    assert_duplicate_found(bare, Rules { genesis_required: false, registry_names_table: false, ..Rules::ALL });
+    assert_safe(bare, Rules { genesis_required: false, ..Rules::ALL }, 0);
+    assert_safe(bare, Rules { registry_names_table: false, ..Rules::ALL }, 0);
 }
