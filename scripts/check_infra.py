@@ -899,7 +899,7 @@ def main():
                 found.append(key + (" (and its example)" if example else ""))
         return ", ".join(found)
 
-    @check("every launch template: AL2023 arm64 from SSM, IMDSv2 required, encrypted volumes")
+    @check("every launch template: AL2023 arm64 from SSM, IMDSv2 required, encrypted volumes, never hibernated")
     def _():
         count = 0
         for name_, template in templates.items():
@@ -908,6 +908,8 @@ def main():
                 image = ref(data["ImageId"])
                 require(image and default(template, image) == AMI_PARAMETER, f"{name_} {name}: ImageId is not {AMI_PARAMETER}")
                 require(data.get("MetadataOptions", {}).get("HttpTokens") == "required", f"{name_} {name}: IMDSv2 not required")
+                require(data.get("HibernationOptions", {}).get("Configured") is False,
+                        f"{name_} {name}: HibernationOptions.Configured is not false (a resumed memory image is the same holder twice)")
                 volumes = data.get("BlockDeviceMappings", [])
                 require(volumes and all(v["Ebs"].get("Encrypted") is True for v in volumes), f"{name_} {name}: a volume is not encrypted")
                 count += 1
