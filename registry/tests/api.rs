@@ -433,7 +433,9 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     let served: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi/registry.json");
     let operations = openapi::operations(&served, file, &idgen_registry::ROUTES, |path| {
-        path.replace("{name}:cancel-retire", "{action}").replace("{name}:retire", "{action}")
+        path.replace("{name}:cancel-retire", "{action}")
+            .replace("{name}:retire", "{action}")
+            .replace("{name}:move-lease-table", "{action}")
     });
     for (path, item) in served["paths"].as_object().unwrap() {
         let methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
