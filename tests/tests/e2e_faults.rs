@@ -1026,6 +1026,42 @@ async fn e2e_a_worker_on_a_fresh_table_beside_the_live_one_issues_nothing() {
     a.stop().await.unwrap();
 }
 
+// An upgrade: a live table of an earlier release has rows and no genesis. A worker of this release
+// refuses to start on it and names `init`; `init` records the genesis and changes no row; the
+// worker then starts, and leaves the live holder's number alone.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_live_table_of_an_earlier_release_is_initialized_in_place_and_keeps_its_rows() {
+    use idgen::LeaseStore;
+    let client = client();
+    let endpoint = shared_dynamodb_endpoint();
+    let table = unique_table("upgraded");
+    let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
+    let store = idgen::DynamoDbLeaseStore::new(idgen::lease::dynamodb::client(&settings).await, &table);
+    store.create_tables().await.unwrap();
+    // Machine 0 held by a live generator of the earlier release; machine 1 released long ago.
+    let now = now_unix_ms();
+    store.claim(0, "earlier/pid-1/1", now, now + 60_000).await.unwrap();
+    store.claim(1, "earlier/pid-2/1", now - 600_000, now - 500_000).await.unwrap();
+    let before = store.list().await.unwrap();
+
+    let mut spec = WorkerSpec::short_lease_on("upgraded", Store::Dynamodb { endpoint, table: table.clone() });
+    (spec.machines, spec.create_tables) = ((0, 1), false);
+    let (status, stderr) = worker_exit(&spec).await.expect("a worker on a table without a genesis does not start");
+    assert!(!status.success() && stderr.contains("idgen leases init"), "{stderr}");
+
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml()).unwrap();
+    let out = idgen(&["leases", "--config", config.path().to_str().unwrap(), "--layout", "v1", "init"]).await.unwrap();
+    assert!(out.contains("genesis") && out.contains("its 2 rows are as they were"), "{out}");
+    assert_eq!(store.list().await.unwrap(), before, "init changed a row");
+    assert!(store.genesis().await.unwrap().is_some());
+
+    let worker = WorkerProcess::start(&spec).await.unwrap();
+    assert_eq!(worker.wait_ready(&client, Duration::from_secs(10)).await.unwrap(), 1, "machine 0 is held");
+    assert!(worker.stop().await.unwrap().success());
+}
+
 /// `idgen <args>` run to its exit: its status, standard output and standard error.
 async fn idgen_output(args: &[&str]) -> (bool, String, String) {
     let output = tokio::process::Command::new(idgen_e2e::idgen_bin()).args(args).output().await.unwrap();
