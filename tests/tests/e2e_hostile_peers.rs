@@ -6,6 +6,8 @@
 //! not much after; and a client already connected is answered all along (its p99 is printed
 //! beside the same requests' without the slow peers).
 //!
+//! Headers past `limits.max_header_bytes` are answered 431 and counted.
+//!
 //! And the plain health listener: `GET /healthz` without a client certificate while the service
 //! port refuses a handshake without one, and nothing else routed there.
 
@@ -438,6 +440,46 @@ async fn e2e_the_public_id_service_bounds_what_slow_peers_hold() {
     std::fs::create_dir(&with_tls).unwrap();
     let tls = public_ids(&with_tls, &format!("{}{}", pki.tls_section(), limits_section()), pki.client(true)).await;
     besiege(tls, &TLS_KINDS, true).await;
+}
+
+/// 200 KB of headers in 20 lines, against `service`'s plain port: answered 431 and closed before
+/// any handler (hyper answers it), counted; a request with ordinary headers is answered as ever.
+async fn headers_past_the_cap(service: Service) {
+    let line = format!("X-Padding: {}\r\n", "a".repeat(10_000));
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{}\r\n", line.repeat(20));
+    let (mut reader, mut writer) = TcpStream::connect(service.address()).await.unwrap().into_split();
+    // Written beside the read: the server answers and closes once it has read past its cap.
+    let writing = tokio::spawn(async move {
+        let _ = writer.write_all(request.as_bytes()).await;
+        writer
+    });
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, reader.read(&mut buffer)).await {
+            Err(_) => panic!("{}: the connection is still open after 10 s", service.name),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buffer[..n]),
+        }
+    }
+    drop(writing.await);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{}: {answer}", service.name);
+    let ordinary = service.client.get(format!("{}/healthz", service.url)).send().await.unwrap();
+    assert!(ordinary.status().is_success(), "{}: {}", service.name, ordinary.status());
+    let text = service.metrics().await;
+    assert_eq!(series(&text, "idgen_requests_too_large_total{listener=\"service\"}"), 1.0, "{}", service.name);
+    println!("{}: 200 KB of headers answered 431 and closed, counted; ordinary headers answered", service.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_headers_past_the_cap_are_answered_431_on_every_service() {
+    let work = tempfile::tempdir().unwrap();
+    headers_past_the_cap(worker(work.path(), limits_section(), "", plain_client()).await).await;
+    headers_past_the_cap(registry(&limits_section(), plain_client()).await).await;
+    headers_past_the_cap(public_ids(work.path(), &limits_section(), plain_client()).await).await;
 }
 
 /// The health port answers `GET /healthz` as the service port does, to a caller without a

@@ -19,6 +19,10 @@ pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 /// value is a typo that would make the cap no cap.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 
+/// The bounds of `max_header_bytes`: hyper's smallest read buffer (8 KiB), and 1 MiB, past which
+/// a cap times the connection cap no longer fits a host's memory.
+pub const HEADER_BYTES: std::ops::RangeInclusive<usize> = 8_192..=1_048_576;
+
 /// `[limits]`: a cap on connections and a deadline on each wait for a peer, per listener.
 /// Every key has a production default; none can be switched off.
 #[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
@@ -47,6 +51,12 @@ pub struct LimitsSection {
     /// pooled connection (60 s), so that the client closes first and never sends a request on a
     /// connection the server is closing at that moment.
     pub idle_timeout_ms: u64,
+    /// The most a request's line and headers may take of a connection's read buffer (bytes): past
+    /// it the request is answered 431 and the connection closed, and counted
+    /// (`idgen_requests_too_large_total`). Default 16384: idgen's callers send a few hundred
+    /// bytes of headers (a browser on the console, with its cookies, a few KiB), and hyper's own
+    /// default (about 400 KB) times `max_connections` is more memory than a host has.
+    pub max_header_bytes: usize,
 }
 
 impl Default for LimitsSection {
@@ -57,6 +67,7 @@ impl Default for LimitsSection {
             header_read_timeout_ms: 5_000,
             body_read_timeout_ms: 10_000,
             idle_timeout_ms: 75_000,
+            max_header_bytes: 16_384,
         }
     }
 }
@@ -67,6 +78,14 @@ impl LimitsSection {
             bail!(
                 "limits.max_connections must be from 1 to {MAX_CONNECTIONS}, not {} (a listener taking no connection serves nothing)",
                 self.max_connections
+            );
+        }
+        if !HEADER_BYTES.contains(&self.max_header_bytes) {
+            bail!(
+                "limits.max_header_bytes must be from {} to {}, not {}",
+                HEADER_BYTES.start(),
+                HEADER_BYTES.end(),
+                self.max_header_bytes
             );
         }
         for (key, ms) in self.timeouts() {
@@ -105,8 +124,10 @@ impl LimitsSection {
     /// The `--check-config` line: what every listener of the service enforces.
     pub fn describe(&self) -> String {
         format!(
-            "limits: at most {} connections per listener; deadlines: TLS handshake {} ms, headers {} ms, body {} ms, idle {} ms",
+            "limits: at most {} connections per listener, {} bytes of headers a request; deadlines: TLS handshake {} ms, \
+             headers {} ms, body {} ms, idle {} ms",
             self.max_connections,
+            self.max_header_bytes,
             self.handshake_timeout_ms,
             self.header_read_timeout_ms,
             self.body_read_timeout_ms,
@@ -146,6 +167,10 @@ mod tests {
         LimitsSection::default().validate().unwrap();
         let zero_cap = LimitsSection { max_connections: 0, ..Default::default() };
         assert!(format!("{:#}", zero_cap.validate().unwrap_err()).contains("max_connections"));
+        for bytes in [0, 8_191, 1_048_577] {
+            let limits = LimitsSection { max_header_bytes: bytes, ..Default::default() };
+            assert!(format!("{:#}", limits.validate().unwrap_err()).contains("max_header_bytes"), "{bytes}");
+        }
         for key in ["handshake_timeout_ms", "header_read_timeout_ms", "body_read_timeout_ms", "idle_timeout_ms"] {
             for ms in [0, MAX_TIMEOUT_MS + 1] {
                 let mut limits = LimitsSection::default();

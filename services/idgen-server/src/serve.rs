@@ -61,6 +61,7 @@ pub struct ServerMetrics {
     connections_open: Family<ListenerLabel, Gauge>,
     connections_refused: Family<ListenerLabel, Counter>,
     connections_timed_out: Family<DeadlineLabel, Counter>,
+    requests_too_large: Family<ListenerLabel, Counter>,
 }
 
 /// Every reason a handshake is counted under, so each series exists at 0 from the start.
@@ -96,6 +97,7 @@ impl ServerMetrics {
         for listener in LISTENERS {
             let _ = self.connections_open.get_or_create(&ListenerLabel { listener });
             let _ = self.connections_refused.get_or_create(&ListenerLabel { listener });
+            let _ = self.requests_too_large.get_or_create(&ListenerLabel { listener });
             for deadline in DEADLINES {
                 let _ = self.connections_timed_out.get_or_create(&DeadlineLabel { listener, deadline });
             }
@@ -114,6 +116,11 @@ impl ServerMetrics {
             "idgen_connections_timed_out",
             "Connections closed because the peer let a deadline of [limits] pass, by listener and deadline",
             self.connections_timed_out.clone(),
+        );
+        registry.register(
+            "idgen_requests_too_large",
+            "Requests answered 431 (and their connections closed) because their headers passed limits.max_header_bytes, by listener",
+            self.requests_too_large.clone(),
         );
     }
 
@@ -372,11 +379,18 @@ async fn serve_connection<I, S>(
             }
         });
     let io = TokioIo::new(ActivityIo::new(io, activity.clone()));
-    let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, TowerToHyperService::new(service));
+    let connection = hyper::server::conn::http1::Builder::new()
+        .max_buf_size(listening.limits.max_header_bytes)
+        .serve_connection(io, TowerToHyperService::new(service));
     // Polled again at once when it wakes itself (see `repoll`): one trip through the scheduler
     // less for every request with a body.
     match crate::repoll::Repoll::new(Guarded::new(watcher.watch(connection), activity)).await {
         Ok(Ok(())) => {}
+        // hyper answered 431 itself: the request never reached a handler.
+        Ok(Err(error)) if error.is_parse_too_large() => {
+            listening.metrics.requests_too_large.get_or_create(&ListenerLabel { listener: listening.name }).inc();
+            tracing::debug!(%error, "closing a connection whose request's headers passed limits.max_header_bytes");
+        }
         Ok(Err(error)) => tracing::debug!(%error, "connection ended with an error"),
         Err(deadline) => {
             listening.metrics.timed_out(listening.name, deadline.label());
