@@ -2,8 +2,9 @@
 //! `identity = "uri_san"` (the default) a CN-only certificate (`CN=orders`, `CN=ops-oncall`) names
 //! nobody, and neither does one with two URI SANs or the reserved `anonymous`; under `cn` a
 //! certificate named `anonymous` or `other` is refused instead of merging with those; the
-//! registry takes as an operator only a certificate of its operator CA, and a certificate of the
-//! callers' CA naming an operator is refused its write and counted; a revoked certificate is
+//! registry takes as an operator only a certificate its operator CA issued itself, and a
+//! certificate of the callers' CA, or of a subordinate of the operators' root, naming an operator
+//! is refused its write and counted; a revoked certificate is
 //! refused at the handshake, and a new CRL with SIGHUP revokes one that was accepted before. Every
 //! refusal is counted under its reason.
 
@@ -180,6 +181,16 @@ async fn e2e_only_the_operator_ca_makes_a_registry_operator() {
         .await
         .unwrap();
     assert_eq!(with_token.status(), 403);
+    // A certificate of a subordinate CA the operators' root issued for workloads (a private CA's
+    // export), sent with that intermediate: it passes the handshake (it chains to the root), names
+    // the operator, and is refused as the callers' are.
+    let workloads = pki.operators.subordinate("idgen e2e workloads' CA").unwrap();
+    let through = pki.keep("through", workloads.client(OPS).unwrap());
+    std::fs::write(pki.path("through.pem"), format!("{}{}", through.cert_pem, workloads.ca_pem())).unwrap();
+    let refused = add("through", "eu-west-2").await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_an_operator_certificate", "{body}");
     // `CN=ops-oncall` without a URI SAN names nobody at all.
     assert!(add("cn-ops", "eu-west-1").await.is_err(), "CN=ops-oncall got an answer");
     // A worker's certificate reads, and cannot write.
@@ -195,11 +206,12 @@ async fn e2e_only_the_operator_ca_makes_a_registry_operator() {
     let text =
         pki.client("worker").get(format!("{}/metrics", registry.url)).send().await.unwrap().text().await.unwrap();
     let refusals = "idgen_registry_writes_refused_total";
-    assert_eq!(series(&text, refusals, "not_an_operator_certificate"), 2.0);
+    assert_eq!(series(&text, refusals, "not_an_operator_certificate"), 3.0);
     assert_eq!(series(&text, refusals, "no_credentials"), 1.0);
     assert!(series(&text, "idgen_tls_handshake_failures_total", "certificate_names_nobody") >= 1.0);
     println!(
-        "registry: the operator CA's certificate wrote; the same name from the callers' CA was refused twice, counted"
+        "registry: the operator CA's certificate wrote; the same name from the callers' CA (twice) and through a \
+         subordinate of the operators' root was refused, counted"
     );
 }
 

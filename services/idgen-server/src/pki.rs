@@ -44,12 +44,13 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 
 impl DevCa {
     pub fn new(name: &str) -> anyhow::Result<DevCa> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        Ok(DevCa { issuer: CertifiedIssuer::self_signed(params, KeyPair::generate()?)? })
+        Ok(DevCa { issuer: CertifiedIssuer::self_signed(ca_params(name)?, KeyPair::generate()?)? })
+    }
+
+    /// A CA this one signs (tests: a private CA's subordinate, whose certificates chain to this
+    /// one through it).
+    pub fn subordinate(&self, name: &str) -> anyhow::Result<DevCa> {
+        Ok(DevCa { issuer: CertifiedIssuer::signed_by(ca_params(name)?, KeyPair::generate()?, &self.issuer)? })
     }
 
     pub fn ca_pem(&self) -> String {
@@ -137,6 +138,14 @@ impl DevCa {
         let serial = parsed.tbs_certificate.serial_number.as_bytes().to_vec();
         Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem(), serial })
     }
+}
+
+fn ca_params(name: &str) -> anyhow::Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    Ok(params)
 }
 
 fn client_params(identity: &str) -> anyhow::Result<CertificateParams> {

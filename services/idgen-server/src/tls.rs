@@ -37,9 +37,12 @@ pub struct TlsSection {
     #[serde(default)]
     pub identity: IdentityForm,
     /// The CA of operators' certificates, kept apart from `client_ca` (the registry only): a
-    /// caller is an operator only when its certificate chains to this CA, so no certificate the
-    /// callers' CA signs can make an operator, whatever it names. Its certificates are accepted
-    /// at the handshake like the callers'.
+    /// caller is an operator only when this CA issued its certificate itself (verified without
+    /// the intermediates the caller sends: the CA that issues operators' certificates, an
+    /// intermediate if that is what issues them, is the one this file holds), so no certificate
+    /// the callers' CA signs can make an operator, whatever it names, and neither can one of a
+    /// subordinate CA the same root issued. A `client_ca` certificate this CA issued is refused
+    /// at load. Its certificates are accepted at the handshake like the callers'.
     pub operator_ca: Option<PathBuf>,
     /// Certificate revocation lists (PEM, or DER as AWS Private CA publishes them) of the CAs
     /// above; re-read on SIGHUP with the rest. With any, every client certificate must be covered
@@ -149,12 +152,30 @@ impl TlsSection {
                     Some(operator_ca) => {
                         let operator_roots = roots(operator_ca)?;
                         let callers = certificates(ca)?;
-                        if certificates(operator_ca)?.iter().any(|root| callers.contains(root)) {
+                        let operator_certificates = certificates(operator_ca)?;
+                        if operator_certificates.iter().any(|root| callers.contains(root)) {
                             bail!(
                                 "tls.operator_ca {} shares a CA with tls.client_ca {}: the callers' CA could then make operators",
                                 operator_ca.display(),
                                 ca.display()
                             );
+                        }
+                        // A callers' CA the operators' CA issued (a private CA's export: one root,
+                        // a subordinate for workloads) puts every caller's chain under the
+                        // operators' root.
+                        for caller in &callers {
+                            if let Some(issuer) = operator_certificates.iter().find(|o| signed_by(caller, o, &provider))
+                            {
+                                bail!(
+                                    "tls.client_ca {} holds {}, which {} of tls.operator_ca {} issued: the callers' \
+                                     chains would run through the operators' CA. Give operators a CA of their own, \
+                                     outside the callers' chain",
+                                    ca.display(),
+                                    subject(caller),
+                                    subject(issuer),
+                                    operator_ca.display()
+                                );
+                            }
                         }
                         accepted.roots.extend(operator_roots.roots.iter().cloned());
                         Some(verifier_of(operator_roots, &format!("operator CA bundle {}", operator_ca.display()))?)
@@ -174,6 +195,52 @@ impl TlsSection {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Listener { config: Arc::new(config), mutual: self.mutual(), identity: self.identity, operators })
     }
+}
+
+/// Whether `certificate`'s signature was made by `issuer`'s key (one link of a chain), by the
+/// algorithms rustls verifies with. Unreadable certificates are no link.
+fn signed_by(
+    certificate: &CertificateDer<'_>,
+    issuer: &CertificateDer<'_>,
+    provider: &rustls::crypto::CryptoProvider,
+) -> bool {
+    use x509_cert::der::{Decode, Encode};
+    use x509_cert::spki::AlgorithmIdentifierOwned;
+    let (Ok(certificate), Ok(issuer)) =
+        (x509_cert::Certificate::from_der(certificate), x509_cert::Certificate::from_der(issuer))
+    else {
+        return false;
+    };
+    if certificate.tbs_certificate.issuer != issuer.tbs_certificate.subject {
+        return false;
+    }
+    // An AlgorithmIdentifier's contents (its OID and parameters), as rustls names algorithms.
+    let contents = |algorithm: &AlgorithmIdentifierOwned| -> Option<Vec<u8>> {
+        let mut der = algorithm.oid.to_der().ok()?;
+        if let Some(parameters) = &algorithm.parameters {
+            der.extend(parameters.to_der().ok()?);
+        }
+        Some(der)
+    };
+    let key = &issuer.tbs_certificate.subject_public_key_info;
+    let (Some(signature_algorithm), Some(key_algorithm), Ok(signed)) =
+        (contents(&certificate.signature_algorithm), contents(&key.algorithm), certificate.tbs_certificate.to_der())
+    else {
+        return false;
+    };
+    let signature = certificate.signature.raw_bytes();
+    provider.signature_verification_algorithms.all.iter().any(|algorithm| {
+        algorithm.signature_alg_id().as_ref() == signature_algorithm.as_slice()
+            && algorithm.public_key_alg_id().as_ref() == key_algorithm.as_slice()
+            && algorithm.verify_signature(key.subject_public_key.raw_bytes(), &signed, signature).is_ok()
+    })
+}
+
+/// A certificate's subject, for messages.
+fn subject(certificate: &CertificateDer<'_>) -> String {
+    use x509_cert::der::Decode;
+    x509_cert::Certificate::from_der(certificate)
+        .map_or_else(|_| "an unreadable certificate".to_owned(), |c| format!("\"{}\"", c.tbs_certificate.subject))
 }
 
 /// The CRLs of a file: PEM (`-----BEGIN X509 CRL-----`, any number), else one DER CRL.
@@ -200,8 +267,9 @@ pub(crate) struct Listener {
     config: Arc<ServerConfig>,
     mutual: bool,
     identity: IdentityForm,
-    /// The operator CA alone (with the CRLs): a caller's chain is verified against it again after
-    /// the handshake to say whether the caller holds an operator's certificate.
+    /// The operator CA alone (with the CRLs): a caller's certificate is verified against it again
+    /// after the handshake, without the intermediates it sent, to say whether the caller holds an
+    /// operator's certificate.
     operators: Option<Arc<dyn ClientCertVerifier>>,
 }
 
@@ -213,14 +281,16 @@ impl Listener {
     /// The caller of a connection whose handshake presented `chain` (leaf first; none: `None`),
     /// or the `reason` it is refused under.
     pub(crate) fn caller(&self, chain: Option<&[CertificateDer<'static>]>) -> Result<Caller, &'static str> {
-        let Some((leaf, intermediates)) = chain.and_then(|chain| chain.split_first()) else {
+        let Some((leaf, _intermediates)) = chain.and_then(|chain| chain.split_first()) else {
             return if self.mutual { Err("no_client_certificate") } else { Ok(Caller::anonymous()) };
         };
         let caller = Caller::of_certificate(leaf, self.identity).map_err(|refused: NoCaller| refused.reason())?;
+        // Issued by the operators' CA itself: a chain through a subordinate the caller sends (one
+        // the same root issued for workloads) makes no operator.
         let operator = self
             .operators
             .as_ref()
-            .is_some_and(|operators| operators.verify_client_cert(leaf, intermediates, UnixTime::now()).is_ok());
+            .is_some_and(|operators| operators.verify_client_cert(leaf, &[], UnixTime::now()).is_ok());
         Ok(caller.operator_certificate(operator))
     }
 }
@@ -307,6 +377,34 @@ mod tests {
         let plain = TlsSection { operator_ca: None, ..files.section() }.listener().unwrap();
         let caller = plain.caller(Some(&chain(&files.callers.client(name).unwrap()))).unwrap();
         assert!(!caller.has_operator_certificate());
+    }
+
+    #[test]
+    fn a_certificate_through_a_subordinate_of_the_operators_root_is_no_operators() {
+        // A private CA's export: the operators' root also issued a subordinate CA for workloads.
+        let files = Files::new();
+        let workloads = files.operators.subordinate("workloads").unwrap();
+        let name = "spiffe://corp/operator/ops-oncall";
+        let workload = workloads.client(name).unwrap();
+        let through =
+            vec![chain(&workload)[0].clone(), CertificateDer::from_pem_slice(workloads.ca_pem().as_bytes()).unwrap()];
+        let listener = files.section().listener().unwrap();
+        let caller = listener.caller(Some(&through)).unwrap();
+        assert_eq!((caller.name(), caller.has_operator_certificate()), (name, false));
+        // The operators' own certificates still make operators.
+        let operator = listener.caller(Some(&chain(&files.operators.client(name).unwrap()))).unwrap();
+        assert!(operator.has_operator_certificate());
+        // The subordinate as the callers' CA beside its root as the operators': refused at load.
+        std::fs::write(files.path("workloads-ca.pem"), workloads.ca_pem()).unwrap();
+        let chained = TlsSection { client_ca: Some(files.path("workloads-ca.pem")), ..files.section() };
+        let said = format!("{:#}", chained.listener().err().unwrap());
+        assert!(said.contains("which \"CN=operators\" of tls.operator_ca") && said.contains("CN=workloads"), "{said}");
+        // An unrelated callers' CA is no link of the operators' chain.
+        let provider = rustls::crypto::ring::default_provider();
+        let der = |pem: String| CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        let (root, sub) = (der(files.operators.ca_pem()), der(workloads.ca_pem()));
+        assert!(signed_by(&sub, &root, &provider) && !signed_by(&root, &sub, &provider));
+        assert!(!signed_by(&der(files.callers.ca_pem()), &root, &provider));
     }
 
     #[test]
