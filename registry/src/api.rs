@@ -29,6 +29,8 @@ pub struct AppState {
     pub certificate_operators: Arc<std::collections::BTreeSet<String>>,
     /// Writes refused for want of an operator, by reason.
     pub refusals: Arc<WriteRefusals>,
+    /// `/healthz`'s probe of the database.
+    pub health: Arc<HealthProbe>,
     pub horizon_lead_ms: i64,
     /// A retirement takes effect this long after it is asked for, at the earliest (ms).
     pub retire_grace_ms: i64,
@@ -40,11 +42,25 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds, for `Retry-After`.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), retry_after: None }
+    }
+
+    /// 503: the database did not answer in time (or at all); try again in a second.
+    fn storage_unavailable() -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                "the registry's database is unavailable",
+            )
+        }
     }
     fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
@@ -53,7 +69,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        match self.retry_after {
+            Some(seconds) => (self.status, [(header::RETRY_AFTER, seconds.to_string())], body).into_response(),
+            None => (self.status, body).into_response(),
+        }
     }
 }
 
@@ -94,11 +114,7 @@ impl From<RegistryError> for ApiError {
             }
             RegistryError::Storage(_) | RegistryError::Invalid(_) | RegistryError::NotARegistry(_) => {
                 tracing::error!(%error, "registry storage");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "storage_unavailable",
-                    "the registry's database is unavailable",
-                )
+                ApiError::storage_unavailable()
             }
         }
     }
@@ -538,9 +554,63 @@ pub async fn audit(State(state): State<AppState>, caller: Caller, headers: Heade
 }
 
 pub async fn healthz(State(state): State<AppState>) -> Response {
-    match state.store.regions((state.now)()).await {
-        Ok(_) => Json(json!({"status": "ok"})).into_response(),
-        Err(error) => ApiError::from(error).into_response(),
+    match state.health.check(&state.store).await {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(()) => ApiError::storage_unavailable().into_response(),
+    }
+}
+
+/// `/healthz`'s look at the database: one probe at a time, and its answer kept for a second, so
+/// that health checks at any rate (the route is exempt from quotas: a load balancer must reach
+/// it) cost the database at most one query a second, and never queue behind one another.
+#[derive(Default)]
+pub struct HealthProbe {
+    last: std::sync::Mutex<Option<(std::time::Instant, Result<(), ()>)>>,
+    probing: tokio::sync::Mutex<()>,
+    probes: Counter,
+}
+
+impl HealthProbe {
+    /// How long one probe's answer stands.
+    const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+    /// While a probe runs, how old an answer may still stand for the database now.
+    const STALE: std::time::Duration = std::time::Duration::from_secs(5);
+
+    pub fn register(self: &Arc<Self>, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "idgen_registry_health_probes",
+            "Database probes made for /healthz: at most one a second, whatever the rate of health checks",
+            self.probes.clone(),
+        );
+    }
+
+    fn last_within(&self, age: std::time::Duration) -> Option<Result<(), ()>> {
+        let last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        last.as_ref().filter(|(at, _)| at.elapsed() < age).map(|(_, answer)| *answer)
+    }
+
+    async fn check(&self, store: &RegistryStore) -> Result<(), ()> {
+        if let Some(answer) = self.last_within(Self::FRESH) {
+            return answer;
+        }
+        let _probing = match self.probing.try_lock() {
+            Ok(probing) => probing,
+            // Another check probes right now: the last answer while it still stands, else that
+            // probe's (bounded by the database timeouts).
+            Err(_) => match self.last_within(Self::STALE) {
+                Some(answer) => return answer,
+                None => self.probing.lock().await,
+            },
+        };
+        if let Some(answer) = self.last_within(Self::FRESH) {
+            return answer;
+        }
+        self.probes.inc();
+        let answer =
+            store.ping().await.map_err(|error| tracing::error!(%error, "the registry's database probe failed"));
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((std::time::Instant::now(), answer));
+        answer
     }
 }
 

@@ -35,6 +35,12 @@ pub struct RegistryConfig {
     pub database_url: Option<String>,
     /// With a SQLite file: how long a start waits for other processes opening it at once (ms).
     pub sqlite_open_timeout_ms: u64,
+    /// How long a request waits for a free database connection before it is answered 503 with
+    /// `Retry-After` (ms, default 1,000).
+    pub database_acquire_timeout_ms: u64,
+    /// PostgreSQL: how long one statement may run (`statement_timeout`, set on every connection)
+    /// before it is cancelled and the request answered 503 with `Retry-After` (ms, default 3,000).
+    pub database_statement_timeout_ms: u64,
     /// The one region allowed to issue under layouts without a region field (v1). Written into
     /// a new database by `idgen registry init`; a registry whose database names another refuses
     /// to start. Development default: `us-east-1`.
@@ -75,6 +81,8 @@ impl Default for RegistryConfig {
             health_listen: None,
             database_url: None,
             sqlite_open_timeout_ms: idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
+            database_acquire_timeout_ms: crate::store::DatabaseTimeouts::default().acquire.as_millis() as u64,
+            database_statement_timeout_ms: crate::store::DatabaseTimeouts::default().statement.as_millis() as u64,
             home_region: None,
             horizon_lead_ms: 30 * 86_400_000,
             retire_grace_ms: 86_400_000,
@@ -89,7 +97,19 @@ impl Default for RegistryConfig {
     }
 }
 
+/// The range of the database timeouts (ms): under 10 ms a healthy query times out; over a
+/// minute, a request waits on the database longer than any caller does.
+pub const DATABASE_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
+
 impl RegistryConfig {
+    /// How long a request waits for the database.
+    pub fn database_timeouts(&self) -> crate::store::DatabaseTimeouts {
+        crate::store::DatabaseTimeouts {
+            acquire: std::time::Duration::from_millis(self.database_acquire_timeout_ms),
+            statement: std::time::Duration::from_millis(self.database_statement_timeout_ms),
+        }
+    }
+
     /// The keys of the file, from this struct's own source.
     pub fn keys() -> idgen::config::file::Keys {
         idgen::config::file::Keys::of::<RegistryConfig>()
@@ -168,6 +188,18 @@ impl RegistryConfig {
         self.quotas.validate()?;
         self.limits.validate()?;
         idgen_server::limits::validate_health_listen(self.listen, self.health_listen)?;
+        for (key, ms) in [
+            ("database_acquire_timeout_ms", self.database_acquire_timeout_ms),
+            ("database_statement_timeout_ms", self.database_statement_timeout_ms),
+        ] {
+            if !(DATABASE_TIMEOUT_MS).contains(&ms) {
+                anyhow::bail!(
+                    "{key} must be {} to {} (ms), not {ms}: a request waits at most that long for the database",
+                    DATABASE_TIMEOUT_MS.start(),
+                    DATABASE_TIMEOUT_MS.end()
+                );
+            }
+        }
         if !self.certificate_operators.is_empty() && self.tls.operator_ca.is_none() {
             bail!(
                 "certificate_operators needs tls.operator_ca: only a certificate of the operators' own CA makes an \

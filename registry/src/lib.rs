@@ -155,9 +155,15 @@ pub async fn serve(
     let opened = match config.development {
         true => {
             tracing::warn!(database = %idgen::config::redacted_url(url), "DEVELOPMENT mode: the registry's database is initialized at start-up");
-            store::RegistryStore::connect_waiting(url, &config.initial_schedule()?, within).await
+            store::RegistryStore::connect_waiting_with(
+                url,
+                &config.initial_schedule()?,
+                within,
+                config.database_timeouts(),
+            )
+            .await
         }
-        false => store::RegistryStore::open(url, config.home_region(), within).await,
+        false => store::RegistryStore::open_with(url, config.home_region(), within, config.database_timeouts()).await,
     };
     let store = match opened {
         Ok(store) => store,
@@ -184,6 +190,7 @@ pub async fn serve(
         operators: Arc::new(operators),
         certificate_operators: Arc::new(config.certificate_operators.clone()),
         refusals: Arc::default(),
+        health: Arc::default(),
         horizon_lead_ms: config.horizon_lead_ms,
         retire_grace_ms: config.retire_grace_ms,
         now: idgen::system_unix_ms,
@@ -198,6 +205,7 @@ pub async fn serve(
     let server_metrics = Arc::new(idgen_server::ServerMetrics::default());
     server_metrics.register(&mut registry);
     state.refusals.register(&mut registry);
+    state.health.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
     let (reload_tls, reload_quotas, reload_operators) = (tls.clone(), quotas.clone(), state.operators.clone());
     idgen_server::reload_on_sighup(move || {

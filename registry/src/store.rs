@@ -110,6 +110,24 @@ pub struct AuditRow {
     pub detail: String,
 }
 
+/// How long a request waits for the registry's database: for a free connection of the pool, and
+/// (PostgreSQL) for one statement (`statement_timeout`, set on every connection). Past either,
+/// the request is answered 503 with `Retry-After` instead of queueing behind whatever holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatabaseTimeouts {
+    pub acquire: std::time::Duration,
+    pub statement: std::time::Duration,
+}
+
+impl Default for DatabaseTimeouts {
+    fn default() -> Self {
+        DatabaseTimeouts {
+            acquire: std::time::Duration::from_millis(1_000),
+            statement: std::time::Duration::from_millis(3_000),
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum RegistryError {
     #[error("a region named {0:?} already exists")]
@@ -226,6 +244,16 @@ impl RegistryStore {
 
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
     /// file ([`idgen::lease::open_lock`]).
+    pub async fn connect_waiting_with(
+        url: &str,
+        initial: &InitialSchedule,
+        within: std::time::Duration,
+        timeouts: DatabaseTimeouts,
+    ) -> Result<Self, RegistryError> {
+        Self::initialize(url, initial, within).await?;
+        Self::open_with(url, &initial.home_region, within, timeouts).await
+    }
+
     pub async fn connect_waiting(
         url: &str,
         initial: &InitialSchedule,
@@ -271,6 +299,16 @@ impl RegistryStore {
     /// ([`RegistryError::NotARegistry`], saying what to run). A registry started on an empty
     /// database would hand out region numbers from 0 again: two regions with one number.
     pub async fn open(url: &str, home_region: &str, within: std::time::Duration) -> Result<Self, RegistryError> {
+        Self::open_with(url, home_region, within, DatabaseTimeouts::default()).await
+    }
+
+    /// [`Self::open`], with how long a request waits for the database.
+    pub async fn open_with(
+        url: &str,
+        home_region: &str,
+        within: std::time::Duration,
+        timeouts: DatabaseTimeouts,
+    ) -> Result<Self, RegistryError> {
         sqlx::any::install_default_drivers();
         {
             let _one_opener = open_lock(url, within).await?;
@@ -282,7 +320,32 @@ impl RegistryStore {
         // SQLite: one connection. It serializes writers anyway, and this keeps read-then-write
         // transactions from failing with SQLITE_BUSY under concurrent requests.
         let connections = if url.starts_with("sqlite:") { 1 } else { 8 };
-        Ok(RegistryStore { pool: AnyPoolOptions::new().max_connections(connections).connect(url).await? })
+        let statement_ms = timeouts.statement.as_millis();
+        let pool = AnyPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(timeouts.acquire)
+            .after_connect(move |connection, _| {
+                Box::pin(async move {
+                    if connection.backend_name() == "PostgreSQL" {
+                        sqlx::query(&format!("SET statement_timeout = {statement_ms}"))
+                            .execute(&mut *connection)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await?;
+        Ok(RegistryStore { pool })
+    }
+
+    /// The database answers, and is a registry's (`/healthz`).
+    pub async fn ping(&self) -> Result<(), RegistryError> {
+        let row = sqlx::query("SELECT horizon_ms FROM schedule_state WHERE id = 1").fetch_optional(&self.pool).await?;
+        match row {
+            Some(_) => Ok(()),
+            None => Err(RegistryError::Invalid("the registry's schedule state is missing".into())),
+        }
     }
 
     async fn seed(&self, initial: &InitialSchedule) -> Result<Initialized, RegistryError> {

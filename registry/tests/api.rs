@@ -29,6 +29,7 @@ async fn state() -> (AppState, tempfile::TempDir) {
         operators: Arc::new(OperatorTokens::new([("alice".to_owned(), TokenHash::of(TOKEN))]).unwrap()),
         certificate_operators: Arc::new(std::collections::BTreeSet::from(["ops-bot".to_owned()])),
         refusals: Arc::default(),
+        health: Arc::default(),
         horizon_lead_ms: 30 * DAY,
         retire_grace_ms: DAY,
         now: fixed_now,

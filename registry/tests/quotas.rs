@@ -22,6 +22,7 @@ async fn a_flood_of_reads_is_held_to_the_callers_quota() {
         operators: Arc::default(),
         certificate_operators: Arc::default(),
         refusals: Arc::default(),
+        health: Arc::default(),
         horizon_lead_ms: 30 * 86_400_000,
         retire_grace_ms: 86_400_000,
         now: || 1_795_000_000_000,

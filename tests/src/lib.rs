@@ -302,7 +302,14 @@ pub struct RegistryProcess {
 impl RegistryProcess {
     /// A registry on a fresh SQLite file; `extra` adds TOML lines (e.g. `initial_v2_from_ms`).
     pub async fn start(extra: &str) -> anyhow::Result<RegistryProcess> {
+        Self::start_on(None, extra).await
+    }
+
+    /// A registry on `database_url` (development mode initializes it), or on a fresh SQLite file.
+    pub async fn start_on(database_url: Option<&str>, extra: &str) -> anyhow::Result<RegistryProcess> {
         let dir = tempfile::tempdir()?;
+        let database_url = database_url
+            .map_or_else(|| format!("sqlite://{}", dir.path().join("registry.db").display()), str::to_owned);
         // The operator's token as an operator gets one: from `idgen registry token`, its hash in
         // the configuration.
         let made: Value = serde_json::from_str(&idgen(&["registry", "token", "--name", "e2e", "--json"]).await?)?;
@@ -312,8 +319,7 @@ impl RegistryProcess {
         std::fs::write(
             config.path(),
             format!(
-                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\n{line}\n",
-                dir.path().join("registry.db").display()
+                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{database_url}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\n{line}\n",
             ),
         )?;
         let (child, line) = start_idgen_line(

@@ -482,6 +482,90 @@ async fn e2e_headers_past_the_cap_are_answered_431_on_every_service() {
     headers_past_the_cap(public_ids(work.path(), &limits_section(), plain_client()).await).await;
 }
 
+/// The registry on PostgreSQL: its `/healthz` (exempt from quotas) flooded costs the database at
+/// most a probe a second, and reads beside the flood are answered; with a table locked under it,
+/// reads are answered 503 with `Retry-After` within the statement timeout instead of queueing
+/// behind the lock, and answered again once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_the_registry_answers_a_health_flood_and_a_locked_database_fast() {
+    let db = idgen_test_support::TestDatabase::postgres("registry_flood").await;
+    let extra = "database_statement_timeout_ms = 300\ndatabase_acquire_timeout_ms = 300\n";
+    let registry = RegistryProcess::start_on(Some(db.url()), extra).await.unwrap();
+    let client = plain_client();
+    let many = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let (started, length) = (Instant::now(), Duration::from_secs(2));
+    let flood: Vec<_> = (0..16)
+        .map(|_| {
+            let (many, url) = (many.clone(), format!("{}/healthz", registry.url));
+            tokio::spawn(async move {
+                let mut answered = 0u32;
+                while started.elapsed() < length {
+                    assert_eq!(many.get(&url).send().await.unwrap().status(), 200);
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    let mut reads = Vec::new();
+    while started.elapsed() < length {
+        let at = Instant::now();
+        assert_eq!(client.get(format!("{}/v1/regions", registry.url)).send().await.unwrap().status(), 200);
+        reads.push(at.elapsed());
+    }
+    let mut checks = 0;
+    for task in flood {
+        checks += task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let text = client.get(format!("{}/metrics", registry.url)).send().await.unwrap().text().await.unwrap();
+    let probes = series(&text, "idgen_registry_health_probes_total");
+    assert!(checks > 100, "only {checks} health checks in {elapsed:?}");
+    assert!(
+        probes <= elapsed.as_secs_f64().ceil() + 1.0,
+        "{probes} database probes for {checks} health checks in {elapsed:?}"
+    );
+
+    // A table locked under the registry for 4 s.
+    let mut lock = tokio::process::Command::new("psql")
+        .arg(db.url())
+        .args(["-qc", "BEGIN; LOCK TABLE regions IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); COMMIT;"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let locked: Vec<_> = (0..12)
+        .map(|_| {
+            let (many, url) = (many.clone(), format!("{}/v1/regions", registry.url));
+            tokio::spawn(async move {
+                let at = Instant::now();
+                let response = many.get(&url).send().await.unwrap();
+                let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+                let status = response.status();
+                let body: serde_json::Value = response.json().await.unwrap();
+                (status, retry_after, body["error"]["code"].clone(), at.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for answer in locked {
+        let (status, retry_after, code, took) = answer.await.unwrap();
+        assert_eq!(
+            (status.as_u16(), retry_after.as_deref(), code.as_str()),
+            (503, Some("1"), Some("storage_unavailable"))
+        );
+        assert!(took < Duration::from_millis(2_500), "answered after {took:?}, behind the lock");
+        slowest = slowest.max(took);
+    }
+    assert!(lock.wait().await.unwrap().success());
+    assert_eq!(client.get(format!("{}/v1/regions", registry.url)).send().await.unwrap().status(), 200);
+    println!(
+        "registry: {checks} health checks in {elapsed:?} cost {probes} database probes; reads beside them p99 {:?}; \
+         12 reads under a locked table answered 503 + Retry-After, the slowest in {slowest:?}",
+        p99(reads)
+    );
+}
+
 /// The health port answers `GET /healthz` as the service port does, to a caller without a
 /// certificate, while the service port refuses that caller's handshake; everything else on the
 /// health port is refused with a JSON error.
