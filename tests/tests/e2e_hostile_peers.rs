@@ -6,7 +6,9 @@
 //! not much after; and a client already connected is answered all along (its p99 is printed
 //! beside the same requests' without the slow peers).
 //!
-//! Headers past `limits.max_header_bytes` are answered 431 and counted.
+//! Unfinished TLS handshakes hold handshake slots of their own (`max_handshakes`, and
+//! `max_handshakes_per_source` from one address), never a connection's. Headers past
+//! `limits.max_header_bytes` are answered 431 and counted.
 //!
 //! And the plain health listener: `GET /healthz` without a client certificate while the service
 //! port refuses a handshake without one, and nothing else routed there.
@@ -21,6 +23,8 @@ use tokio::net::TcpStream;
 
 /// The cap of every listener under test.
 const CAP: usize = 16;
+/// The cap of TLS handshakes under way (their own, apart from the connections').
+const HANDSHAKES: usize = 8;
 /// Every deadline, in ms: long enough that a refused connection (closed at once) is never taken
 /// for one closed by its deadline.
 const DEADLINE_MS: u64 = 2_000;
@@ -33,8 +37,8 @@ const EACH: usize = 10;
 
 fn limits_section() -> String {
     format!(
-        "[limits]\nmax_connections = {CAP}\nhandshake_timeout_ms = {DEADLINE_MS}\nheader_read_timeout_ms = {DEADLINE_MS}\n\
-         body_read_timeout_ms = {DEADLINE_MS}\nidle_timeout_ms = {DEADLINE_MS}\n"
+        "[limits]\nmax_connections = {CAP}\nmax_handshakes = {HANDSHAKES}\nhandshake_timeout_ms = {DEADLINE_MS}\n\
+         header_read_timeout_ms = {DEADLINE_MS}\nbody_read_timeout_ms = {DEADLINE_MS}\nidle_timeout_ms = {DEADLINE_MS}\n"
     )
 }
 
@@ -69,8 +73,14 @@ impl Pki {
 
     /// A client trusting the CA, with the client certificate or without one.
     fn client(&self, certificate: bool) -> reqwest::Client {
+        self.client_from(certificate, None)
+    }
+
+    /// [`Self::client`], connecting from `source` (another loopback address: another host).
+    fn client_from(&self, certificate: bool, source: Option<std::net::IpAddr>) -> reqwest::Client {
         let ca = reqwest::Certificate::from_pem(&std::fs::read(self.path("ca.pem")).unwrap()).unwrap();
         let mut builder = reqwest::Client::builder()
+            .local_address(source)
             .tls_built_in_root_certs(false)
             .add_root_certificate(ca)
             .pool_max_idle_per_host(1)
@@ -364,8 +374,11 @@ async fn besiege(service: Service, kinds: &[Slow], tls: bool) {
 
     let total = ended.len();
     let refused = ended.iter().filter(|e| e.refused).count();
-    // The client holds one of the cap's connections; the slow peers get the rest.
-    assert_eq!(total - refused, CAP - 1, "{}: slow connections let in (cap {CAP}): {ended:?}", service.name);
+    // Plain: the client holds one of the cap's connections, the slow peers get the rest. TLS:
+    // the slow peers never finish a handshake, so they hold handshake slots only, whatever the
+    // connections' cap.
+    let let_in = if tls { HANDSHAKES } else { CAP - 1 };
+    assert_eq!(total - refused, let_in, "{}: slow connections let in: {ended:?}", service.name);
     let deadline = Duration::from_millis(DEADLINE_MS);
     for end in ended.iter().filter(|e| !e.refused) {
         assert!(
@@ -377,12 +390,19 @@ async fn besiege(service: Service, kinds: &[Slow], tls: bool) {
         );
     }
     let text = service.metrics().await;
-    assert_eq!(
-        series(&text, "idgen_connections_refused_total{listener=\"service\"}") as usize,
-        refused,
-        "{}: refusals counted",
-        service.name
-    );
+    let (counted_in, not_in) = if tls {
+        (
+            "idgen_tls_handshakes_refused_total{listener=\"service\"}",
+            "idgen_connections_refused_total{listener=\"service\"}",
+        )
+    } else {
+        (
+            "idgen_connections_refused_total{listener=\"service\"}",
+            "idgen_tls_handshakes_refused_total{listener=\"service\"}",
+        )
+    };
+    assert_eq!(series(&text, counted_in) as usize, refused, "{}: refusals counted", service.name);
+    assert_eq!(series(&text, not_in), 0.0, "{}: {not_in}", service.name);
     for &kind in kinds {
         let closed = ended.iter().filter(|e| !e.refused && e.kind == kind).count();
         let name =
@@ -398,10 +418,11 @@ async fn besiege(service: Service, kinds: &[Slow], tls: bool) {
     assert!(series(&text, "idgen_connections_open{listener=\"service\"}") <= 2.0, "{}: open connections", service.name);
     let (before, during) = (p99(baseline.clone()), p99(besieged.clone()));
     println!(
-        "{} ({}): {total} slow connections, {refused} closed at once over the cap of {CAP}, {} closed by their deadlines; \
+        "{} ({}): {total} slow connections, {refused} closed at once over the cap of {}, {} closed by their deadlines; \
          a connected client's GET /healthz p99 {before:?} alone ({} requests), {during:?} among them ({} requests)",
         service.name,
         if tls { "TLS" } else { "plain" },
+        if tls { format!("{HANDSHAKES} handshakes") } else { format!("{CAP} connections") },
         total - refused,
         baseline.len(),
         besieged.len()
@@ -480,6 +501,44 @@ async fn e2e_headers_past_the_cap_are_answered_431_on_every_service() {
     headers_past_the_cap(worker(work.path(), limits_section(), "", plain_client()).await).await;
     headers_past_the_cap(registry(&limits_section(), plain_client()).await).await;
     headers_past_the_cap(public_ids(work.path(), &limits_section(), plain_client()).await).await;
+}
+
+/// Handshakes left unfinished by one address take at most `max_handshakes_per_source` handshake
+/// slots and no connection slot: another address handshakes and is answered while they wait, and
+/// so is a client already connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_one_address_holding_handshakes_leaves_the_others_theirs() {
+    const PER_SOURCE: usize = 4;
+    let pki = Pki::new();
+    let limits = format!("{}max_handshakes_per_source = {PER_SOURCE}\n", limits_section());
+    let service = registry(&format!("{}{limits}", pki.tls_section()), pki.client(true)).await;
+    // Connected before the flood, from 127.0.0.1 as the flood is.
+    assert_eq!(service.client.get(format!("{}/healthz", service.url)).send().await.unwrap().status(), 200);
+    let peers: Vec<_> = (0..3 * PER_SOURCE)
+        .map(|_| tokio::spawn(slow_peer(service.address(), Slow::UnfinishedHandshake, "", String::new())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another host: its handshake finds a slot, and it is answered.
+    let other = pki.client_from(true, Some("127.0.0.2".parse().unwrap()));
+    let started = Instant::now();
+    assert_eq!(other.get(format!("{}/healthz", service.url)).send().await.unwrap().status(), 200);
+    let other_took = started.elapsed();
+    assert!(other_took < Duration::from_millis(DEADLINE_MS), "the other host waited {other_took:?}");
+    assert_eq!(service.client.get(format!("{}/v1/regions", service.url)).send().await.unwrap().status(), 200);
+    let mut ended = Vec::new();
+    for peer in peers {
+        ended.push(peer.await.unwrap());
+    }
+    let let_in = ended.iter().filter(|e| !e.refused).count();
+    assert_eq!(let_in, PER_SOURCE, "{ended:?}");
+    let text = service.metrics().await;
+    assert_eq!(series(&text, "idgen_tls_handshakes_refused_total{listener=\"service\"}") as usize, 2 * PER_SOURCE);
+    assert_eq!(series(&text, "idgen_connections_refused_total{listener=\"service\"}"), 0.0);
+    println!(
+        "registry (TLS): {} unfinished handshakes from one address, {let_in} let in, the rest closed at once; \
+         another address handshook and was answered in {other_took:?}",
+        ended.len()
+    );
 }
 
 /// The registry on PostgreSQL: its `/healthz` (exempt from quotas) flooded costs the database at

@@ -76,7 +76,7 @@ fn every_production_example_passes_check_config() {
         "mutual TLS (callers named by uri_san, 1 CRL file(s)) on 0.0.0.0:8080",
         "must be synchronized",
         "health listener: plain HTTP on 0.0.0.0:8081, GET /healthz only",
-        "limits: at most 4096 connections per listener, 16384 bytes of headers a request; deadlines: TLS handshake 5000 ms, headers 5000 ms, body 10000 ms, idle 75000 ms",
+        "limits: at most 4096 connections per listener (1024 TLS handshakes under way, 32 from one address), 16384 bytes of headers a request; deadlines: TLS handshake 5000 ms, headers 5000 ms, body 10000 ms, idle 75000 ms",
     ] {
         assert!(said.contains(expected), "worker check does not say {expected:?}:\n{said}");
     }

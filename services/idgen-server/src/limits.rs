@@ -57,6 +57,15 @@ pub struct LimitsSection {
     /// bytes of headers (a browser on the console, with its cookies, a few KiB), and hyper's own
     /// default (about 400 KB) times `max_connections` is more memory than a host has.
     pub max_header_bytes: usize,
+    /// TLS handshakes under way at once on one listener (and never more than `max_connections`). A
+    /// connection holds one of these, not a connection slot, until its handshake is done, so
+    /// handshakes left unfinished never take the slots of connections that finished theirs; one
+    /// over the cap is accepted and closed at once, and counted
+    /// (`idgen_tls_handshakes_refused_total`). Default 1024.
+    pub max_handshakes: usize,
+    /// TLS handshakes under way at once from one source address: a single host opening
+    /// handshakes it never finishes cannot take every handshake slot from the others. Default 32.
+    pub max_handshakes_per_source: usize,
 }
 
 impl Default for LimitsSection {
@@ -68,6 +77,8 @@ impl Default for LimitsSection {
             body_read_timeout_ms: 10_000,
             idle_timeout_ms: 75_000,
             max_header_bytes: 16_384,
+            max_handshakes: 1_024,
+            max_handshakes_per_source: 32,
         }
     }
 }
@@ -79,6 +90,15 @@ impl LimitsSection {
                 "limits.max_connections must be from 1 to {MAX_CONNECTIONS}, not {} (a listener taking no connection serves nothing)",
                 self.max_connections
             );
+        }
+        for (key, cap) in
+            [("max_handshakes", self.max_handshakes), ("max_handshakes_per_source", self.max_handshakes_per_source)]
+        {
+            if !(1..=MAX_CONNECTIONS).contains(&cap) {
+                bail!(
+                    "limits.{key} must be from 1 to {MAX_CONNECTIONS}, not {cap} (a listener taking no handshake serves nothing)"
+                );
+            }
         }
         if !HEADER_BYTES.contains(&self.max_header_bytes) {
             bail!(
@@ -105,6 +125,16 @@ impl LimitsSection {
         ]
     }
 
+    /// Handshakes under way at once: `max_handshakes`, within `max_connections`.
+    pub fn handshakes(&self) -> usize {
+        self.max_handshakes.min(self.max_connections)
+    }
+
+    /// Handshakes under way at once from one address, within [`Self::handshakes`].
+    pub fn handshakes_per_source(&self) -> usize {
+        self.max_handshakes_per_source.min(self.handshakes())
+    }
+
     pub fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms)
     }
@@ -124,9 +154,11 @@ impl LimitsSection {
     /// The `--check-config` line: what every listener of the service enforces.
     pub fn describe(&self) -> String {
         format!(
-            "limits: at most {} connections per listener, {} bytes of headers a request; deadlines: TLS handshake {} ms, \
-             headers {} ms, body {} ms, idle {} ms",
+            "limits: at most {} connections per listener ({} TLS handshakes under way, {} from one address), {} bytes \
+             of headers a request; deadlines: TLS handshake {} ms, headers {} ms, body {} ms, idle {} ms",
             self.max_connections,
+            self.handshakes(),
+            self.handshakes_per_source(),
             self.max_header_bytes,
             self.handshake_timeout_ms,
             self.header_read_timeout_ms,
@@ -167,6 +199,12 @@ mod tests {
         LimitsSection::default().validate().unwrap();
         let zero_cap = LimitsSection { max_connections: 0, ..Default::default() };
         assert!(format!("{:#}", zero_cap.validate().unwrap_err()).contains("max_connections"));
+        let zero = LimitsSection { max_handshakes: 0, ..Default::default() };
+        assert!(format!("{:#}", zero.validate().unwrap_err()).contains("max_handshakes"));
+        let source = LimitsSection { max_handshakes_per_source: 0, ..Default::default() };
+        assert!(format!("{:#}", source.validate().unwrap_err()).contains("max_handshakes_per_source"));
+        let small = LimitsSection { max_connections: 10, ..Default::default() };
+        assert_eq!((small.handshakes(), small.handshakes_per_source()), (10, 10));
         for bytes in [0, 8_191, 1_048_577] {
             let limits = LimitsSection { max_header_bytes: bytes, ..Default::default() };
             assert!(format!("{:#}", limits.validate().unwrap_err()).contains("max_header_bytes"), "{bytes}");

@@ -1,7 +1,9 @@
 //! The accept loop every idgen listener runs: plain HTTP (development, every caller `anonymous`)
 //! or TLS, with the caller's identity taken once at the handshake and handed to the service made
 //! for that connection; HTTP/1.1 with keep-alive; the `[limits]` of every listener (a cap on open
-//! connections, over which a connection is accepted and closed at once; a handshake deadline;
+//! connections, over which a connection is accepted and closed at once; a cap of their own on TLS
+//! handshakes under way, in all and from one address, so that an unfinished handshake never holds
+//! a connection's slot; a handshake deadline;
 //! the deadlines of `connection`); and a graceful shutdown that stops accepting, lets in-flight
 //! requests finish within a grace period, then returns.
 
@@ -62,6 +64,7 @@ pub struct ServerMetrics {
     connections_refused: Family<ListenerLabel, Counter>,
     connections_timed_out: Family<DeadlineLabel, Counter>,
     requests_too_large: Family<ListenerLabel, Counter>,
+    handshakes_refused: Family<ListenerLabel, Counter>,
 }
 
 /// Every reason a handshake is counted under, so each series exists at 0 from the start.
@@ -98,6 +101,7 @@ impl ServerMetrics {
             let _ = self.connections_open.get_or_create(&ListenerLabel { listener });
             let _ = self.connections_refused.get_or_create(&ListenerLabel { listener });
             let _ = self.requests_too_large.get_or_create(&ListenerLabel { listener });
+            let _ = self.handshakes_refused.get_or_create(&ListenerLabel { listener });
             for deadline in DEADLINES {
                 let _ = self.connections_timed_out.get_or_create(&DeadlineLabel { listener, deadline });
             }
@@ -116,6 +120,11 @@ impl ServerMetrics {
             "idgen_connections_timed_out",
             "Connections closed because the peer let a deadline of [limits] pass, by listener and deadline",
             self.connections_timed_out.clone(),
+        );
+        registry.register(
+            "idgen_tls_handshakes_refused",
+            "Connections closed at once because limits.max_handshakes (or max_handshakes_per_source from their address) were under way, by listener",
+            self.handshakes_refused.clone(),
         );
         registry.register(
             "idgen_requests_too_large",
@@ -257,6 +266,65 @@ impl Drop for Open {
     }
 }
 
+/// A connection slot under the cap, counted open; `None` (counted refused) over it.
+fn take_slot(capacity: &Arc<Semaphore>, open: &Gauge, refused: &Counter) -> Option<Open> {
+    let Ok(permit) = capacity.clone().try_acquire_owned() else {
+        refused.inc();
+        return None;
+    };
+    open.inc();
+    Some(Open { _permit: permit, gauge: open.clone() })
+}
+
+/// The TLS handshakes under way on one listener: in all, and by source address.
+struct Handshakes {
+    all: Arc<Semaphore>,
+    per_source: usize,
+    by_source: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One handshake under way: given back when it ends, however it ends.
+struct Handshaking {
+    _slot: OwnedSemaphorePermit,
+    source: std::net::IpAddr,
+    handshakes: Arc<Handshakes>,
+}
+
+impl Handshakes {
+    fn new(limits: &LimitsSection) -> Handshakes {
+        Handshakes {
+            all: Arc::new(Semaphore::new(limits.handshakes())),
+            per_source: limits.handshakes_per_source(),
+            by_source: Default::default(),
+        }
+    }
+
+    fn take(self: Arc<Self>, source: std::net::IpAddr) -> Option<Handshaking> {
+        let slot = self.all.clone().try_acquire_owned().ok()?;
+        {
+            let mut by_source = self.by_source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let count = by_source.entry(source).or_default();
+            if *count >= self.per_source {
+                return None;
+            }
+            *count += 1;
+        }
+        Some(Handshaking { _slot: slot, source, handshakes: self })
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        let mut by_source = self.handshakes.by_source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = by_source.get_mut(&self.source) {
+            *count -= 1;
+            if *count == 0 {
+                by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
 async fn accept_loop<M, S>(
     listening: Listening,
     listener: TcpListener,
@@ -273,10 +341,12 @@ where
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let capacity = Arc::new(Semaphore::new(listening.limits.max_connections));
+    let handshaking = Arc::new(Handshakes::new(&listening.limits));
     let label = ListenerLabel { listener: listening.name };
-    let (open, refused) = (
+    let (open, refused, handshakes_refused) = (
         listening.metrics.connections_open.get_or_create(&label).clone(),
         listening.metrics.connections_refused.get_or_create(&label).clone(),
+        listening.metrics.handshakes_refused.get_or_create(&label).clone(),
     );
     loop {
         let (stream, peer) = tokio::select! {
@@ -291,20 +361,14 @@ where
             },
             _ = &mut shutdown => break,
         };
-        // Over the cap: closed at once (accepting it takes it off the kernel's queue, where it
-        // would wait unanswered), counted, and nothing is spent on it.
-        let Ok(permit) = capacity.clone().try_acquire_owned() else {
-            refused.inc();
-            drop(stream);
-            continue;
-        };
-        open.inc();
-        let held = Open { _permit: permit, gauge: open.clone() };
         let _ = stream.set_nodelay(true);
         let watcher = graceful.watcher();
         let listening = listening.clone();
         match &tls {
             None => {
+                // Over the cap: closed at once (accepting it takes it off the kernel's queue,
+                // where it would wait unanswered), counted, and nothing is spent on it.
+                let Some(held) = take_slot(&capacity, &open, &refused) else { continue };
                 let service = make_service(Caller::anonymous());
                 tokio::spawn(async move {
                     serve_connection(watcher, stream, service, &listening).await;
@@ -312,8 +376,17 @@ where
                 });
             }
             Some(tls) => {
+                // A handshake holds a handshake slot, not a connection slot: handshakes left
+                // unfinished (by one address, or by all) never take the slots of connections
+                // that finished theirs.
+                let Some(handshake_slot) = handshaking.clone().take(peer.ip()) else {
+                    handshakes_refused.inc();
+                    drop(stream);
+                    continue;
+                };
                 let handshake = tls.listener();
                 let make_service = make_service.clone();
+                let (capacity, open, refused) = (capacity.clone(), open.clone(), refused.clone());
                 tokio::spawn(async move {
                     let metrics = &listening.metrics;
                     let accepting = handshake.acceptor().accept(stream);
@@ -339,6 +412,8 @@ where
                         }
                     };
                     metrics.handshakes.inc();
+                    drop(handshake_slot);
+                    let Some(held) = take_slot(&capacity, &open, &refused) else { return };
                     serve_connection(watcher, stream, make_service(caller), &listening).await;
                     drop(held);
                 });
