@@ -332,6 +332,12 @@ impl RegistryProcess {
         Ok(RegistryProcess { url, health_url, child, token, _config: config, _dir: dir })
     }
 
+    pub fn signal(&self, signal: i32) {
+        let pid = self.child.id().expect("the registry is running") as i32;
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
     pub async fn add_region(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<u32> {
         self.add_region_with_tables(client, name, &[]).await
     }

@@ -541,6 +541,27 @@ async fn e2e_one_address_holding_handshakes_leaves_the_others_theirs() {
     );
 }
 
+/// A kept-alive connection lives at most `max_connection_age_ms` (less a random tenth): once idle
+/// past it, it is closed, before its idle deadline, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_connection_is_closed_once_idle_past_its_age() {
+    let work = tempfile::tempdir().unwrap();
+    let limits = format!("{}max_connection_age_ms = 1000\n", limits_section());
+    let service = worker(work.path(), limits, "", plain_client()).await;
+    let mut stream = TcpStream::connect(service.address()).await.unwrap();
+    let opened = Instant::now();
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\n\r\n").await.unwrap();
+    assert!(read_response(&mut stream).await);
+    let closed = closed_by(&mut stream, opened + Duration::from_millis(DEADLINE_MS)).await;
+    let lived = closed.expect("still open at its idle deadline: the age did not close it") - opened;
+    assert!(lived >= Duration::from_millis(880), "closed after {lived:?}, before its age less a tenth");
+    let text = service.metrics().await;
+    // This one, and the test client's own pooled connection, if it went idle that long.
+    let aged = series(&text, "idgen_connections_timed_out_total{listener=\"service\",deadline=\"max_age\"}");
+    assert!((1.0..=2.0).contains(&aged), "{aged}");
+    println!("worker: a kept-alive connection with an age of 1 s closed after {lived:?}, counted under max_age");
+}
+
 /// The registry on PostgreSQL: its `/healthz` (exempt from quotas) flooded costs the database at
 /// most a probe a second, and reads beside the flood are answered; with a table locked under it,
 /// reads are answered 503 with `Retry-After` within the statement timeout instead of queueing

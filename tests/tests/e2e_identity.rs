@@ -248,3 +248,54 @@ async fn e2e_a_crl_revokes_at_the_handshake_and_a_new_one_on_sighup() {
     assert!(series(&text, "idgen_tls_handshake_failures_total", "certificate_revoked") >= 2.0, "{text}");
     println!("CRL: the revoked certificate was refused; a new list on SIGHUP revoked one accepted before");
 }
+
+/// An operator's connection open across a reload of a CRL that revokes its certificate is closed
+/// by the reload: its next request never reaches a handler (the region it asks for is not added),
+/// and a new connection with that certificate is refused at the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_reload_revoking_an_operators_certificate_closes_its_open_connection() {
+    let pki = Pki::new();
+    let operator = pki.keep("operator", pki.operators.client(OPS).unwrap());
+    pki.keep("worker", pki.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
+    std::fs::write(pki.path("callers-crl.pem"), pki.callers.crl(&[]).unwrap()).unwrap();
+    std::fs::write(pki.path("operators-crl.pem"), pki.operators.crl(&[]).unwrap()).unwrap();
+    let tls = format!(
+        "operator_ca = {:?}\ncrl = [{:?}, {:?}]\n",
+        pki.path("operators-ca.pem"),
+        pki.path("callers-crl.pem"),
+        pki.path("operators-crl.pem")
+    );
+    let extra = format!("certificate_operators = [\"{OPS}\"]\n{}", pki.tls_section(&tls));
+    let registry = RegistryProcess::start(&extra).await.unwrap();
+    // One client, one kept-alive connection.
+    let client = pki.client("operator");
+    let add = |region: &'static str| {
+        client.post(format!("{}/v1/regions", registry.url)).json(&serde_json::json!({ "name": region })).send()
+    };
+    assert_eq!(add("eu-west-1").await.unwrap().status(), 201);
+
+    // The operator's certificate leaks: a new CRL revoking it, and SIGHUP.
+    std::fs::write(pki.path("operators-crl.pem"), pki.operators.crl(&[&operator]).unwrap()).unwrap();
+    registry.signal(libc::SIGHUP);
+    let reader = pki.client("worker");
+    let metrics =
+        || async { reader.get(format!("{}/metrics", registry.url)).send().await.unwrap().text().await.unwrap() };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let revoked = |text: String| {
+        let line = "idgen_connections_timed_out_total{listener=\"service\",deadline=\"revoked\"} ";
+        text.lines().find_map(|l| l.strip_prefix(line)).map_or(0.0, |v| v.parse::<f64>().unwrap())
+    };
+    while revoked(metrics().await) < 1.0 {
+        assert!(Instant::now() < deadline, "the open connection was not closed 10 s after SIGHUP");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its next request (on a new connection, the old one being closed) is refused at the
+    // handshake; nothing reached the handler.
+    assert!(add("eu-west-2").await.is_err(), "a revoked operator's request was answered");
+    let regions: serde_json::Value =
+        reader.get(format!("{}/v1/regions", registry.url)).send().await.unwrap().json().await.unwrap();
+    assert!(!regions.to_string().contains("eu-west-2"), "{regions}");
+    println!(
+        "registry: a CRL reloaded on SIGHUP closed the revoked operator's open connection; its next write never ran"
+    );
+}

@@ -7,6 +7,12 @@
 //! and the headers together, and nothing for the body. The three waits are told apart here, each
 //! with its own setting and its own count when it fires.
 //!
+//! And how long the connection may live: it is closed once idle after `max_connection_age_ms`
+//! (less a random tenth, so that connections made together do not all close together), at once
+//! when its client certificate's `notAfter` passes, and at once when a reload of the TLS files
+//! no longer accepts the certificate it was opened with ([`Activity::revoke`]): a certificate
+//! revoked or expired keeps no connection it already had.
+//!
 //! Every change of phase happens inside the connection's own poll (a read from the socket, hyper
 //! calling the service, the service reading its body, the service's future finishing), so the
 //! [`Guarded`] future around the connection reads the phase after each poll of it and keeps one
@@ -34,6 +40,12 @@ pub(crate) enum Deadline {
     Idle,
     HeaderRead,
     BodyRead,
+    /// Idle past `max_connection_age_ms`.
+    MaxAge,
+    /// The client certificate's `notAfter` passed.
+    CertificateExpired,
+    /// A reload of the TLS files no longer accepts the client certificate.
+    Revoked,
 }
 
 impl Deadline {
@@ -42,6 +54,9 @@ impl Deadline {
             Deadline::Idle => "idle",
             Deadline::HeaderRead => "header_read",
             Deadline::BodyRead => "body_read",
+            Deadline::MaxAge => "max_age",
+            Deadline::CertificateExpired => "certificate_expired",
+            Deadline::Revoked => "revoked",
         }
     }
 }
@@ -69,18 +84,56 @@ pub(crate) struct Activity {
     idle_timeout: Duration,
     header_read_timeout: Duration,
     body_read_timeout: Duration,
+    /// Closed once idle from then on (`max_connection_age_ms`, less a random tenth).
+    retire_at: Instant,
+    /// Closed at once from then on, in any phase (the client certificate's `notAfter`).
+    end_at: Option<Instant>,
+    /// Set by a reload that no longer accepts the connection's certificate; `wake` then wakes
+    /// the connection's task, which closes it before polling it again. Only a connection with a
+    /// client certificate registers a waker (`revocable`).
+    revoked: AtomicBool,
+    revocable: bool,
+    wake: atomic_waker::AtomicWaker,
 }
 
 impl Activity {
-    pub(crate) fn new(limits: &LimitsSection) -> Arc<Activity> {
+    /// `end_at`: when the connection's client certificate expires; `revocable`: whether it has
+    /// one (a reload may then revoke the connection).
+    pub(crate) fn new(limits: &LimitsSection, end_at: Option<Instant>, revocable: bool) -> Arc<Activity> {
+        let now = Instant::now();
+        let age = limits.max_connection_age();
+        let jitter = age.mul_f64(rand::random::<f64>() / 10.0);
         Arc::new(Activity {
-            phase: Mutex::new(Phase::Idle { since: Instant::now() }),
+            phase: Mutex::new(Phase::Idle { since: now }),
             idle: AtomicBool::new(true),
             requests: std::sync::atomic::AtomicU64::new(0),
             idle_timeout: limits.idle_timeout(),
             header_read_timeout: limits.header_read_timeout(),
             body_read_timeout: limits.body_read_timeout(),
+            retire_at: now + (age - jitter),
+            end_at,
+            revoked: AtomicBool::new(false),
+            revocable,
+            wake: atomic_waker::AtomicWaker::new(),
         })
+    }
+
+    /// Closes the connection at its task's next turn, whatever it is doing: its certificate is
+    /// no longer accepted. No request it sends from here on reaches a handler.
+    pub(crate) fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+        self.wake.wake();
+    }
+
+    /// What closes the connection now, before it is polled again.
+    fn ended(&self) -> Option<Deadline> {
+        if self.revocable && self.revoked.load(Ordering::Acquire) {
+            return Some(Deadline::Revoked);
+        }
+        match self.end_at {
+            Some(end) if end <= Instant::now() => Some(Deadline::CertificateExpired),
+            _ => None,
+        }
     }
 
     fn phase(&self) -> MutexGuard<'_, Phase> {
@@ -129,10 +182,18 @@ impl Activity {
     /// The deadline in force, if any: none while the service works on a request whose body has
     /// ended.
     fn deadline(&self) -> Option<(Instant, Deadline)> {
-        match *self.phase() {
-            Phase::Idle { since } => Some((since + self.idle_timeout, Deadline::Idle)),
+        let phase = match *self.phase() {
+            Phase::Idle { since } => {
+                let idle = since + self.idle_timeout;
+                Some(if self.retire_at < idle { (self.retire_at, Deadline::MaxAge) } else { (idle, Deadline::Idle) })
+            }
             Phase::Head { since } => Some((since + self.header_read_timeout, Deadline::HeaderRead)),
             Phase::Request { body_due } => body_due.map(|due| (due, Deadline::BodyRead)),
+        };
+        match (phase, self.end_at) {
+            (Some((due, _)), Some(end)) if end < due => Some((end, Deadline::CertificateExpired)),
+            (None, Some(end)) => Some((end, Deadline::CertificateExpired)),
+            (phase, _) => phase,
         }
     }
 }
@@ -252,12 +313,20 @@ impl<F: Future> Future for Guarded<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        if this.activity.revocable {
+            this.activity.wake.register(cx.waker());
+        }
+        // Checked before the connection is polled: a request read from here on never reaches
+        // the service.
+        if let Some(ended) = this.activity.ended() {
+            return Poll::Ready(Err(ended));
+        }
         if let Poll::Ready(output) = this.connection.as_mut().poll(cx) {
             return Poll::Ready(Ok(output));
         }
         loop {
-            // None: the service is working on a request it has read; whatever the timer does
-            // meanwhile, the next poll asks again.
+            // None: the service is working on a request it has read (and no certificate's
+            // expiry is ahead); whatever the timer does meanwhile, the next poll asks again.
             let Some((due, deadline)) = this.activity.deadline() else { return Poll::Pending };
             // A later deadline leaves the timer where it is (one timer operation less per
             // request); when it fires early, it is set again below.

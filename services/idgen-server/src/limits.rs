@@ -66,7 +66,16 @@ pub struct LimitsSection {
     /// TLS handshakes under way at once from one source address: a single host opening
     /// handshakes it never finishes cannot take every handshake slot from the others. Default 32.
     pub max_handshakes_per_source: usize,
+    /// How long a connection may live (ms): once idle past it (less a random tenth, so that
+    /// connections made together do not close together) it is closed, and counted
+    /// (`idgen_connections_timed_out_total{deadline="max_age"}`); the client opens another, with
+    /// a handshake that checks its certificate against the CRLs in force. Default 3,600,000 (an
+    /// hour).
+    pub max_connection_age_ms: u64,
 }
+
+/// The bounds of `max_connection_age_ms`: a second, and a day.
+pub const CONNECTION_AGE_MS: std::ops::RangeInclusive<u64> = 1_000..=86_400_000;
 
 impl Default for LimitsSection {
     fn default() -> Self {
@@ -79,6 +88,7 @@ impl Default for LimitsSection {
             max_header_bytes: 16_384,
             max_handshakes: 1_024,
             max_handshakes_per_source: 32,
+            max_connection_age_ms: 3_600_000,
         }
     }
 }
@@ -99,6 +109,14 @@ impl LimitsSection {
                     "limits.{key} must be from 1 to {MAX_CONNECTIONS}, not {cap} (a listener taking no handshake serves nothing)"
                 );
             }
+        }
+        if !CONNECTION_AGE_MS.contains(&self.max_connection_age_ms) {
+            bail!(
+                "limits.max_connection_age_ms must be from {} to {} (ms), not {}",
+                CONNECTION_AGE_MS.start(),
+                CONNECTION_AGE_MS.end(),
+                self.max_connection_age_ms
+            );
         }
         if !HEADER_BYTES.contains(&self.max_header_bytes) {
             bail!(
@@ -133,6 +151,10 @@ impl LimitsSection {
     /// Handshakes under way at once from one address, within [`Self::handshakes`].
     pub fn handshakes_per_source(&self) -> usize {
         self.max_handshakes_per_source.min(self.handshakes())
+    }
+
+    pub fn max_connection_age(&self) -> Duration {
+        Duration::from_millis(self.max_connection_age_ms)
     }
 
     pub fn handshake_timeout(&self) -> Duration {

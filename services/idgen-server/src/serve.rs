@@ -52,7 +52,8 @@ struct DeadlineLabel {
 const LISTENERS: [&str; 2] = ["service", "health"];
 
 /// Every deadline a connection is closed by (`[limits]`).
-const DEADLINES: [&str; 4] = ["handshake", "idle", "header_read", "body_read"];
+const DEADLINES: [&str; 7] =
+    ["handshake", "idle", "header_read", "body_read", "max_age", "certificate_expired", "revoked"];
 
 /// TLS handshakes completed, and refused by reason; connections open, refused over the cap, and
 /// closed by a deadline, per listener.
@@ -118,7 +119,8 @@ impl ServerMetrics {
         );
         registry.register(
             "idgen_connections_timed_out",
-            "Connections closed because the peer let a deadline of [limits] pass, by listener and deadline",
+            "Connections closed because the peer let a deadline of [limits] pass, or the connection's time was up (max_age; \
+             certificate_expired; revoked: a reload no longer accepts its certificate), by listener and deadline",
             self.connections_timed_out.clone(),
         );
         registry.register(
@@ -266,6 +268,22 @@ impl Drop for Open {
     }
 }
 
+/// A connection's client certificate, as its handshake verified it.
+struct Certified {
+    tls: Arc<Tls>,
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    caller: Caller,
+}
+
+/// When a certificate's `notAfter` passes, on the runtime's clock (at most ten years ahead).
+fn not_after(leaf: &rustls::pki_types::CertificateDer<'_>) -> Option<tokio::time::Instant> {
+    use x509_cert::der::Decode;
+    let certificate = x509_cert::Certificate::from_der(leaf).ok()?;
+    let at = std::time::UNIX_EPOCH + certificate.tbs_certificate.validity.not_after.to_unix_duration();
+    let left = at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    Some(tokio::time::Instant::now() + left.min(Duration::from_secs(10 * 365 * 86_400)))
+}
+
 /// A connection slot under the cap, counted open; `None` (counted refused) over it.
 fn take_slot(capacity: &Arc<Semaphore>, open: &Gauge, refused: &Counter) -> Option<Open> {
     let Ok(permit) = capacity.clone().try_acquire_owned() else {
@@ -371,7 +389,7 @@ where
                 let Some(held) = take_slot(&capacity, &open, &refused) else { continue };
                 let service = make_service(Caller::anonymous());
                 tokio::spawn(async move {
-                    serve_connection(watcher, stream, service, &listening).await;
+                    serve_connection(watcher, stream, service, &listening, None).await;
                     drop(held);
                 });
             }
@@ -387,6 +405,7 @@ where
                 let handshake = tls.listener();
                 let make_service = make_service.clone();
                 let (capacity, open, refused) = (capacity.clone(), open.clone(), refused.clone());
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let metrics = &listening.metrics;
                     let accepting = handshake.acceptor().accept(stream);
@@ -414,7 +433,10 @@ where
                     metrics.handshakes.inc();
                     drop(handshake_slot);
                     let Some(held) = take_slot(&capacity, &open, &refused) else { return };
-                    serve_connection(watcher, stream, make_service(caller), &listening).await;
+                    let chain = stream.get_ref().1.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
+                    let service = make_service(caller.clone());
+                    let watch = (!chain.is_empty()).then(|| Certified { tls, chain, caller });
+                    serve_connection(watcher, stream, service, &listening, watch).await;
                     drop(held);
                 });
             }
@@ -434,12 +456,16 @@ async fn serve_connection<I, S>(
     io: I,
     service: S,
     listening: &Listening,
+    certified: Option<Certified>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    let activity = Activity::new(&listening.limits);
+    let end_at = certified.as_ref().and_then(|certified| certified.chain.first()).and_then(not_after);
+    let activity = Activity::new(&listening.limits, end_at, certified.is_some());
+    // A reload checks the certificate again while the connection is open.
+    let _watched = certified.map(|Certified { tls, chain, caller }| tls.watch(chain, caller, &activity));
     let (bodies, answers) = (activity.clone(), activity.clone());
     let service = service
         .map_request(move |request: Request<hyper::body::Incoming>| {

@@ -1,8 +1,9 @@
 //! TLS on a listener: the server certificate and key, and with `client_ca` mutual TLS; how a
 //! client certificate names its caller (`identity`), which CA alone makes operators
 //! (`operator_ca`) and which certificates are revoked (`crl`). The configuration in force can be
-//! replaced while serving ([`Tls::reload`]): new connections handshake with the new one, open
-//! connections keep theirs, and a file that does not load leaves the old configuration in force.
+//! replaced while serving ([`Tls::reload`]): new connections handshake with the new one, an open
+//! connection whose certificate the new one no longer accepts (revoked by a new CRL, its CA
+//! dropped) is closed, and a file that does not load leaves the old configuration in force.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -145,7 +146,7 @@ impl TlsSection {
                 .build()
                 .with_context(|| format!("{what} (or a tls.crl file)"))
         };
-        let (verifier, operators) = match &self.client_ca {
+        let (verifier, operators): (Arc<dyn ClientCertVerifier>, _) = match &self.client_ca {
             Some(ca) => {
                 let mut accepted = roots(ca)?;
                 let operators = match &self.operator_ca {
@@ -189,11 +190,11 @@ impl TlsSection {
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(verifier.clone())
             .with_single_cert(chain, key)
             .context("the server certificate and key do not go together")?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Listener { config: Arc::new(config), mutual: self.mutual(), identity: self.identity, operators })
+        Ok(Listener { config: Arc::new(config), verifier, mutual: self.mutual(), identity: self.identity, operators })
     }
 }
 
@@ -265,6 +266,9 @@ fn crls(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>
 /// certificate becomes a [`Caller`].
 pub(crate) struct Listener {
     config: Arc<ServerConfig>,
+    /// What the handshake verifies a client certificate with (both CAs, the CRLs): asked again
+    /// of every open connection on a reload.
+    verifier: Arc<dyn ClientCertVerifier>,
     mutual: bool,
     identity: IdentityForm,
     /// The operator CA alone (with the CRLs): a caller's certificate is verified against it again
@@ -293,22 +297,90 @@ impl Listener {
             .is_some_and(|operators| operators.verify_client_cert(leaf, &[], UnixTime::now()).is_ok());
         Ok(caller.operator_certificate(operator))
     }
+
+    /// Whether a connection opened with `chain` (as `caller`) would still be let in, as the same
+    /// caller, by this configuration.
+    fn still_accepts(&self, chain: &[CertificateDer<'static>], caller: &Caller) -> bool {
+        let Some((leaf, intermediates)) = chain.split_first() else { return !self.mutual };
+        self.verifier.verify_client_cert(leaf, intermediates, UnixTime::now()).is_ok()
+            && self.caller(Some(chain)).is_ok_and(|now| {
+                now.name() == caller.name() && now.has_operator_certificate() == caller.has_operator_certificate()
+            })
+    }
+}
+
+/// An open connection with a client certificate, for [`Tls::reload`] to check again.
+struct Live {
+    chain: Vec<CertificateDer<'static>>,
+    caller: Caller,
+    activity: std::sync::Weak<crate::connection::Activity>,
+}
+
+/// A connection's place among [`Tls`]'s open ones, given up when it closes.
+pub(crate) struct Watched {
+    tls: Arc<Tls>,
+    id: u64,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.tls.live().remove(&self.id);
+    }
 }
 
 /// The TLS configuration in force on a listener.
 pub struct Tls {
     current: ArcSwap<Listener>,
+    /// The open connections with a client certificate, by a number of their own.
+    live: std::sync::Mutex<std::collections::HashMap<u64, Live>>,
+    next: std::sync::atomic::AtomicU64,
 }
 
 impl Tls {
     pub fn load(section: &TlsSection) -> anyhow::Result<Tls> {
-        Ok(Tls { current: ArcSwap::from_pointee(section.listener()?) })
+        Ok(Tls {
+            current: ArcSwap::from_pointee(section.listener()?),
+            live: Default::default(),
+            next: Default::default(),
+        })
     }
 
-    /// Takes the files as they are now; on any error the configuration in force stays.
-    pub fn reload(&self, section: &TlsSection) -> anyhow::Result<()> {
-        self.current.store(Arc::new(section.listener()?));
-        Ok(())
+    /// Takes the files as they are now; on any error the configuration in force stays. Every
+    /// open connection whose certificate the new configuration does not accept (revoked by a new
+    /// CRL, of a CA no longer listed) is closed before it serves another request; returns how
+    /// many.
+    pub fn reload(&self, section: &TlsSection) -> anyhow::Result<usize> {
+        let listener = Arc::new(section.listener()?);
+        self.current.store(listener.clone());
+        let mut closed = 0;
+        for live in self.live().values() {
+            if !listener.still_accepts(&live.chain, &live.caller)
+                && let Some(activity) = live.activity.upgrade()
+            {
+                activity.revoke();
+                closed += 1;
+            }
+        }
+        if closed > 0 {
+            tracing::warn!(closed, "closed open connections whose client certificate the new TLS files do not accept");
+        }
+        Ok(closed)
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Live>> {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps an open connection's certificate for the next reload to check again.
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        chain: Vec<CertificateDer<'static>>,
+        caller: Caller,
+        activity: &Arc<crate::connection::Activity>,
+    ) -> Watched {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live().insert(id, Live { chain, caller, activity: Arc::downgrade(activity) });
+        Watched { tls: self.clone(), id }
     }
 
     pub fn mutual(&self) -> bool {
