@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use idgen_core::{DEFAULT_V2_FROM, Layout, MAX_TIMESTAMP};
+use idgen_server::database::RequestTimeouts;
 use serde::Deserialize;
 
 use crate::operators::{OperatorTokens, TokenHash};
@@ -81,8 +82,8 @@ impl Default for RegistryConfig {
             health_listen: None,
             database_url: None,
             sqlite_open_timeout_ms: idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
-            database_acquire_timeout_ms: crate::store::DatabaseTimeouts::default().acquire.as_millis() as u64,
-            database_statement_timeout_ms: crate::store::DatabaseTimeouts::default().statement.as_millis() as u64,
+            database_acquire_timeout_ms: RequestTimeouts::default().acquire.as_millis() as u64,
+            database_statement_timeout_ms: RequestTimeouts::default().statement.as_millis() as u64,
             home_region: None,
             horizon_lead_ms: 30 * 86_400_000,
             retire_grace_ms: 86_400_000,
@@ -97,17 +98,11 @@ impl Default for RegistryConfig {
     }
 }
 
-/// The range of the database timeouts (ms): under 10 ms a healthy query times out; over a
-/// minute, a request waits on the database longer than any caller does.
-pub const DATABASE_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
-
 impl RegistryConfig {
-    /// How long a request waits for the database.
-    pub fn database_timeouts(&self) -> crate::store::DatabaseTimeouts {
-        crate::store::DatabaseTimeouts {
-            acquire: std::time::Duration::from_millis(self.database_acquire_timeout_ms),
-            statement: std::time::Duration::from_millis(self.database_statement_timeout_ms),
-        }
+    /// How long a request waits for the database (each key within
+    /// [`RequestTimeouts::RANGE_MS`]).
+    pub fn database_timeouts(&self) -> anyhow::Result<RequestTimeouts> {
+        RequestTimeouts::from_keys(self.database_acquire_timeout_ms, self.database_statement_timeout_ms)
     }
 
     /// The keys of the file, from this struct's own source.
@@ -188,18 +183,7 @@ impl RegistryConfig {
         self.quotas.validate()?;
         self.limits.validate()?;
         idgen_server::limits::validate_health_listen(self.listen, self.health_listen)?;
-        for (key, ms) in [
-            ("database_acquire_timeout_ms", self.database_acquire_timeout_ms),
-            ("database_statement_timeout_ms", self.database_statement_timeout_ms),
-        ] {
-            if !(DATABASE_TIMEOUT_MS).contains(&ms) {
-                anyhow::bail!(
-                    "{key} must be {} to {} (ms), not {ms}: a request waits at most that long for the database",
-                    DATABASE_TIMEOUT_MS.start(),
-                    DATABASE_TIMEOUT_MS.end()
-                );
-            }
-        }
+        self.database_timeouts()?;
         if !self.certificate_operators.is_empty() && self.tls.operator_ca.is_none() {
             bail!(
                 "certificate_operators needs tls.operator_ca: only a certificate of the operators' own CA makes an \

@@ -159,11 +159,11 @@ pub async fn serve(
                 url,
                 &config.initial_schedule()?,
                 within,
-                config.database_timeouts(),
+                config.database_timeouts()?,
             )
             .await
         }
-        false => store::RegistryStore::open_with(url, config.home_region(), within, config.database_timeouts()).await,
+        false => store::RegistryStore::open_with(url, config.home_region(), within, config.database_timeouts()?).await,
     };
     let store = match opened {
         Ok(store) => store,

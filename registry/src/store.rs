@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use idgen_core::{Layout, MAX_TIMESTAMP};
-use idgen_server::database::{Connection, Schema};
+use idgen_server::database::{Connection, RequestTimeouts, Schema};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 use thiserror::Error;
@@ -108,24 +108,6 @@ pub struct AuditRow {
     pub actor: String,
     pub action: String,
     pub detail: String,
-}
-
-/// How long a request waits for the registry's database: for a free connection of the pool, and
-/// (PostgreSQL) for one statement (`statement_timeout`, set on every connection). Past either,
-/// the request is answered 503 with `Retry-After` instead of queueing behind whatever holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DatabaseTimeouts {
-    pub acquire: std::time::Duration,
-    pub statement: std::time::Duration,
-}
-
-impl Default for DatabaseTimeouts {
-    fn default() -> Self {
-        DatabaseTimeouts {
-            acquire: std::time::Duration::from_millis(1_000),
-            statement: std::time::Duration::from_millis(3_000),
-        }
-    }
 }
 
 #[derive(Debug, Error)]
@@ -244,23 +226,23 @@ impl RegistryStore {
 
     /// [`Self::connect`], waiting up to `within` for other processes opening the same SQLite
     /// file ([`idgen::lease::open_lock`]).
-    pub async fn connect_waiting_with(
-        url: &str,
-        initial: &InitialSchedule,
-        within: std::time::Duration,
-        timeouts: DatabaseTimeouts,
-    ) -> Result<Self, RegistryError> {
-        Self::initialize(url, initial, within).await?;
-        Self::open_with(url, &initial.home_region, within, timeouts).await
-    }
-
     pub async fn connect_waiting(
         url: &str,
         initial: &InitialSchedule,
         within: std::time::Duration,
     ) -> Result<Self, RegistryError> {
+        Self::connect_waiting_with(url, initial, within, RequestTimeouts::default()).await
+    }
+
+    /// [`Self::connect_waiting`], with how long a request waits for the database.
+    pub async fn connect_waiting_with(
+        url: &str,
+        initial: &InitialSchedule,
+        within: std::time::Duration,
+        timeouts: RequestTimeouts,
+    ) -> Result<Self, RegistryError> {
         Self::initialize(url, initial, within).await?;
-        Self::open(url, &initial.home_region, within).await
+        Self::open_with(url, &initial.home_region, within, timeouts).await
     }
 
     /// `idgen registry init`: applies the migrations and, on a new database, publishes the home
@@ -299,7 +281,7 @@ impl RegistryStore {
     /// ([`RegistryError::NotARegistry`], saying what to run). A registry started on an empty
     /// database would hand out region numbers from 0 again: two regions with one number.
     pub async fn open(url: &str, home_region: &str, within: std::time::Duration) -> Result<Self, RegistryError> {
-        Self::open_with(url, home_region, within, DatabaseTimeouts::default()).await
+        Self::open_with(url, home_region, within, RequestTimeouts::default()).await
     }
 
     /// [`Self::open`], with how long a request waits for the database.
@@ -307,7 +289,7 @@ impl RegistryStore {
         url: &str,
         home_region: &str,
         within: std::time::Duration,
-        timeouts: DatabaseTimeouts,
+        timeouts: RequestTimeouts,
     ) -> Result<Self, RegistryError> {
         sqlx::any::install_default_drivers();
         {

@@ -100,11 +100,6 @@ pub const MIN_PROBE_MS: u64 = 1_000;
 /// is 100, shared by every instance).
 pub const MAX_POOL_SIZE: u32 = 500;
 
-/// The range of the database timeouts: a request is never to wait longer than a minute, and a
-/// timeout under 10 ms would refuse a healthy database.
-pub const MIN_DATABASE_TIMEOUT_MS: u64 = 10;
-pub const MAX_DATABASE_TIMEOUT_MS: u64 = 60_000;
-
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KmsSection {
@@ -281,17 +276,10 @@ impl PublicIdsConfig {
         if !(1..=MAX_POOL_SIZE).contains(&self.database_pool_size) {
             anyhow::bail!("database_pool_size must be 1 to {MAX_POOL_SIZE}, not {}", self.database_pool_size);
         }
-        for (key, ms) in [
-            ("database_acquire_timeout_ms", self.database_acquire_timeout_ms),
-            ("database_statement_timeout_ms", self.database_statement_timeout_ms),
-        ] {
-            if !(MIN_DATABASE_TIMEOUT_MS..=MAX_DATABASE_TIMEOUT_MS).contains(&ms) {
-                anyhow::bail!(
-                    "{key} must be {MIN_DATABASE_TIMEOUT_MS} to {MAX_DATABASE_TIMEOUT_MS} (ms), not {ms}: a request \
-                     waits at most that long for the database"
-                );
-            }
-        }
+        idgen_server::database::RequestTimeouts::from_keys(
+            self.database_acquire_timeout_ms,
+            self.database_statement_timeout_ms,
+        )?;
         if let Some(access) = &self.access {
             access.validate(self.development)?;
         }

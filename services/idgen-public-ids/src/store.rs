@@ -171,11 +171,8 @@ pub struct PoolSettings {
 
 impl Default for PoolSettings {
     fn default() -> Self {
-        PoolSettings {
-            connections: 16,
-            acquire_timeout: Duration::from_millis(1_000),
-            statement_timeout: Duration::from_millis(3_000),
-        }
+        let timeouts = idgen_server::database::RequestTimeouts::default();
+        PoolSettings { connections: 16, acquire_timeout: timeouts.acquire, statement_timeout: timeouts.statement }
     }
 }
 

@@ -6,8 +6,50 @@
 //! public ID already given out no longer resolves.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::migrate::Migrator;
+
+/// How long a request waits for its service's database (the registry's and the public-ID
+/// service's `database_acquire_timeout_ms` and `database_statement_timeout_ms`): for a free
+/// connection of the pool, and for one statement (PostgreSQL's `statement_timeout`, set on every
+/// connection). Past either the request is answered 503 with `Retry-After` instead of queueing
+/// behind whatever holds the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTimeouts {
+    pub acquire: Duration,
+    pub statement: Duration,
+}
+
+impl Default for RequestTimeouts {
+    fn default() -> Self {
+        RequestTimeouts { acquire: Duration::from_millis(1_000), statement: Duration::from_millis(3_000) }
+    }
+}
+
+impl RequestTimeouts {
+    /// The range of each (ms): under 10 ms a healthy database is refused; over a minute a request
+    /// waits on the database longer than any caller does.
+    pub const RANGE_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
+
+    /// From the two configuration keys, each checked against [`Self::RANGE_MS`].
+    pub fn from_keys(acquire_ms: u64, statement_ms: u64) -> anyhow::Result<Self> {
+        for (key, ms) in [("database_acquire_timeout_ms", acquire_ms), ("database_statement_timeout_ms", statement_ms)]
+        {
+            if !Self::RANGE_MS.contains(&ms) {
+                anyhow::bail!(
+                    "{key} must be {} to {} (ms), not {ms}: a request waits at most that long for the database",
+                    Self::RANGE_MS.start(),
+                    Self::RANGE_MS.end()
+                );
+            }
+        }
+        Ok(RequestTimeouts {
+            acquire: Duration::from_millis(acquire_ms),
+            statement: Duration::from_millis(statement_ms),
+        })
+    }
+}
 
 /// A service's schema: the tables that are its own, and its migrations per database.
 pub struct Schema {
