@@ -95,18 +95,14 @@ impl Default for LimitsSection {
 
 impl LimitsSection {
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
-            bail!(
-                "limits.max_connections must be from 1 to {MAX_CONNECTIONS}, not {} (a listener taking no connection serves nothing)",
-                self.max_connections
-            );
-        }
-        for (key, cap) in
-            [("max_handshakes", self.max_handshakes), ("max_handshakes_per_source", self.max_handshakes_per_source)]
-        {
+        for (key, cap) in [
+            ("max_connections", self.max_connections),
+            ("max_handshakes", self.max_handshakes),
+            ("max_handshakes_per_source", self.max_handshakes_per_source),
+        ] {
             if !(1..=MAX_CONNECTIONS).contains(&cap) {
                 bail!(
-                    "limits.{key} must be from 1 to {MAX_CONNECTIONS}, not {cap} (a listener taking no handshake serves nothing)"
+                    "limits.{key} must be from 1 to {MAX_CONNECTIONS}, not {cap} (a listener taking none serves nothing)"
                 );
             }
         }
