@@ -333,9 +333,7 @@ impl RegistryProcess {
     }
 
     pub fn signal(&self, signal: i32) {
-        let pid = self.child.id().expect("the registry is running") as i32;
-        // SAFETY: sends a signal to our own child process.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        signal_child(&self.child, "the registry", signal);
     }
 
     pub async fn add_region(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<u32> {
@@ -477,10 +475,15 @@ impl MotoServer {
     }
 
     pub fn signal(&self, signal: i32) {
-        let pid = self.child.id().expect("moto is running") as i32;
-        // SAFETY: sends a signal to our own child process.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        signal_child(&self.child, "moto", signal);
     }
+}
+
+/// Sends `signal` to `child` (`what`, for the message), which must still be running.
+fn signal_child(child: &Child, what: &str, signal: i32) {
+    let pid = child.id().unwrap_or_else(|| panic!("{what} is not running")) as i32;
+    // SAFETY: sends a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal}) of {what}");
 }
 
 /// Runs the `idgen` binary with arguments and returns its stdout (fails on a non-zero exit).

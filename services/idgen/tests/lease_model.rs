@@ -367,6 +367,15 @@ struct Keeper {
     avoid: Option<(u8, i8)>,
 }
 
+impl Keeper {
+    /// `drop_lease`: the core stops issuing under the lease at once, and the keeper claims anew.
+    fn drop_lease(&mut self) {
+        self.lease = None;
+        self.state = KeeperState::Unclaimed { pending: None };
+        self.resumed = false;
+    }
+}
+
 /// One ID: what its bits say, and the epoch of the lease it was issued under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Id {
@@ -737,17 +746,13 @@ impl LeaseModel {
                 }
             }
             (Request::Renew { .. }, Answer::NotForward) => {}
-            (Request::Renew { .. }, Answer::WentBack) => {
-                process.keepers[layout as usize].lease = None;
-                process.keepers[layout as usize].state = KeeperState::Unclaimed { pending: None };
-                process.keepers[layout as usize].resumed = false;
-                self.mark_went_back(process, layout, table);
-            }
-            (Request::Renew { .. }, _) => {
-                // Lost: `drop_lease` (stop issuing at once), then claim another number.
-                keeper.lease = None;
-                keeper.state = KeeperState::Unclaimed { pending: None };
-                keeper.resumed = false;
+            (Request::Renew { .. }, answer) => {
+                // Lost: `drop_lease` (stop issuing at once), then claim another number, unless the
+                // row showed the table went back under the lease.
+                keeper.drop_lease();
+                if answer == Answer::WentBack {
+                    self.mark_went_back(process, layout, table);
+                }
             }
             (Request::Release { .. }, _) => {}
         }
@@ -1175,9 +1180,7 @@ impl Model for LeaseModel {
                     let holder = self.holder(slot, state.processes[slot as usize].incarnation);
                     let process = &mut state.processes[slot as usize];
                     let keeper = &mut process.keepers[layout as usize];
-                    keeper.lease = None;
-                    keeper.state = KeeperState::Unclaimed { pending: None };
-                    keeper.resumed = false;
+                    keeper.drop_lease();
                     if went_back(row, holder, epoch) {
                         self.mark_went_back(process, layout, table);
                     } else {
