@@ -46,6 +46,30 @@ pub enum PublicCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Seal the filter of opaque public IDs made before check keys: every untagged one in the
+    /// database goes into a Bloom filter, and from then on an untagged public ID outside it is
+    /// answered 404 without a database read. Run it once no instance of the previous version runs
+    /// (they make untagged IDs, which would no longer resolve on this version's instances); the
+    /// instances take it up within 30 s. Run again at any time: it rebuilds the filter.
+    SealLegacy {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        owner: crate::OwnerUrl,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a check key version: new opaque public IDs carry its tag two minutes from now (by
+    /// then every instance has loaded it; they reload every 30 s), and every older version still
+    /// checks.
+    RotateCheckKey {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        owner: crate::OwnerUrl,
+        #[arg(long)]
+        json: bool,
+    },
     /// The public ID of an internal ID (created if it has none in that format).
     Create {
         internal_id: String,
@@ -165,6 +189,32 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
                     )
                 }
                 (false, None) => println!("nothing to drop: no table of mappings from before 16-byte storage"),
+            }
+            Ok(())
+        }
+        PublicCommand::SealLegacy { config, owner, json } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
+            let sealed = idgen_public_ids::seal_legacy(&config, owner.url.as_deref()).await?;
+            if json {
+                println!("{}", json!({"read": sealed.read, "untagged": sealed.untagged, "filter_bytes": sealed.bytes}));
+            } else {
+                println!(
+                    "sealed: {} of {} opaque public IDs are untagged (made before check keys), in a filter of {} bytes; \
+                     the instances take it up within 30 s",
+                    sealed.untagged, sealed.read, sealed.bytes
+                );
+            }
+            Ok(())
+        }
+        PublicCommand::RotateCheckKey { config, owner, json } => {
+            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
+            let version = idgen_public_ids::rotate_check_key(&config, owner.url.as_deref())
+                .await?
+                .context("all 255 check key versions are used")?;
+            if json {
+                println!("{}", json!({"check_key_version": version, "used_from_secs": 120}));
+            } else {
+                println!("check key version {version} added: new opaque public IDs carry it two minutes from now");
             }
             Ok(())
         }

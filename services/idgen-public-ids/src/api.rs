@@ -15,8 +15,9 @@ use idgen_server::{Caller, Quotas};
 use crate::access::{Access, Forbidden, Operation};
 use crate::body::{self, only_fields, parse_format, parse_internal_id};
 use crate::cache::MappingCache;
+use crate::check::{Gate, Verdict};
 use crate::format::{self, Format, Keyring, RandomSource, RandomSourceMetrics};
-use crate::store::{CreateError, Mapping, PublicIdStore};
+use crate::store::{CreateError, Mapping, PublicIdStore, ResolveError};
 use crate::types::{Parsed, PublicType, Types};
 
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -45,6 +46,9 @@ pub struct AppState {
     pub random_failures: Arc<RandomSourceMetrics>,
     /// The configured types of public IDs (`[types]`), whose names prefix typed IDs.
     pub types: Arc<Types>,
+    /// The keyed check of opaque public IDs: made into each new one, asked of each resolve the
+    /// cache missed before any read ([`crate::check`]).
+    pub gate: Arc<Gate>,
 }
 
 #[derive(Debug)]
@@ -203,13 +207,13 @@ pub async fn map_ids(
                 .collect()
         }
         Format::Opaque | Format::Uuidv7 => {
-            let random = state.random.as_ref();
+            let (random, gate) = (state.random.as_ref(), state.gate.as_ref());
             let now_ms = idgen::system_unix_ms();
+            let asked = public_type.map(|t| t.number);
             let make = move || match format {
                 Format::Uuidv7 => format::new_uuidv7(random, idgen::system_unix_ms()),
-                _ => format::new_opaque(random),
+                _ => gate.new_opaque(random, asked, idgen::system_unix_ms()),
             };
-            let asked = public_type.map(|t| t.number);
             let mappings =
                 state.store.create_batch(ids, format, asked, &make, now_ms).await.map_err(|error| match error {
                     CreateError::Storage(error) => ApiError::storage(error),
@@ -408,12 +412,14 @@ pub async fn resolve_uri(state: &AppState, caller: &Caller, uri: &Uri) -> Result
             Some(internal) => (internal, None),
             None => return Err(ApiError::not_found()),
         },
-        Parsed::Stored { format, bytes, type_number } => match resolve_stored(state, format, &bytes).await? {
-            // A typed ID resolves only with its own type's prefix, an untyped one only without
-            // any: anything else is the same 404 as an unknown ID.
-            Some((internal, found_type)) if found_type == type_number => (internal, type_number),
-            _ => return Err(ApiError::not_found()),
-        },
+        Parsed::Stored { format, bytes, type_number } => {
+            match resolve_stored(state, format, &bytes, type_number).await? {
+                // A typed ID resolves only with its own type's prefix, an untyped one only without
+                // any: anything else is the same 404 as an unknown ID.
+                Some((internal, found_type)) if found_type == type_number => (internal, type_number),
+                _ => return Err(ApiError::not_found()),
+            }
+        }
     };
     let public_type = type_number.and_then(|number| state.types.name_of(number));
     Ok(resolved(&public_id, internal, public_type))
@@ -468,8 +474,9 @@ fn resolved(public_id: &str, internal_id: u64, public_type: Option<&str>) -> Res
 }
 
 /// The internal ID and type number of a stored (opaque or UUIDv7) public ID: from the cache,
-/// else from the database, and then kept in the cache. Not found is asked of the database every
-/// time.
+/// else from the database, and then kept in the cache. Not found is not remembered; an opaque ID
+/// the keyed check finds forged ([`Gate::judge`], for the type its prefix names) is not found
+/// without a read.
 ///
 /// The database's future is boxed, on a miss only: held in place it made every resolve's future
 /// over a kilobyte, which the allocator serves from its slow path, cache hits included.
@@ -477,11 +484,23 @@ async fn resolve_stored(
     state: &AppState,
     format: Format,
     public_id: &[u8; 16],
+    type_number: Option<u16>,
 ) -> Result<Option<(u64, Option<u16>)>, ApiError> {
     if let Some(found) = state.cache.resolve(format, public_id) {
         return Ok(Some(found));
     }
-    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(ApiError::storage)?;
+    if state.gate.judge(format, public_id, type_number) == Verdict::Forged {
+        return Ok(None);
+    }
+    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(|error| match error {
+        ResolveError::Storage(error) => ApiError::storage(error),
+        ResolveError::FallbacksBusy => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "storage_unavailable",
+            message: "too many resolves are waiting for the primary database: retry".into(),
+            retry_after_secs: Some(1),
+        },
+    })?;
     if let Some((internal_id, type_number)) = found {
         state.cache.remember_resolved(internal_id, format, public_id, type_number);
     }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::access::AccessSection;
 use crate::format::Format;
-use crate::store::PoolSettings;
+use crate::store::{FallbackSettings, PoolSettings};
 use crate::types::{TypeSection, Types};
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -38,6 +38,15 @@ pub struct PublicIdsConfig {
     /// the primary, so replica lag never answers 404 for a mapping that exists. Creates always go
     /// to the primary. Its pool takes the same size and timeouts.
     pub read_database_url: Option<String>,
+    /// With `read_database_url`: how many resolves the replica missed may read the primary at
+    /// once (default 4, at most `database_pool_size`); more are answered 503 with `Retry-After`
+    /// and counted, so a flood of unknown public IDs never takes the primary's connections from
+    /// creates.
+    pub primary_fallback_reads: u32,
+    /// With `read_database_url`: a UUIDv7 public ID made longer ago than this (ms, default
+    /// 60,000) that the replica does not hold is not found, without asking the primary, while
+    /// the replica's measured lag is below it.
+    pub replica_lag_bound_ms: u64,
     /// PostgreSQL: the connections the service keeps to its database at most (default 16).
     pub database_pool_size: u32,
     /// PostgreSQL: how long a request waits for a free connection before it is answered 503
@@ -129,6 +138,8 @@ impl Default for PublicIdsConfig {
             database_url: None,
             sqlite_open_timeout_ms: idgen::lease::open_lock::DEFAULT_OPEN_TIMEOUT.as_millis() as u64,
             read_database_url: None,
+            primary_fallback_reads: FallbackSettings::default().reads,
+            replica_lag_bound_ms: FallbackSettings::default().lag_bound.as_millis() as u64,
             database_pool_size: PoolSettings::default().connections,
             database_acquire_timeout_ms: PoolSettings::default().acquire_timeout.as_millis() as u64,
             database_statement_timeout_ms: PoolSettings::default().statement_timeout.as_millis() as u64,
@@ -220,6 +231,14 @@ impl PublicIdsConfig {
         }
     }
 
+    /// What a replica's misses may cost the primary (validated at load).
+    pub fn fallback_settings(&self) -> FallbackSettings {
+        FallbackSettings {
+            reads: self.primary_fallback_reads,
+            lag_bound: Duration::from_millis(self.replica_lag_bound_ms),
+        }
+    }
+
     /// The formats offered, parsed (validated at load).
     pub fn offered(&self) -> Vec<Format> {
         self.formats.iter().filter_map(|f| Format::parse(f)).collect()
@@ -275,6 +294,20 @@ impl PublicIdsConfig {
         }
         if !(1..=MAX_POOL_SIZE).contains(&self.database_pool_size) {
             anyhow::bail!("database_pool_size must be 1 to {MAX_POOL_SIZE}, not {}", self.database_pool_size);
+        }
+        if !(1..=self.database_pool_size).contains(&self.primary_fallback_reads) {
+            anyhow::bail!(
+                "primary_fallback_reads must be 1 to database_pool_size ({}), not {}: it is how many of the pool's \
+                 connections resolves the replica missed may take",
+                self.database_pool_size,
+                self.primary_fallback_reads
+            );
+        }
+        if !(1_000..=86_400_000).contains(&self.replica_lag_bound_ms) {
+            anyhow::bail!(
+                "replica_lag_bound_ms must be 1,000 to 86,400,000 (a day), not {}",
+                self.replica_lag_bound_ms
+            );
         }
         idgen_server::database::RequestTimeouts::from_keys(
             self.database_acquire_timeout_ms,

@@ -10,6 +10,7 @@ pub mod access;
 pub mod api;
 pub mod body;
 pub mod cache;
+pub mod check;
 pub mod config;
 pub mod format;
 pub mod kms;
@@ -177,6 +178,26 @@ pub async fn drop_legacy_table(
 
 /// Says at start-up (and on reload) who may do what; a warning when an operation is open to
 /// nobody, or to everybody.
+/// `idgen public seal-legacy`: the filter of every untagged opaque public ID, sealed
+/// ([`check`]).
+pub async fn seal_legacy(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<store::check::Sealed> {
+    let url = owner_url.unwrap_or(config.database_url());
+    let connection = idgen_server::database::Connection::connect(url).await?;
+    let sealed = store::check::seal_legacy((&connection).into(), idgen::system_unix_ms()).await;
+    connection.close().await;
+    sealed
+}
+
+/// `idgen public rotate-check-key`: the next check key version, used for new opaque IDs
+/// [`check::ROTATION_DELAY`] from now; `None` when all 255 are used.
+pub async fn rotate_check_key(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<Option<u8>> {
+    let url = owner_url.unwrap_or(config.database_url());
+    let connection = idgen_server::database::Connection::connect(url).await?;
+    let added = store::check::add_check_key((&connection).into(), idgen::system_unix_ms()).await;
+    connection.close().await;
+    added
+}
+
 fn log_access(config: &PublicIdsConfig) {
     let line = access::describe(config.access.as_ref(), config.development);
     if line.contains("NOBODY") || config.access.is_none() {
@@ -195,18 +216,33 @@ impl Probes {
     async fn start(
         config: &PublicIdsConfig,
         store: Arc<store::PublicIdStore>,
+        gate: Arc<check::Gate>,
         kms: Option<(kms::KmsProbe, kms::KmsMetrics)>,
     ) -> Probes {
         let every = std::time::Duration::from_millis(config.database_probe_ms);
         // A probe that takes longer than 5 s is a database that is not serving.
         let within = every.min(std::time::Duration::from_secs(5));
         store.probe(within).await;
+        store.probe_replica_lag(within).await;
+        let probed = store.clone();
         let mut tasks = vec![tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                store.probe(within).await;
+                probed.probe(within).await;
+                probed.probe_replica_lag(within).await;
             }
         })];
+        // The check keys and the legacy filter: a version `rotate-check-key` added, a filter
+        // `seal-legacy` sealed, taken up without a restart.
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(check::REFRESH).await;
+                match store::check::refreshed(store.db(), &gate.state()).await {
+                    Ok(fresh) => gate.replace(fresh),
+                    Err(error) => tracing::warn!(%error, "public IDs: reloading the check keys"),
+                }
+            }
+        }));
         if let Some((probe, metrics)) = kms {
             let every = std::time::Duration::from_millis(config.kms_probe_ms);
             tasks.push(tokio::spawn(async move {
@@ -254,7 +290,7 @@ pub async fn serve(
         .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?;
     store.metrics().register(&mut registry);
     if let Some(read) = &config.read_database_url {
-        store = store.with_replica(read, config.pool_settings())?;
+        store = store.with_replica(read, config.pool_settings(), config.fallback_settings())?;
         store.metrics().register_replica(&mut registry);
     }
     let offered = config.offered();
@@ -326,6 +362,14 @@ pub async fn serve(
     });
     let cache = Arc::new(cache::MappingCache::new(config.cache.max_entries));
     cache.register(&mut registry);
+    let gate = Arc::new(check::Gate::new(store::check::gate_state(store.db()).await?));
+    gate.register(&mut registry);
+    if let check::Legacy::Open = gate.state().legacy {
+        tracing::warn!(
+            "public IDs made before check keys are not sealed yet: every untagged opaque public ID is read; once no \
+             instance of the previous version runs: idgen public seal-legacy"
+        );
+    }
     let state = AppState {
         store: Arc::new(store),
         cache,
@@ -336,8 +380,11 @@ pub async fn serve(
         random: Arc::new(format::OsRandom),
         random_failures,
         types,
+        gate,
     };
-    let _probes = Probes::start(&config, state.store.clone(), kms_probe.map(|probe| (probe, kms_metrics))).await;
+    let _probes =
+        Probes::start(&config, state.store.clone(), state.gate.clone(), kms_probe.map(|probe| (probe, kms_metrics)))
+            .await;
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let health = idgen_server::serve::bind_health(config.health_listen).await?;
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -30,6 +30,7 @@ use sqlx::{PgPool, SqlitePool};
 
 use crate::format::{self, Format, RandomUnavailable};
 
+pub mod check;
 pub mod legacy;
 
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/public_ids/sqlite");
@@ -49,6 +50,8 @@ const SCHEMA: Schema = Schema {
         ("public_ids", "SELECT, INSERT"),
         ("public_ids_legacy_copy", "SELECT"),
         ("public_id_keys", "SELECT"),
+        ("public_id_check_keys", "SELECT"),
+        ("public_id_legacy_filter", "SELECT"),
     ],
     sequences: &[],
     sqlite: &SQLITE,
@@ -93,6 +96,16 @@ pub enum CreateError {
     Random(#[from] RandomUnavailable),
 }
 
+/// Why a resolve was not answered: the database, or the budget of primary reads for the
+/// replica's misses, all taken (counted, not logged: a flood would fill the log).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Storage(#[from] sqlx::Error),
+    #[error("the primary's reads for resolves the read replica missed are all taken")]
+    FallbacksBusy,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StorageOperationLabel {
     pub operation: &'static str,
@@ -110,6 +123,10 @@ pub struct StoreMetrics {
     pub errors: Family<StorageOperationLabel, Counter>,
     /// Resolves and lookups asked of the read replica, by what came of it ([`REPLICA_OUTCOMES`]).
     pub replica_reads: Family<ReplicaOutcomeLabel, Counter>,
+    /// Resolves the replica missed, by what came of them ([`FALLBACK_OUTCOMES`]).
+    pub primary_fallbacks: Family<ReplicaOutcomeLabel, Counter>,
+    /// The replica's lag as last measured (ms), -1 when it could not be measured.
+    pub replica_lag_ms: Gauge,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -122,6 +139,11 @@ pub struct ReplicaOutcomeLabel {
 /// replica left alone for [`REPLICA_RETRY`]); `skipped` (asked only of the primary, within that
 /// time).
 pub const REPLICA_OUTCOMES: [&str; 4] = ["found", "missed", "failed", "skipped"];
+
+/// What became of a resolve the replica missed: `read` on the primary, within the budget;
+/// `refused` (503 with `Retry-After`: the budget's reads were all taken); `final` (a UUIDv7 older
+/// than the replica's lag bound, with the replica's measured lag within it: the miss is the answer).
+pub const FALLBACK_OUTCOMES: [&str; 3] = ["read", "refused", "final"];
 
 /// How long reads leave a replica alone after it failed one, so that a replica that is gone costs
 /// one timeout, not one per request.
@@ -155,6 +177,39 @@ impl StoreMetrics {
              primary; failed there and asked of the primary; skipped (the replica failed within the last 5 s)",
             self.replica_reads.clone(),
         );
+        for outcome in FALLBACK_OUTCOMES {
+            let _ = self.primary_fallbacks.get_or_create(&ReplicaOutcomeLabel { outcome });
+        }
+        registry.register(
+            "idgen_public_primary_fallbacks",
+            "Resolves the read replica missed, by outcome: read on the primary (within primary_fallback_reads at \
+             once); refused 503 (that many were already reading); final (a UUIDv7 older than replica_lag_bound_ms, \
+             the replica's lag within it: not found)",
+            self.primary_fallbacks.clone(),
+        );
+        self.replica_lag_ms.set(-1);
+        registry.register(
+            "idgen_public_replica_lag_ms",
+            "How far the read replica was behind its primary at the last probe (ms); -1 when it could not be \
+             measured (then no miss there is final)",
+            self.replica_lag_ms.clone(),
+        );
+    }
+}
+
+/// What a replica's resolve misses may cost the primary ([`PublicIdStore::with_replica`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FallbackSettings {
+    /// Resolves the replica missed that may read the primary at once; more are refused 503.
+    pub reads: u32,
+    /// A UUIDv7 public ID older than this, missed by a replica measured to lag less, is not found
+    /// without asking the primary.
+    pub lag_bound: Duration,
+}
+
+impl Default for FallbackSettings {
+    fn default() -> Self {
+        FallbackSettings { reads: 4, lag_bound: Duration::from_secs(60) }
     }
 }
 
@@ -281,13 +336,46 @@ struct Replica {
     /// Until when (ms on the process's monotonic clock) reads skip it.
     skip_until_ms: Arc<AtomicU64>,
     began: Instant,
+    /// The primary reads of resolves it missed, at most [`FallbackSettings::reads`] at once.
+    fallbacks: Arc<tokio::sync::Semaphore>,
+    lag_bound_ms: u64,
+    /// Its lag at the last probe (ms) and when that was (ms on the monotonic clock above);
+    /// `u64::MAX` before the first answer or after one that failed.
+    lag: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl Replica {
     fn now_ms(&self) -> u64 {
         self.began.elapsed().as_millis() as u64
     }
+
+    /// Whether a replica's miss of the UUIDv7 `public_id` is the answer: it was made longer than
+    /// the lag bound ago, and the replica's lag now (the last measure plus the time since, as it
+    /// can grow no faster) is within the bound.
+    fn miss_is_final(&self, public_id: &[u8; 16]) -> bool {
+        let mut made = [0u8; 8];
+        made[2..].copy_from_slice(&public_id[..6]);
+        let age_ms = (idgen::system_unix_ms().max(0) as u64).saturating_sub(u64::from_be_bytes(made));
+        let (lag, at) = (self.lag.0.load(Ordering::Relaxed), self.lag.1.load(Ordering::Relaxed));
+        let lag_now = lag.saturating_add(self.now_ms().saturating_sub(at));
+        age_ms > self.lag_bound_ms && lag != u64::MAX && lag_now < self.lag_bound_ms
+    }
 }
+
+/// What the replica answered a read.
+enum ReplicaAnswer<T> {
+    Found(T),
+    Missed,
+    Failed,
+}
+
+/// How far a streaming replica is behind its primary (ms): nothing received but not replayed, the
+/// time since the primary's last message; otherwise the time since the last replayed commit. No
+/// row when it is not streaming or cannot say (a role without `pg_read_all_stats`, a replica of
+/// another kind): then no miss there is final.
+const REPLICA_LAG: &str = "SELECT (EXTRACT(EPOCH FROM clock_timestamp() - CASE WHEN pg_last_wal_receive_lsn() = \
+     pg_last_wal_replay_lsn() THEN r.last_msg_send_time ELSE pg_last_xact_replay_timestamp() END) * 1000)::BIGINT \
+     FROM pg_stat_wal_receiver r WHERE r.status = 'streaming' AND r.last_msg_send_time IS NOT NULL";
 
 fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
@@ -367,7 +455,9 @@ impl PublicIdStore {
         let _one_opener = idgen::lease::open_lock::lock_for_open_url(url, within).await?;
         let connection = Connection::connect(url).await?;
         let done = async {
+            let new_database = connection.found(&SCHEMA).await? == idgen_server::database::Found::Empty;
             connection.migrate(&SCHEMA).await?;
+            check::initialize((&connection).into(), new_database, idgen::system_unix_ms()).await?;
             let copied = match &connection {
                 Connection::Postgres(pool) => legacy::copy(pool, legacy::BATCH).await?,
                 Connection::Sqlite(_) => None,
@@ -446,7 +536,12 @@ impl PublicIdStore {
     /// Resolves and lookups ask the PostgreSQL replica at `url` first ([`Replica`]), through a
     /// pool of the same settings. Connected lazily: a replica that is down at start-up does not
     /// keep the service from starting, its reads go to the primary.
-    pub fn with_replica(mut self, url: &str, settings: PoolSettings) -> anyhow::Result<Self> {
+    pub fn with_replica(
+        mut self,
+        url: &str,
+        settings: PoolSettings,
+        fallback: FallbackSettings,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             matches!(self.pool, Pool::Postgres(_)),
             "read_database_url: a read replica needs a PostgreSQL database_url"
@@ -455,8 +550,33 @@ impl PublicIdStore {
             .max_connections(settings.connections)
             .acquire_timeout(settings.acquire_timeout)
             .connect_lazy_with(pg_options(url, settings)?);
-        self.replica = Some(Replica { pool, skip_until_ms: Arc::default(), began: Instant::now() });
+        self.replica = Some(Replica {
+            pool,
+            skip_until_ms: Arc::default(),
+            began: Instant::now(),
+            fallbacks: Arc::new(tokio::sync::Semaphore::new(fallback.reads as usize)),
+            lag_bound_ms: fallback.lag_bound.as_millis() as u64,
+            lag: Arc::new((AtomicU64::new(u64::MAX), AtomicU64::new(0))),
+        });
         Ok(self)
+    }
+
+    /// Measures the replica's lag (`idgen_public_replica_lag_ms`), within `within`; nothing
+    /// without a replica.
+    pub async fn probe_replica_lag(&self, within: Duration) {
+        let Some(replica) = &self.replica else { return };
+        let asked = sqlx::query_scalar::<_, i64>(REPLICA_LAG).fetch_optional(&replica.pool);
+        let lag = match tokio::time::timeout(within, asked).await {
+            Ok(Ok(Some(lag))) => Some(lag.max(0) as u64),
+            _ => None,
+        };
+        replica.lag.1.store(replica.now_ms(), Ordering::Relaxed);
+        replica.lag.0.store(lag.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.metrics.replica_lag_ms.set(lag.map_or(-1, |lag| lag as i64));
+    }
+
+    fn fallback_outcome(&self, outcome: &'static str) {
+        self.metrics.primary_fallbacks.get_or_create(&ReplicaOutcomeLabel { outcome }).inc();
     }
 
     /// `asked`, or a timeout error once [`Self::deadline`] (the acquire timeout, the statement
@@ -488,21 +608,21 @@ impl PublicIdStore {
     /// What the replica answered, if it is to be the answer: found there. A miss or a failure
     /// is `None` (the caller asks the primary); a failure also leaves the replica alone for a
     /// while.
-    fn answer_of_replica<T>(&self, replica: &Replica, answer: Result<Option<T>, sqlx::Error>) -> Option<T> {
+    fn answer_of_replica<T>(&self, replica: &Replica, answer: Result<Option<T>, sqlx::Error>) -> ReplicaAnswer<T> {
         match answer {
             Ok(Some(found)) => {
                 self.replica_outcome("found");
-                Some(found)
+                ReplicaAnswer::Found(found)
             }
             Ok(None) => {
                 self.replica_outcome("missed");
-                None
+                ReplicaAnswer::Missed
             }
             Err(error) => {
                 tracing::warn!(%error, "public-ID storage: the read replica failed; reading the primary");
                 self.replica_outcome("failed");
                 replica.skip_until_ms.store(replica.now_ms() + REPLICA_RETRY.as_millis() as u64, Ordering::Relaxed);
-                None
+                ReplicaAnswer::Failed
             }
         }
     }
@@ -601,14 +721,34 @@ impl PublicIdStore {
         &self,
         format: Format,
         public_id: &[u8; 16],
-    ) -> Result<Option<(u64, Option<u16>)>, sqlx::Error> {
+    ) -> Result<Option<(u64, Option<u16>)>, ResolveError> {
         let found: Result<Option<(i64, Option<i16>)>, sqlx::Error> = match &self.pool {
             Pool::Postgres(pool) => {
+                let bytes = public_id;
                 let public_id = uuid::Uuid::from_bytes(*public_id);
+                // A miss on the replica reads the primary only within the budget of such reads
+                // (the permit is held for the read), so misses never take the primary's pool
+                // from creates; a replica that failed is not a miss (its reads are the primary's).
+                let mut _permit = None;
                 if let Some(replica) = self.replica() {
                     let answer = self.within(resolve_on(&replica.pool, format, public_id)).await;
-                    if let Some(found) = self.answer_of_replica(replica, answer) {
-                        return Ok(Some((found.0 as u64, type_of(found.1))));
+                    match self.answer_of_replica(replica, answer) {
+                        ReplicaAnswer::Found(found) => return Ok(Some((found.0 as u64, type_of(found.1)))),
+                        ReplicaAnswer::Failed => {}
+                        ReplicaAnswer::Missed if format == Format::Uuidv7 && replica.miss_is_final(bytes) => {
+                            self.fallback_outcome("final");
+                            return Ok(None);
+                        }
+                        ReplicaAnswer::Missed => match replica.fallbacks.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                self.fallback_outcome("read");
+                                _permit = Some(permit);
+                            }
+                            Err(_) => {
+                                self.fallback_outcome("refused");
+                                return Err(ResolveError::FallbacksBusy);
+                            }
+                        },
                     }
                 }
                 self.within(resolve_on(pool, format, public_id)).await
@@ -634,7 +774,7 @@ impl PublicIdStore {
                 };
                 if let Some(replica) = self.replica() {
                     let answer = self.within(lookup_on(&replica.pool, format, internal_id)).await;
-                    if let Some(found) = self.answer_of_replica(replica, answer) {
+                    if let ReplicaAnswer::Found(found) = self.answer_of_replica(replica, answer) {
                         return Ok(Some(text(found)));
                     }
                 }

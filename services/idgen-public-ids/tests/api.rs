@@ -23,7 +23,7 @@ async fn state(with_keys: bool) -> (AppState, tempfile::TempDir) {
     let store = PublicIdStore::connect(&format!("sqlite://{}", dir.path().join("p.db").display())).await.unwrap();
     let keyring = with_keys.then(|| Arc::new(Keyring::new(vec![(1, Zeroizing::new(vec![3u8; 32]))]).unwrap()));
     let formats = [Format::Opaque, Format::Uuidv7, Format::Encrypted].into();
-    let state = AppState { keyring, formats, ..common::instance(store, 100_000) };
+    let state = AppState { keyring, formats, ..common::instance(store, 100_000).await };
     (state, dir)
 }
 
@@ -358,8 +358,12 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
     .await
     .unwrap();
     sqlx::query("ALTER TABLE public_ids RENAME TO public_ids_gone").execute(&mut raw).await.unwrap();
-    // (An ID the cache does not hold: a created one would be answered from memory.)
+    // (An ID the cache does not hold, a created one would be answered from memory, that carries
+    // the keyed check's tag: one without it is answered 404 before the database.)
     let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{unknown}"), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "an ID without the tag is not read");
+    let unread = s.gate.new_opaque(&idgen_public_ids::format::OsRandom, None, 0).unwrap();
+    let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{unread}"), "").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the table is really gone");
     forbidden(&as_caller("intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await, "resolve");
     forbidden(&as_caller("intruder", Method::POST, "/v1/public-ids", r#"{"internal_id": "42"}"#).await, "create");

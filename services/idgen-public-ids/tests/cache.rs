@@ -24,7 +24,7 @@ fn url(dir: &tempfile::TempDir) -> String {
 
 /// A service instance on the database in `dir` with a cache of `max_entries`.
 async fn instance(dir: &tempfile::TempDir, max_entries: u64) -> AppState {
-    common::instance(PublicIdStore::connect(&url(dir)).await.unwrap(), max_entries)
+    common::instance(PublicIdStore::connect(&url(dir)).await.unwrap(), max_entries).await
 }
 
 async fn create(state: &AppState, internal_id: u64, format: &str) -> String {
@@ -82,7 +82,9 @@ async fn a_hit_never_touches_the_database() {
         }
     }
     // What the cache does not hold does reach the database, which is gone: 503, never a 404.
-    let (status, answer) = call(&s, Method::GET, "/v1/public-ids/0000000000000000000000000a", "").await;
+    // (An ID carrying the keyed check's tag: one without it is answered 404 before any read.)
+    let unknown = s.gate.new_opaque(&format::OsRandom, None, 0).unwrap();
+    let (status, answer) = call(&s, Method::GET, &format!("/v1/public-ids/{unknown}"), "").await;
     assert_eq!(
         (status, answer["error"]["code"].as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, Some("storage_unavailable"))
@@ -109,7 +111,8 @@ async fn a_miss_is_never_remembered() {
     let mut second = instance(&dir, 1_000).await;
     let bits = [0x5au8; 16];
     second.random = Arc::new(Fixed(bits));
-    let public_id = format::crockford_encode(&bits);
+    // The ID those bits make, tagged under the database's check key.
+    let public_id = second.gate.new_opaque(&Fixed(bits), None, 0).unwrap();
     // Asked of the first instance before the mapping exists: unknown, both ways.
     for _ in 0..2 {
         let (status, _) = call(&first, Method::GET, &format!("/v1/public-ids/{public_id}"), "").await;

@@ -6,8 +6,10 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use idgen_public_ids::check::{Gate, Legacy, Verdict};
 use idgen_public_ids::format::{self, Format, OsRandom, new_opaque, new_uuidv7};
 use idgen_public_ids::store::PublicIdStore;
+use idgen_public_ids::store::check;
 use idgen_public_ids::store::legacy::{self, Copied, Dropped};
 use idgen_test_support::TestDatabase as Db;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -64,7 +66,11 @@ async fn tables(url: &str) -> Vec<String> {
 
 /// The internal ID a stored public ID's text resolves to in `format`; `None` for text not of its
 /// shape.
-async fn resolve(store: &PublicIdStore, format: Format, text: &str) -> Result<Option<u64>, sqlx::Error> {
+async fn resolve(
+    store: &PublicIdStore,
+    format: Format,
+    text: &str,
+) -> Result<Option<u64>, idgen_public_ids::store::ResolveError> {
     let Some(bytes) = idgen_public_ids::format::stored_bytes(format, text) else { return Ok(None) };
     Ok(store.resolve(format, &bytes).await?.map(|(internal_id, _)| internal_id))
 }
@@ -92,10 +98,10 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     add_as_before(&mut before, Format::Opaque, &opaque).await;
     add_as_before(&mut before, Format::Uuidv7, &uuids).await;
     let refused = format!("{:#}", PublicIdStore::open(db.url(), WITHIN).await.err().expect("opened before init"));
-    assert!(refused.contains("lacks migrations [3, 4]"), "{refused}");
+    assert!(refused.contains("lacks migrations [3, 4, 5]"), "{refused}");
 
     // The migrations alone: the old rows are not copied yet, and this version will not start.
-    migrate_before(&owner, 5).await;
+    migrate_before(&owner, 6).await;
     let refused = format!("{:#}", PublicIdStore::open(db.url(), WITHIN).await.err().expect("opened before the copy"));
     assert!(refused.contains("not all copied") && refused.contains("idgen public init"), "{refused}");
 
@@ -179,7 +185,14 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     assert_eq!(legacy::drop_legacy_table(&owner).await.unwrap(), Dropped::NothingToDrop);
     assert_eq!(
         tables(db.url()).await,
-        ["_sqlx_migrations", "public_id_keys", "public_ids_opaque", "public_ids_uuidv7"]
+        [
+            "_sqlx_migrations",
+            "public_id_check_keys",
+            "public_id_keys",
+            "public_id_legacy_filter",
+            "public_ids_opaque",
+            "public_ids_uuidv7"
+        ]
     );
     assert_resolves_both_ways(&store, Format::Opaque, &opaque).await;
     assert_resolves_both_ways(&store, Format::Uuidv7, &uuids).await;
@@ -190,6 +203,32 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     // The runtime role's grants after an init on the database as it is now.
     PublicIdStore::initialize(db.url(), WITHIN, Some((&role, None))).await.unwrap();
     assert_eq!(resolve(&store, Format::Opaque, &after.public_id).await.unwrap(), Some(30_000));
+
+    // The keyed check came with this version's init, on a database that held mappings: its
+    // filter of untagged IDs stays open (every untagged ID is read) until `seal-legacy`, which
+    // puts every one of them in it; then each still passes the check, and random ones do not.
+    let open = Gate::new(check::gate_state(store.db()).await.unwrap());
+    assert!(matches!(open.state().legacy, Legacy::Open));
+    let random_id = || {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).unwrap();
+        bytes
+    };
+    assert_eq!(open.judge(Format::Opaque, &random_id(), None), Verdict::Legacy);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public_ids_opaque").fetch_one(&owner).await.unwrap();
+    let connection = idgen_server::database::Connection::connect(db.url()).await.unwrap();
+    let sealed = check::seal_legacy((&connection).into(), 0).await.unwrap();
+    connection.close().await;
+    assert_eq!((sealed.read, sealed.untagged), (rows as u64, rows as u64), "every mapping here was made untagged");
+    let gate = Gate::new(check::refreshed(store.db(), &open.state()).await.unwrap());
+    let old = opaque.iter().chain(&theirs).chain(&uncopied).map(|(_, text)| text).chain([&after.public_id]);
+    for text in old {
+        let bytes = format::stored_bytes(Format::Opaque, text).unwrap();
+        assert_eq!(gate.judge(Format::Opaque, &bytes, None), Verdict::Legacy, "{text} made before check keys");
+    }
+    let passed = (0..10_000).filter(|_| gate.judge(Format::Opaque, &random_id(), None) != Verdict::Forged).count();
+    assert!(passed < 300, "{passed} of 10,000 random IDs passed a filter of 1 % false positives");
+
     // Now a typed service starts (and stops at once), and a typed mapping lives beside the old
     // untyped ones.
     idgen_public_ids::serve(typed(db.url()), None, async {}).await.unwrap();
@@ -205,7 +244,14 @@ async fn a_new_database_has_only_the_16_byte_tables() {
     assert_eq!(PublicIdStore::initialize(db.url(), WITHIN, None).await.unwrap(), None);
     assert_eq!(
         tables(db.url()).await,
-        ["_sqlx_migrations", "public_id_keys", "public_ids_opaque", "public_ids_uuidv7"]
+        [
+            "_sqlx_migrations",
+            "public_id_check_keys",
+            "public_id_keys",
+            "public_id_legacy_filter",
+            "public_ids_opaque",
+            "public_ids_uuidv7"
+        ]
     );
     let store = PublicIdStore::open(db.url(), WITHIN).await.unwrap();
     let made = store.create_batch(&[1], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);

@@ -31,7 +31,7 @@ async fn a_slow_database_or_an_exhausted_pool_answers_503_with_retry_after() {
     };
     let store = PublicIdStore::open_with(db.url(), Duration::from_secs(5), settings).await.unwrap();
     // No cache: every resolve asks the database.
-    let state = common::instance(store, 0);
+    let state = common::instance(store, 0).await;
     let (status, _, made) = call(&state, Method::POST, "/v1/public-ids", r#"{"internal_id": "7"}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     let resolve = format!("/v1/public-ids/{}", made["public_id"].as_str().unwrap());

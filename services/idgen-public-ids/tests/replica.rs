@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use common::call;
 use idgen_public_ids::AppState;
-use idgen_public_ids::format::Format;
+use idgen_public_ids::format::{Format, OsRandom};
 use idgen_public_ids::store::{PoolSettings, PublicIdStore};
 use idgen_test_support::TestDatabase as Db;
 use sqlx::{Connection, PgConnection};
@@ -58,8 +58,8 @@ impl Drop for RestoreReplica {
 }
 
 /// An instance without a cache: every read reaches the store, so each is the replica's to answer.
-fn instance(store: PublicIdStore) -> AppState {
-    common::instance(store, 0)
+async fn instance(store: PublicIdStore) -> AppState {
+    common::instance(store, 0).await
 }
 
 async fn create(state: &AppState, internal_id: u64) -> String {
@@ -123,14 +123,20 @@ async fn reads_go_to_the_replica_and_its_lag_or_absence_never_answers_404() {
     let name = db.url().rsplit_once('/').unwrap().1;
     let replica = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
     let settings = PoolSettings { acquire_timeout: Duration::from_millis(500), ..PoolSettings::default() };
-    let writer = instance(PublicIdStore::open(db.url(), within).await.unwrap());
-    let store =
-        PublicIdStore::open_with(db.url(), within, settings).await.unwrap().with_replica(&replica, settings).unwrap();
-    let reader = instance(store.clone());
+    let writer = instance(PublicIdStore::open(db.url(), within).await.unwrap()).await;
+    let store = PublicIdStore::open_with(db.url(), within, settings)
+        .await
+        .unwrap()
+        .with_replica(&replica, settings, Default::default())
+        .unwrap();
+    let reader = instance(store.clone()).await;
     // The same with a cache, as the service runs: its replica reads counted apart.
-    let cached_store =
-        PublicIdStore::open_with(db.url(), within, settings).await.unwrap().with_replica(&replica, settings).unwrap();
-    let cached = common::instance(cached_store.clone(), 1_000);
+    let cached_store = PublicIdStore::open_with(db.url(), within, settings)
+        .await
+        .unwrap()
+        .with_replica(&replica, settings, Default::default())
+        .unwrap();
+    let cached = common::instance(cached_store.clone(), 1_000).await;
 
     // Replayed: the replica answers.
     let first = create(&writer, 1).await;
@@ -168,6 +174,11 @@ async fn reads_go_to_the_replica_and_its_lag_or_absence_never_answers_404() {
     resolves_to(&reader, &second, 2).await;
     let (status, found) = call(&reader, Method::GET, "/v1/internal-ids/2/public-id?format=opaque", "").await;
     assert_eq!((status, found["public_id"].as_str()), (StatusCode::OK, Some(second.as_str())));
+    // An unknown UUIDv7 made just now is read on both (it may be the replica's lag); an opaque ID
+    // without the keyed check's tag is not read at all.
+    let unknown = idgen_public_ids::format::new_uuidv7(&OsRandom, idgen::system_unix_ms()).unwrap();
+    let (status, _) = call(&reader, Method::GET, &format!("/v1/public-ids/{unknown}"), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = call(&reader, Method::GET, "/v1/public-ids/0000000000000000000000000z", "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(outcomes(&store), [2, 3, 0, 0]);

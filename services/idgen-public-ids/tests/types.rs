@@ -7,13 +7,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::http::{Method, StatusCode};
 use common::call;
 use idgen_public_ids::AppState;
-use idgen_public_ids::format::{self, Format, RandomSource, RandomUnavailable};
+use idgen_public_ids::check::{Gate, GateState, Legacy};
+use idgen_public_ids::format::{self, Format};
 use idgen_public_ids::store::PublicIdStore;
 use idgen_public_ids::types::{TypeSection, Types};
 use idgen_test_support::{TestDatabase as Db, store_suite};
@@ -39,7 +40,7 @@ fn types() -> Types {
 
 /// An instance on the database with the types above and a cache of `max_entries` (0: none).
 async fn instance(db: &Db, max_entries: u64) -> AppState {
-    let mut state = common::instance(PublicIdStore::connect(db.url()).await.unwrap(), max_entries);
+    let mut state = common::instance(PublicIdStore::connect(db.url()).await.unwrap(), max_entries).await;
     state.types = Arc::new(types());
     state
 }
@@ -210,15 +211,17 @@ async fn a_bad_type_is_refused_and_changes_nothing(db: Db) {
 store_suite!(sqlite: typed_ids_resolve_only_with_their_own_type, untyped_ids_keep_their_texts_and_a_type_never_changes, a_bad_type_is_refused_and_changes_nothing);
 store_suite!(postgres: typed_ids_resolve_only_with_their_own_type, untyped_ids_keep_their_texts_and_a_type_never_changes, a_bad_type_is_refused_and_changes_nothing);
 
-/// A random source that hands out the given 16-byte values, in order.
-struct Given(Mutex<VecDeque<[u8; 16]>>);
-
-impl RandomSource for Given {
-    fn fill(&self, bytes: &mut [u8]) -> Result<(), RandomUnavailable> {
-        let next = self.0.lock().unwrap().pop_front().ok_or_else(|| RandomUnavailable("no more given".into()))?;
-        bytes.copy_from_slice(&next);
-        Ok(())
-    }
+/// An instance on `db` of `types` holding the mapping of internal ID `internal_id` to `bytes` of
+/// `type_number`, whose keyed check reads every untagged ID (as on a database from before check
+/// keys, until it is sealed): the specification's vectors are fixed bytes, which carry no tag.
+async fn with_mapping(db: &Db, types: Types, internal_id: u64, bytes: [u8; 16], type_number: Option<u16>) -> AppState {
+    let mut s = common::instance(PublicIdStore::connect(db.url()).await.unwrap(), 0).await;
+    s.types = Arc::new(types);
+    let text = format::crockford_encode(&bytes);
+    s.store.create_batch(&[internal_id], Format::Opaque, type_number, &|| Ok(text.clone()), 0).await.unwrap();
+    let state = s.gate.state();
+    s.gate = Arc::new(Gate::new(GateState { legacy: Legacy::Open, ..(*state).clone() }));
+    s
 }
 
 fn vectors(file: &str) -> Vec<Value> {
@@ -245,19 +248,18 @@ async fn the_specifications_valid_typeids_are_made_and_resolved_by_the_service()
         let (typeid, prefix) = (vector["typeid"].as_str().unwrap(), vector["prefix"].as_str().unwrap());
         let bytes = *uuid::Uuid::parse_str(vector["uuid"].as_str().unwrap()).unwrap().as_bytes();
         let db = sqlite().await;
-        let mut s = common::instance(PublicIdStore::connect(db.url()).await.unwrap(), 0);
         let mut section = BTreeMap::new();
         if !prefix.is_empty() {
             section.insert(prefix.to_owned(), TypeSection { number: 1, format: "opaque".into() });
         }
-        s.types = Arc::new(Types::from_config(&section, &[Format::Opaque]).unwrap());
-        s.random = Arc::new(Given(Mutex::new(VecDeque::from([bytes]))));
-        let body = match prefix {
-            "" => json!({"internal_id": "11"}),
-            prefix => json!({"internal_id": "11", "type": prefix}),
+        let types = Types::from_config(&section, &[Format::Opaque]).unwrap();
+        let s = with_mapping(&db, types, 11, bytes, (!prefix.is_empty()).then_some(1)).await;
+        let query = match prefix {
+            "" => String::new(),
+            prefix => format!("&type={prefix}"),
         };
-        let (status, made) = post(&s, "/v1/public-ids", body).await;
-        assert_eq!((status, made["public_id"].as_str()), (StatusCode::CREATED, Some(typeid)), "{}", vector["name"]);
+        let (status, made) = get(&s, &format!("/v1/internal-ids/11/public-id?format=opaque{query}")).await;
+        assert_eq!((status, made["public_id"].as_str()), (StatusCode::OK, Some(typeid)), "{}", vector["name"]);
         let (status, resolved) = get(&s, &format!("/v1/public-ids/{}", escaped(typeid))).await;
         assert_eq!((status, &resolved["internal_id"]), (StatusCode::OK, &json!("11")), "{}", vector["name"]);
     }
@@ -268,12 +270,9 @@ async fn the_specifications_valid_typeids_are_made_and_resolved_by_the_service()
 #[tokio::test]
 async fn the_specifications_invalid_typeids_are_the_one_404() {
     let db = sqlite().await;
-    let mut s = common::instance(PublicIdStore::connect(db.url()).await.unwrap(), 0);
     let section = BTreeMap::from([("prefix".to_owned(), TypeSection { number: 1, format: "opaque".into() })]);
-    s.types = Arc::new(Types::from_config(&section, &[Format::Opaque]).unwrap());
-    s.random = Arc::new(Given(Mutex::new(VecDeque::from([[0u8; 16]]))));
-    let (status, _) = post(&s, "/v1/public-ids", json!({"internal_id": "12", "type": "prefix"})).await;
-    assert_eq!(status, StatusCode::CREATED);
+    let types = Types::from_config(&section, &[Format::Opaque]).unwrap();
+    let s = with_mapping(&db, types, 12, [0u8; 16], Some(1)).await;
     assert_eq!(get(&s, "/v1/public-ids/prefix_00000000000000000000000000").await.0, StatusCode::OK);
     let not_found = unknown(&s).await;
     for vector in vectors("invalid.json") {

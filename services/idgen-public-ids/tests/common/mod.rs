@@ -18,7 +18,8 @@ use tower::ServiceExt;
 
 /// An instance on `store` offering the stored formats (no data key), with a cache of
 /// `max_entries` (0: none), everybody allowed, no quota, the OS's random source.
-pub fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
+pub async fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
+    let gate = idgen_public_ids::store::check::gate_state(store.db()).await.unwrap();
     AppState {
         store: Arc::new(store),
         cache: Arc::new(MappingCache::new(max_entries)),
@@ -29,6 +30,7 @@ pub fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
         random: Arc::new(OsRandom),
         random_failures: Arc::default(),
         types: Arc::default(),
+        gate: Arc::new(idgen_public_ids::check::Gate::new(gate)),
     }
 }
 
