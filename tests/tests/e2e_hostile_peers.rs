@@ -709,3 +709,240 @@ async fn e2e_the_health_port_answers_healthz_alone_without_a_certificate() {
     std::fs::create_dir(&dir).unwrap();
     health_port_alone(public_ids(&dir, &format!("{health}{sections}"), pki.client(true)).await, &pki).await;
 }
+
+/// A table's reads so far (index and sequential scans), as the server at `url` counts them.
+async fn table_reads(url: &str, table: &str) -> i64 {
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(url).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT (coalesce(idx_scan, 0) + coalesce(seq_scan, 0))::BIGINT FROM pg_stat_user_tables WHERE relname = $1",
+    )
+    .bind(table)
+    .fetch_one(&mut connection)
+    .await
+    .unwrap()
+}
+
+/// The reads of the two mapping tables on the primary and on the replica, once the servers have
+/// counted them all (a backend reports its counts within a second of going idle): the same
+/// answer twice, 1.5 s apart.
+async fn settled_reads(primary: &str, replica: &str) -> [i64; 4] {
+    let read = || async {
+        [
+            table_reads(primary, "public_ids_opaque").await,
+            table_reads(primary, "public_ids_uuidv7").await,
+            table_reads(replica, "public_ids_opaque").await,
+            table_reads(replica, "public_ids_uuidv7").await,
+        ]
+    };
+    let mut last = read().await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let now = read().await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Another caller's work for `length`, two at a time: a create of a new opaque public ID (201),
+/// then a resolve of it (200, the cache's). Every answer must come; their latencies.
+async fn honest_work(
+    client: &reqwest::Client,
+    url: &str,
+    next: &std::sync::atomic::AtomicU64,
+    length: Duration,
+) -> Vec<Duration> {
+    let end = Instant::now() + length;
+    let work = |client: reqwest::Client| async move {
+        let mut latencies = Vec::new();
+        while Instant::now() < end {
+            let id = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let at = Instant::now();
+            let made =
+                client.post(format!("{url}/v1/public-ids")).json(&serde_json::json!({"internal_id": id.to_string()}));
+            let made = made.send().await.unwrap();
+            assert_eq!(made.status(), 201, "a create beside the flood");
+            latencies.push(at.elapsed());
+            let made: serde_json::Value = made.json().await.unwrap();
+            let at = Instant::now();
+            let found = client.get(format!("{url}/v1/public-ids/{}", made["public_id"].as_str().unwrap())).send();
+            let found = found.await.unwrap();
+            assert_eq!(found.status(), 200, "a resolve beside the flood");
+            latencies.push(at.elapsed());
+        }
+        latencies
+    };
+    let (a, b) = tokio::join!(work(client.clone()), work(client.clone()));
+    a.into_iter().chain(b).collect()
+}
+
+/// Issue 45's flood: random, well-formed public IDs sent at one caller's whole quota to a
+/// public-ID service on PostgreSQL with a streaming replica (`read_database_url`), beside another
+/// caller's creates and resolves. Opaque IDs without the keyed check's tag are turned away with
+/// no read of the replica or the primary; recent UUIDv7s (the replica may lag) read the primary
+/// within `primary_fallback_reads` at once, the rest refused 503; UUIDv7s older than the lag
+/// bound are answered by the replica alone. The other caller is answered all along (its p99 is
+/// printed beside the same work without the flood), and no mapping changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_flood_of_forged_public_ids_reads_nothing_and_leaves_others_answered() {
+    use idgen_public_ids::format::{OsRandom, crockford_encode, new_uuidv7};
+    const QUOTA: u32 = 1_500;
+    const BUDGET: usize = 2;
+    let db = idgen_test_support::TestDatabase::postgres("public_flood").await;
+    let name = db.url().rsplit_once('/').unwrap().1.to_owned();
+    let replica_admin = std::env::var("IDGEN_POSTGRES_REPLICA_URL")
+        .expect("IDGEN_POSTGRES_REPLICA_URL: ./scripts/test makes the replica");
+    let replica = format!("{}/{name}", replica_admin.rsplit_once('/').unwrap().0);
+    // The database reaches the replica as everything does: by replay.
+    for _ in 0..100 {
+        if <sqlx::PgConnection as sqlx::Connection>::connect(&replica).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = DevCa::new("idgen e2e CA").unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.ca_pem()).unwrap();
+    ca.server(&["127.0.0.1", "localhost"]).unwrap().write(dir.path(), "server").unwrap();
+    for caller in ["storefront", "orders"] {
+        ca.client(caller).unwrap().write(dir.path(), caller).unwrap();
+    }
+    let file = |name: &str| dir.path().join(name);
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nread_database_url = \"{replica}\"\n\
+         formats = [\"opaque\", \"uuidv7\"]\ndatabase_probe_ms = 1000\nprimary_fallback_reads = {BUDGET}\n\
+         [tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\nidentity = \"cn\"\n\
+         [quotas.callers]\nstorefront = {{ ids_per_second = {QUOTA}, burst = {QUOTA} }}\n",
+        db.url(),
+        file("server.pem"),
+        file("server-key.pem"),
+        file("ca.pem"),
+    );
+    let (_service, url) = idgen_e2e::start_public_ids(dir.path(), &config).await.unwrap();
+    let client = |caller: &str| {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(file("ca.pem")).unwrap()).unwrap();
+        let mut pem = std::fs::read(file(&format!("{caller}.pem"))).unwrap();
+        pem.extend(std::fs::read(file(&format!("{caller}-key.pem"))).unwrap());
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let (orders, storefront) = (client("orders"), client("storefront"));
+    let next = std::sync::atomic::AtomicU64::new(1_000);
+    let phase = Duration::from_secs(3);
+
+    // The other caller's work alone; then the database's counts and mappings before the flood.
+    let alone = honest_work(&orders, &url, &next, phase).await;
+    // (The mappings counted first: counting reads the tables.)
+    let rows = || async {
+        let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(db.url()).await.unwrap();
+        let sql = "SELECT (SELECT count(*) FROM public_ids_opaque), (SELECT count(*) FROM public_ids_uuidv7)";
+        sqlx::query_as::<_, (i64, i64)>(sql).fetch_one(&mut connection).await.unwrap()
+    };
+    let rows_before = rows().await;
+    let reads_before = settled_reads(db.url(), &replica).await;
+    let made_before = next.load(std::sync::atomic::Ordering::Relaxed);
+
+    // The flood, at the storefront's quota: 16 senders, each its share of it, a third of each
+    // kind of forged ID; and the primary's resolves of UUIDv7 mappings sampled as they run.
+    let started = Instant::now();
+    let flood: Vec<_> = (0..16u32)
+        .map(|sender| {
+            let (storefront, url) = (storefront.clone(), url.clone());
+            tokio::spawn(async move {
+                let every = Duration::from_secs(16) / QUOTA;
+                let mut answers = std::collections::BTreeMap::<(u8, u16), u32>::new();
+                let mut i = sender;
+                while started.elapsed() < phase {
+                    let at = Instant::now();
+                    let now = idgen::system_unix_ms();
+                    let kind = (i % 3) as u8;
+                    let forged = match kind {
+                        0 => crockford_encode(&rand::random::<[u8; 16]>()),
+                        1 => new_uuidv7(&OsRandom, now).unwrap(),
+                        _ => new_uuidv7(&OsRandom, now - 86_400_000).unwrap(),
+                    };
+                    let status = storefront.get(format!("{url}/v1/public-ids/{forged}")).send().await.unwrap().status();
+                    *answers.entry((kind, status.as_u16())).or_default() += 1;
+                    i += 16;
+                    tokio::time::sleep(every.saturating_sub(at.elapsed())).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    let sampler = {
+        let (primary, name) = (db.url().to_owned(), name.clone());
+        tokio::spawn(async move {
+            let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&primary).await.unwrap();
+            let mut most = 0i64;
+            while started.elapsed() < phase {
+                let reading: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state = 'active' \
+                     AND query LIKE 'SELECT internal_id, id_type FROM public_ids_uuidv7%'",
+                )
+                .bind(&name)
+                .fetch_one(&mut connection)
+                .await
+                .unwrap();
+                most = most.max(reading);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            most
+        })
+    };
+    let flooded = honest_work(&orders, &url, &next, phase).await;
+    let mut answers = std::collections::BTreeMap::<(u8, u16), u32>::new();
+    for sender in flood {
+        for (key, count) in sender.await.unwrap() {
+            *answers.entry(key).or_default() += count;
+        }
+    }
+    let most_reading = sampler.await.unwrap();
+    let reads_after = settled_reads(db.url(), &replica).await;
+    let rows_after = rows().await;
+    let made_during = next.load(std::sync::atomic::Ordering::Relaxed) - made_before;
+    let text = orders.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let count = |kind: u8, status: u16| answers.get(&(kind, status)).copied().unwrap_or(0);
+    let sent: u32 = answers.values().sum();
+    println!("flood: {sent} forged IDs in {phase:?}, answers by (kind, status): {answers:?}");
+
+    // Every forged ID was answered 404 (or 503 for a recent UUIDv7 past the budget); the quota
+    // was the flood's limit, not the service.
+    for ((kind, status), n) in &answers {
+        assert!(*status == 404 || (*kind == 1 && *status == 503), "{n} forged IDs of kind {kind} answered {status}");
+    }
+    assert!(sent as f64 > QUOTA as f64 * phase.as_secs_f64() * 0.6, "the flood sent {sent}: not at its quota");
+    // Opaque: turned away in memory, each counted, and neither database read for them.
+    let [primary_opaque, primary_uuidv7, replica_opaque, replica_uuidv7] =
+        [0, 1, 2, 3].map(|i| reads_after[i] - reads_before[i]);
+    assert_eq!(replica_opaque, 0, "the replica read the opaque table for forged IDs");
+    assert_eq!(series(&text, "idgen_public_resolve_checks_total{verdict=\"forged\"}"), count(0, 404) as f64);
+    // UUIDv7: every one asked of the replica; the recent ones the primary within the budget, at
+    // most BUDGET at once, the rest refused; the old ones never the primary.
+    let fallback =
+        |outcome: &str| series(&text, &format!("idgen_public_primary_fallbacks_total{{outcome=\"{outcome}\"}}"));
+    let (read, refused, fin) = (fallback("read"), fallback("refused"), fallback("final"));
+    assert_eq!(replica_uuidv7 as u32, count(1, 404) + count(1, 503) + count(2, 404), "one replica read per UUIDv7");
+    assert_eq!(fin, count(2, 404) as f64, "every old UUIDv7 was final on the replica");
+    assert_eq!((read, refused), (count(1, 404) as f64, count(1, 503) as f64));
+    assert_eq!(primary_uuidv7 as f64, read, "the primary read only the budget's fallbacks");
+    assert!(most_reading <= BUDGET as i64, "{most_reading} fallback reads on the primary at once");
+    // No mapping changed: the flood added none, the other caller's creates all of theirs.
+    assert_eq!(rows_after, (rows_before.0 + made_during as i64, rows_before.1));
+    let (p99_alone, p99_flooded) = (p99(alone.clone()), p99(flooded.clone()));
+    println!(
+        "the other caller: {} requests alone p99 {p99_alone:?}; {} beside the flood p99 {p99_flooded:?}; the primary \
+         read {primary_uuidv7} UUIDv7 fallbacks ({:.0}/s, at most {most_reading} at once; {refused} refused, {fin} \
+         final on the replica) and its opaque table {primary_opaque} times (the creates)",
+        alone.len(),
+        flooded.len(),
+        read / phase.as_secs_f64(),
+    );
+    assert!(flooded.len() * 3 > alone.len(), "the other caller's work fell from {} to {}", alone.len(), flooded.len());
+}

@@ -105,3 +105,88 @@ async fn e2e_public_ids_through_the_binary() {
     );
     child.kill().await.unwrap();
 }
+
+/// The value of the series `name{labels}` on a `/metrics` page.
+fn series(text: &str, name: &str) -> f64 {
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// The keyed check through the real binary and its commands, on PostgreSQL: `idgen public init`
+/// of a new database seals an empty filter (a forged opaque ID is read nowhere); on a database
+/// holding a mapping from before check keys (its filter open), that untagged ID resolves and
+/// every untagged ID is read; `idgen public seal-legacy` puts it in the filter, after which it
+/// still resolves and a forged one is turned away without a read; `idgen public rotate-check-key`
+/// adds version 2, which new IDs carry only two minutes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_the_keyed_check_through_the_commands() {
+    use idgen_public_ids::format::{crockford_decode_16, crockford_encode};
+    let db = idgen_test_support::TestDatabase::postgres("public_check").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("public-ids.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{}\"\nformats = [\"opaque\"]\n",
+            db.url()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    idgen(&["public", "init", "--config", config]).await.unwrap();
+    let owner = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let sealed: bool =
+        sqlx::query_scalar("SELECT sealed FROM public_id_legacy_filter").fetch_one(&owner).await.unwrap();
+    assert!(sealed, "a database init made new has nothing from before: its filter is sealed, empty");
+    // As a database from before check keys: the filter open, and an untagged mapping.
+    sqlx::query("UPDATE public_id_legacy_filter SET sealed = false, bits = ''::BYTEA").execute(&owner).await.unwrap();
+    let old = rand::random::<[u8; 16]>();
+    sqlx::query("INSERT INTO public_ids_opaque (internal_id, public_id) VALUES (7, $1)")
+        .bind(sqlx::types::Uuid::from_bytes(old))
+        .execute(&owner)
+        .await
+        .unwrap();
+    let (old, forged) = (crockford_encode(&old), crockford_encode(&rand::random::<[u8; 16]>()));
+    let client = reqwest::Client::new();
+    let resolve = |url: String, id: String| {
+        let client = client.clone();
+        async move { client.get(format!("{url}/v1/public-ids/{id}")).send().await.unwrap().status().as_u16() }
+    };
+    let checks = |url: String| {
+        let client = client.clone();
+        async move {
+            let text = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+            ["legacy", "forged"]
+                .map(|v| series(&text, &format!("idgen_public_resolve_checks_total{{verdict=\"{v}\"}}")))
+        }
+    };
+
+    let (mut service, url) = start_public_ids(dir.path(), &std::fs::read_to_string(config).unwrap()).await.unwrap();
+    assert_eq!(resolve(url.clone(), old.clone()).await, 200, "an untagged ID from before resolves");
+    assert_eq!(resolve(url.clone(), forged.clone()).await, 404);
+    assert_eq!(checks(url.clone()).await, [2.0, 0.0], "open: both untagged IDs were read");
+    service.kill().await.unwrap();
+
+    let sealed = idgen(&["public", "seal-legacy", "--config", config, "--json"]).await.unwrap();
+    let sealed: serde_json::Value = serde_json::from_str(&sealed).unwrap();
+    assert_eq!((sealed["read"].as_u64(), sealed["untagged"].as_u64()), (Some(1), Some(1)), "{sealed}");
+    let rotated = idgen(&["public", "rotate-check-key", "--config", config, "--json"]).await.unwrap();
+    let rotated: serde_json::Value = serde_json::from_str(&rotated).unwrap();
+    assert_eq!(rotated["check_key_version"], 2, "{rotated}");
+
+    let (_service, url) = start_public_ids(dir.path(), &std::fs::read_to_string(config).unwrap()).await.unwrap();
+    assert_eq!(resolve(url.clone(), old.clone()).await, 200, "sealed, the ID from before still resolves");
+    let forged_twice = crockford_encode(&rand::random::<[u8; 16]>());
+    assert_eq!(resolve(url.clone(), forged_twice).await, 404);
+    let [legacy, forged] = checks(url.clone()).await;
+    assert_eq!((legacy, forged), (1.0, 1.0), "sealed: the old ID read, the forged one turned away");
+    let made = client.post(format!("{url}/v1/public-ids")).json(&serde_json::json!({"internal_id": "8"})).send();
+    let made: serde_json::Value = made.await.unwrap().json().await.unwrap();
+    let made = made["public_id"].as_str().unwrap().to_owned();
+    assert_eq!(crockford_decode_16(&made).unwrap()[0], 1, "version 2 tags new IDs only two minutes after rotation");
+    assert_eq!(resolve(url.clone(), made).await, 200);
+}

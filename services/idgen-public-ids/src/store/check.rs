@@ -79,11 +79,13 @@ async fn filter_version(db: Db<'_>) -> Result<Option<(i64, bool)>, sqlx::Error> 
     on_db!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)
 }
 
+/// The legacy filter's row: sealed, filter key, hashes, bits, entries, built at.
+type FilterRow = (bool, Vec<u8>, i64, Vec<u8>, i64, i64);
+
 pub async fn legacy_filter(db: Db<'_>) -> Result<Option<StoredFilter>, sqlx::Error> {
     let sql =
         "SELECT sealed, filter_key, hashes, bits, entries, built_at_ms FROM public_id_legacy_filter WHERE one = 1";
-    let row: Option<(bool, Vec<u8>, i64, Vec<u8>, i64, i64)> =
-        on_db!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)?;
+    let row: Option<FilterRow> = on_db!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)?;
     Ok(row.map(|(sealed, filter_key, hashes, bits, entries, built_at_ms)| StoredFilter {
         sealed,
         filter_key: Zeroizing::new(filter_key),
@@ -152,7 +154,9 @@ pub async fn gate_state(db: Db<'_>) -> anyhow::Result<GateState> {
 
 fn legacy_of(stored: &StoredFilter) -> Legacy {
     match stored.sealed {
-        true => Legacy::Sealed(LegacyFilter::from_parts(&stored.filter_key, stored.hashes, stored.bits.clone())),
+        true => {
+            Legacy::Sealed(Box::new(LegacyFilter::from_parts(&stored.filter_key, stored.hashes, stored.bits.clone())))
+        }
         false => Legacy::Open,
     }
 }
