@@ -208,8 +208,10 @@ pub async fn serve(
     state.health.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
     let (reload_tls, reload_quotas, reload_operators) = (tls.clone(), quotas.clone(), state.operators.clone());
+    let development = config.development;
     idgen_server::reload_on_sighup(move || {
         let fresh = RegistryConfig::load(config_file.as_deref())?;
+        idgen_server::refuse_mode_change(development, fresh.development)?;
         let operators = fresh.operator_tokens().context("[operators]")?;
         if let Some(tls) = &reload_tls {
             tls.reload(&fresh.tls).context("the [tls] files")?;

@@ -178,19 +178,14 @@ struct Running {
 /// The operator token: reused from `<dir>/operator-token`, or made and written there.
 fn operator_token(dir: &Path) -> anyhow::Result<String> {
     let path = dir.join("operator-token");
-    if let Ok(token) = std::fs::read_to_string(&path) {
-        let token = token.trim().to_owned();
+    if path.exists() {
+        let token = idgen_server::pki::read_private(&path)?.trim().to_owned();
         if token.len() >= 16 {
             return Ok(token);
         }
     }
     let token: String = (0..32).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
-    std::fs::write(&path, format!("{token}\n")).with_context(|| format!("writing {}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    }
+    idgen_server::pki::write_private(&path, &format!("{token}\n"))?;
     Ok(token)
 }
 

@@ -246,19 +246,10 @@ pub fn development_keyring(path: &std::path::Path) -> anyhow::Result<Keyring> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        match options.open(path) {
-            Ok(mut file) => std::io::Write::write_all(&mut file, format!("{}\n", text.as_str()).as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?,
-            // Another process made it first: use that one.
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(error) => return Err(error).with_context(|| format!("creating {}", path.display())),
-        }
+        // Another process may make it first: then that one is used.
+        idgen_server::pki::create_private(path, &format!("{}\n", text.as_str()))?;
     }
-    let text = Zeroizing::new(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?);
+    let text = Zeroizing::new(idgen_server::pki::read_private(path)?);
     let hex = text.trim();
     let key: Option<Vec<u8>> = (hex.len() == 64)
         .then(|| (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()).collect())

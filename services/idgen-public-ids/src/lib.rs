@@ -350,6 +350,7 @@ pub async fn serve(
     let (reload_tls, reload_quotas, reload_access) = (tls.clone(), quotas.clone(), access.clone());
     idgen_server::reload_on_sighup(move || {
         let fresh = PublicIdsConfig::load(config_file.as_deref())?;
+        idgen_server::refuse_mode_change(config_development, fresh.development)?;
         if let Some(tls) = &reload_tls {
             tls.reload(&fresh.tls).context("the [tls] files")?;
         }

@@ -97,6 +97,19 @@ where
     }
 }
 
+/// Refuses a reload whose file says `development` otherwise than the process started with: a
+/// production process never takes development's allowances (plain HTTP, `cn` identities, local
+/// keys) from an edited file, nor the reverse, without a restart.
+pub fn refuse_mode_change(running: bool, fresh: bool) -> anyhow::Result<()> {
+    if running != fresh {
+        anyhow::bail!(
+            "the file now says development = {fresh}, the process runs with development = {running}: the mode changes \
+             only on a restart"
+        );
+    }
+    Ok(())
+}
+
 /// Calls `reload` on every SIGHUP until the process ends (certificates, CA bundles and quotas
 /// are re-read; a reload that fails is logged and changes nothing).
 pub fn reload_on_sighup(reload: impl Fn() -> anyhow::Result<()> + Send + 'static) {

@@ -32,14 +32,85 @@ impl Issued {
     }
 }
 
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+/// Writes a private file (a key, a token) readable by its owner only from the moment it exists:
+/// made with mode 0600, never widened then narrowed; one that existed is narrowed before it is
+/// written.
+pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).with_context(|| format!("creating {}", path.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     }
-    Ok(())
+    file.set_len(0)?;
+    std::io::Write::write_all(&mut file, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Creates a private file holding `text` (mode 0600 at creation) unless it exists: `false` if
+/// another process (or an earlier run) made it first.
+pub fn create_private(path: &Path, text: &str) -> anyhow::Result<bool> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(mut file) => {
+            std::io::Write::write_all(&mut file, text.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok(true)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(error) => Err(error).with_context(|| format!("creating {}", path.display())),
+    }
+}
+
+/// Reads a private file, refusing one that others than its owner may read or write (a key or
+/// token file copied with the wrong mode, or made by an older version): it is no longer secret.
+pub fn read_private(path: &Path) -> anyhow::Result<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.permissions().mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "{} may be read or written by others than its owner (mode {:o}): it is a secret. `chmod 600` it if \
+                 no one else has read it, else remove it (it is made again)",
+                path.display(),
+                mode & 0o777
+            );
+        }
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+#[cfg(all(test, unix))]
+mod private_files {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// Issue 45: private files are 0600 from their creation, and one wider is refused.
+    #[test]
+    fn private_files_are_the_owners_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let token = dir.path().join("token");
+        assert!(create_private(&token, "secret\n").unwrap());
+        assert!(!create_private(&token, "another\n").unwrap(), "made once");
+        assert_eq!((mode(&token), read_private(&token).unwrap().as_str()), (0o600, "secret\n"));
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let said = format!("{:#}", read_private(&token).unwrap_err());
+        assert!(said.contains("mode 644"), "{said}");
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, "old, wide").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_private(&key, "new").unwrap();
+        assert_eq!((mode(&key), std::fs::read_to_string(&key).unwrap().as_str()), (0o600, "new"));
+    }
 }
 
 impl DevCa {

@@ -118,14 +118,23 @@ impl Accounting {
 
 struct Listed {
     limiter: DefaultDirectRateLimiter,
+    rate: Rate,
     burst: u32,
     accounting: Accounting,
 }
 
+/// The buckets of callers not listed, one per caller, under one rate.
+struct Unlisted {
+    limiter: DefaultKeyedRateLimiter<Arc<str>>,
+    rate: Rate,
+}
+
+/// The quotas in force. A reload keeps the bucket (the limiter, as it has been drained) of every
+/// caller whose rate it does not change, so a SIGHUP never hands every caller a fresh burst.
 struct QuotaSet {
-    listed: HashMap<String, Listed>,
-    default: Option<(DefaultKeyedRateLimiter<Arc<str>>, u32)>,
-    other: Accounting,
+    listed: HashMap<String, Arc<Listed>>,
+    default: Option<Arc<Unlisted>>,
+    other: Arc<Accounting>,
 }
 
 pub struct Quotas {
@@ -135,13 +144,15 @@ pub struct Quotas {
 
 impl Quotas {
     pub fn new(section: &QuotaSection, metrics: Arc<QuotaMetrics>) -> anyhow::Result<Quotas> {
-        let set = build(section, &metrics)?;
+        let set = build(section, &metrics, None)?;
         Ok(Quotas { current: ArcSwap::from_pointee(set), metrics })
     }
 
-    /// Takes a new section; on an invalid one the quotas in force stay. Limiters start full.
+    /// Takes a new section; on an invalid one the quotas in force stay. A caller whose rate it
+    /// leaves as it was keeps its bucket as it is; a changed or new rate starts full.
     pub fn reload(&self, section: &QuotaSection) -> anyhow::Result<()> {
-        self.current.store(Arc::new(build(section, &self.metrics)?));
+        let fresh = build(section, &self.metrics, Some(&self.current.load()))?;
+        self.current.store(Arc::new(fresh));
         Ok(())
     }
 
@@ -153,7 +164,7 @@ impl Quotas {
         let (checked, burst, accounting) = match set.listed.get(name) {
             Some(listed) => (listed.limiter.check_n(n), listed.burst, &listed.accounting),
             None => match &set.default {
-                Some((limiter, burst)) => (limiter.check_key_n(caller.key(), n), *burst, &set.other),
+                Some(default) => (default.limiter.check_key_n(caller.key(), n), default.rate.burst, &*set.other),
                 None => return Ok(()),
             },
         };
@@ -194,30 +205,40 @@ impl Quotas {
     /// Counts `n` IDs served to `caller`.
     pub fn served(&self, caller: &Caller, n: u32) {
         let set = self.current.load();
-        let accounting = set.listed.get(caller.name()).map_or(&set.other, |listed| &listed.accounting);
+        let accounting = set.listed.get(caller.name()).map_or(&*set.other, |listed| &listed.accounting);
         accounting.served.inc_by(u64::from(n));
     }
 }
 
-fn build(section: &QuotaSection, metrics: &QuotaMetrics) -> anyhow::Result<QuotaSet> {
+/// The quotas of `section`, keeping from `previous` every bucket whose rate is unchanged.
+fn build(section: &QuotaSection, metrics: &QuotaMetrics, previous: Option<&QuotaSet>) -> anyhow::Result<QuotaSet> {
     section.validate()?;
     let mut listed = HashMap::new();
     for (caller, rate) in &section.callers {
-        let quota = rate.quota(&format!("quotas.callers.{caller}"))?;
-        listed.insert(
-            caller.clone(),
-            Listed {
-                limiter: DefaultDirectRateLimiter::direct(quota),
+        let kept = previous.and_then(|p| p.listed.get(caller)).filter(|l| l.rate == *rate);
+        let entry = match kept {
+            Some(kept) => kept.clone(),
+            None => Arc::new(Listed {
+                limiter: DefaultDirectRateLimiter::direct(rate.quota(&format!("quotas.callers.{caller}"))?),
+                rate: *rate,
                 burst: rate.burst,
                 accounting: Accounting::new(metrics, caller),
-            },
-        );
+            }),
+        };
+        listed.insert(caller.clone(), entry);
     }
     let default = match &section.default {
-        Some(rate) => Some((DefaultKeyedRateLimiter::dashmap(rate.quota("quotas.default")?), rate.burst)),
+        Some(rate) => match previous.and_then(|p| p.default.clone()).filter(|d| d.rate == *rate) {
+            Some(kept) => Some(kept),
+            None => Some(Arc::new(Unlisted {
+                limiter: DefaultKeyedRateLimiter::dashmap(rate.quota("quotas.default")?),
+                rate: *rate,
+            })),
+        },
         None => None,
     };
-    Ok(QuotaSet { listed, default, other: Accounting::new(metrics, "other") })
+    let other = previous.map_or_else(|| Arc::new(Accounting::new(metrics, "other")), |p| p.other.clone());
+    Ok(QuotaSet { listed, default, other })
 }
 
 #[cfg(test)]
@@ -266,5 +287,29 @@ mod tests {
         let bad = QuotaSection { default: Some(Rate { ids_per_second: 0, burst: 1 }), callers: BTreeMap::new() };
         assert!(quotas.reload(&bad).is_err());
         assert!(quotas.admit(&a, 1).is_err(), "still the tight one");
+    }
+
+    /// Issue 45: a reload (SIGHUP) that leaves a caller's rate as it was keeps its bucket as it
+    /// is, drained; one that changes it starts it full.
+    #[test]
+    fn a_reload_keeps_the_buckets_of_rates_it_does_not_change() {
+        let quotas = quotas();
+        let (orders, a) = (Caller::named("orders"), Caller::named("a"));
+        quotas.admit(&orders, 1_000).unwrap();
+        quotas.admit(&a, 5).unwrap();
+        assert!(quotas.admit(&orders, 10).is_err() && quotas.admit(&a, 1).is_err(), "both drained");
+        let same = QuotaSection {
+            default: Some(Rate { ids_per_second: 10, burst: 5 }),
+            callers: BTreeMap::from([("orders".to_owned(), Rate { ids_per_second: 1_000, burst: 1_000 })]),
+        };
+        quotas.reload(&same).unwrap();
+        assert!(quotas.admit(&orders, 10).is_err(), "a reload gave orders a fresh burst");
+        assert!(quotas.admit(&a, 1).is_err(), "a reload gave a caller not listed a fresh burst");
+        let raised = QuotaSection {
+            callers: BTreeMap::from([("orders".to_owned(), Rate { ids_per_second: 2_000, burst: 2_000 })]),
+            ..same
+        };
+        quotas.reload(&raised).unwrap();
+        quotas.admit(&orders, 2_000).unwrap();
     }
 }

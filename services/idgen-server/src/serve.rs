@@ -66,6 +66,7 @@ pub struct ServerMetrics {
     connections_timed_out: Family<DeadlineLabel, Counter>,
     requests_too_large: Family<ListenerLabel, Counter>,
     handshakes_refused: Family<ListenerLabel, Counter>,
+    crl_next_update: Family<crate::tls::IssuerLabel, Gauge>,
 }
 
 /// Every reason a handshake is counted under, so each series exists at 0 from the start.
@@ -129,6 +130,12 @@ impl ServerMetrics {
             self.handshakes_refused.clone(),
         );
         registry.register(
+            "idgen_tls_crl_next_update_seconds",
+            "When each CRL of tls.crl says its next one is due (nextUpdate, Unix seconds), by issuer: past it the \
+             CRL is stale (still applied); IdgenTlsCrlStale opens a ticket a day before",
+            self.crl_next_update.clone(),
+        );
+        registry.register(
             "idgen_requests_too_large",
             "Requests answered 431 (and their connections closed) because their headers passed limits.max_header_bytes, by listener",
             self.requests_too_large.clone(),
@@ -185,6 +192,9 @@ where
     S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
+    if let Some(tls) = &tls {
+        tls.export_crls_to(&metrics.crl_next_update);
+    }
     let listening = Listening { name: "service", limits, metrics };
     accept_loop(listening, listener, tls, make_service, shutdown, grace).await
 }

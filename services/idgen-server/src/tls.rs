@@ -11,6 +11,8 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use arc_swap::ArcSwap;
 use idgen::control::tls::{certificates, roots};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, UnixTime};
@@ -140,6 +142,7 @@ impl TlsSection {
         let key =
             PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading the private key {}", key.display()))?;
         let crls = self.crl.iter().map(|path| crls(path)).collect::<anyhow::Result<Vec<_>>>()?.concat();
+        let crl_next_update = crl_next_updates(&crls, &self.crl)?;
         let verifier_of = |roots: rustls::RootCertStore, what: &str| {
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .with_crls(crls.clone())
@@ -194,7 +197,14 @@ impl TlsSection {
             .with_single_cert(chain, key)
             .context("the server certificate and key do not go together")?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Listener { config: Arc::new(config), verifier, mutual: self.mutual(), identity: self.identity, operators })
+        Ok(Listener {
+            config: Arc::new(config),
+            verifier,
+            mutual: self.mutual(),
+            identity: self.identity,
+            operators,
+            crl_next_update,
+        })
     }
 }
 
@@ -262,6 +272,37 @@ fn crls(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>
     Ok(vec![CertificateRevocationListDer::from(der)])
 }
 
+/// Each CRL's issuer and `nextUpdate` (Unix seconds; `None` for a CRL without one), refusing two
+/// CRLs of one issuer (which of them would be in force is not said anywhere) and one that cannot
+/// be read.
+fn crl_next_updates(
+    crls: &[CertificateRevocationListDer<'_>],
+    files: &[PathBuf],
+) -> anyhow::Result<Vec<(String, Option<i64>)>> {
+    use x509_cert::der::Decode;
+    let mut seen: Vec<(String, Option<i64>)> = Vec::with_capacity(crls.len());
+    for crl in crls {
+        let list = x509_cert::crl::CertificateList::from_der(crl)
+            .map_err(|error| anyhow::anyhow!("a CRL of tls.crl {files:?} cannot be read: {error}"))?;
+        let issuer = list.tbs_cert_list.issuer.to_string();
+        if seen.iter().any(|(known, _)| *known == issuer) {
+            bail!(
+                "tls.crl {files:?} holds two CRLs of \"{issuer}\": keep its newest one only (which one is in force would \
+                 otherwise be the verifier's choice)"
+            );
+        }
+        let next = list.tbs_cert_list.next_update.map(|time| time.to_unix_duration().as_secs() as i64);
+        seen.push((issuer, next));
+    }
+    Ok(seen)
+}
+
+/// A CRL's issuer, as its `nextUpdate` gauge is labelled.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct IssuerLabel {
+    pub issuer: String,
+}
+
 /// What one handshake runs with: the rustls configuration, and how its verified client
 /// certificate becomes a [`Caller`].
 pub(crate) struct Listener {
@@ -275,6 +316,8 @@ pub(crate) struct Listener {
     /// after the handshake, without the intermediates it sent, to say whether the caller holds an
     /// operator's certificate.
     operators: Option<Arc<dyn ClientCertVerifier>>,
+    /// Each CRL's issuer and `nextUpdate` (Unix seconds), for `idgen_tls_crl_next_update_seconds`.
+    crl_next_update: Vec<(String, Option<i64>)>,
 }
 
 impl Listener {
@@ -331,6 +374,8 @@ impl Drop for Watched {
 /// The TLS configuration in force on a listener.
 pub struct Tls {
     current: ArcSwap<Listener>,
+    /// Where each CRL's `nextUpdate` is exported, once a listener serves with these files.
+    crl_gauge: std::sync::OnceLock<Family<IssuerLabel, Gauge>>,
     /// The open connections with a client certificate, by a number of their own.
     live: std::sync::Mutex<std::collections::HashMap<u64, Live>>,
     next: std::sync::atomic::AtomicU64,
@@ -340,6 +385,7 @@ impl Tls {
     pub fn load(section: &TlsSection) -> anyhow::Result<Tls> {
         Ok(Tls {
             current: ArcSwap::from_pointee(section.listener()?),
+            crl_gauge: Default::default(),
             live: Default::default(),
             next: Default::default(),
         })
@@ -351,7 +397,23 @@ impl Tls {
     /// many.
     pub fn reload(&self, section: &TlsSection) -> anyhow::Result<usize> {
         let listener = Arc::new(section.listener()?);
+        // What a caller is, and whether it must present a certificate at all, is the process's
+        // from its start: a file edited (or a `development = true` let in) turns neither off.
+        let current = self.current.load();
+        if current.mutual && !listener.mutual {
+            bail!(
+                "the new [tls] has no client_ca: a reload never turns mutual TLS off (a restart does, if it is meant)"
+            );
+        }
+        if current.identity != listener.identity {
+            bail!(
+                "tls.identity changes from {:?} to {:?}: what names a caller changes only on a restart",
+                current.identity,
+                listener.identity
+            );
+        }
         self.current.store(listener.clone());
+        self.export_crls();
         let mut closed = 0;
         for live in self.live().values() {
             if !listener.still_accepts(&live.chain, &live.caller)
@@ -365,6 +427,22 @@ impl Tls {
             tracing::warn!(closed, "closed open connections whose client certificate the new TLS files do not accept");
         }
         Ok(closed)
+    }
+
+    /// Exports each CRL's `nextUpdate` in `family` from now on, reloads included.
+    pub(crate) fn export_crls_to(&self, family: &Family<IssuerLabel, Gauge>) {
+        let _ = self.crl_gauge.set(family.clone());
+        self.export_crls();
+    }
+
+    fn export_crls(&self) {
+        let Some(family) = self.crl_gauge.get() else { return };
+        family.clear();
+        for (issuer, next) in &self.current.load().crl_next_update {
+            if let Some(next) = next {
+                family.get_or_create(&IssuerLabel { issuer: issuer.clone() }).set(*next);
+            }
+        }
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Live>> {
@@ -498,6 +576,51 @@ mod tests {
         }
         let without_client_ca = TlsSection { client_ca: None, operator_ca: None, ..with_crl };
         assert!(format!("{:#}", without_client_ca.validate().unwrap_err()).contains("tls.crl needs tls.client_ca"));
+    }
+
+    /// Issue 45: each CRL's nextUpdate is exported by issuer (and again after a reload), and a
+    /// file holding two CRLs of one issuer is refused.
+    #[test]
+    fn crls_export_their_next_update_and_one_issuer_has_one() {
+        let files = Files::new();
+        std::fs::write(files.path("crl.pem"), files.callers.crl(&[]).unwrap()).unwrap();
+        let with_crl = TlsSection { crl: vec![files.path("crl.pem")], ..files.section() };
+        let tls = Tls::load(&with_crl).unwrap();
+        let family = Family::<IssuerLabel, Gauge>::default();
+        tls.export_crls_to(&family);
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("crl_next_update_seconds", "", family.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        // 4096-01-01T00:00:00Z, the development CA's nextUpdate.
+        assert!(text.contains("crl_next_update_seconds{issuer=\"CN=callers\"} 67090118400"), "{text}");
+        let two = format!("{}{}", files.callers.crl(&[]).unwrap(), files.callers.crl(&[]).unwrap());
+        std::fs::write(files.path("crl.pem"), two).unwrap();
+        let said = format!("{:#}", tls.reload(&with_crl).unwrap_err());
+        assert!(said.contains("two CRLs of \"CN=callers\""), "{said}");
+        std::fs::write(files.path("crl.pem"), files.operators.crl(&[]).unwrap()).unwrap();
+        tls.reload(&with_crl).unwrap();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("issuer=\"CN=operators\"") && !text.contains("CN=callers"), "{text}");
+    }
+
+    /// Issue 45: a reload of files that drop the client CA, or change what names a caller, is
+    /// refused, and the listener in force stays.
+    #[test]
+    fn a_reload_never_turns_mutual_tls_off() {
+        let files = Files::new();
+        let tls = Tls::load(&files.section()).unwrap();
+        let plain = TlsSection { client_ca: None, operator_ca: None, ..files.section() };
+        let said = format!("{:#}", tls.reload(&plain).unwrap_err());
+        assert!(said.contains("never turns mutual TLS off"), "{said}");
+        let cn = TlsSection { identity: IdentityForm::Cn, ..files.section() };
+        assert!(format!("{:#}", tls.reload(&cn).unwrap_err()).contains("tls.identity changes"));
+        assert!(
+            tls.listener().mutual && tls.listener().identity == IdentityForm::UriSan,
+            "the listener in force stays"
+        );
+        assert_eq!(tls.reload(&files.section()).unwrap(), 0, "the same files reload");
     }
 
     #[test]

@@ -261,9 +261,10 @@ pub async fn main_with(config: WorkerConfig, config_file: Option<std::path::Path
     let process_start_unix_ms = idgen::system_unix_ms();
     let worker = Worker::build(&config, process_start_unix_ms).await?;
     let address = worker.listener.local_addr()?;
-    let (tls, quotas) = (worker.tls.clone(), worker.state.quotas.clone());
+    let (tls, quotas, development) = (worker.tls.clone(), worker.state.quotas.clone(), config.development);
     idgen_server::reload_on_sighup(move || {
         let fresh = WorkerConfig::load(config_file.as_deref())?;
+        idgen_server::refuse_mode_change(development, fresh.development)?;
         if let Some(tls) = &tls {
             tls.reload(&fresh.tls).context("the [tls] files")?;
         } else if fresh.tls.enabled() {

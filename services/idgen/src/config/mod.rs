@@ -677,12 +677,30 @@ async fn open_dynamodb(
 /// `url` with its password (if any) replaced by `***`, for messages and logs: a database URL
 /// in an error must not carry its credentials.
 pub fn redacted_url(url: &str) -> String {
-    let hidden = url.split_once("://").and_then(|(scheme, rest)| {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let hidden = base.split_once("://").and_then(|(scheme, rest)| {
         let (credentials, host) = rest.rsplit_once('@')?;
         let (user, _password) = credentials.split_once(':')?;
         Some(format!("{scheme}://{user}:***@{host}"))
     });
-    hidden.unwrap_or_else(|| url.to_owned())
+    let base = hidden.unwrap_or_else(|| base.to_owned());
+    let Some(query) = query else { return base };
+    // A secret may be a parameter too (libpq's `password`, `sslpassword`, a token).
+    let secret = |key: &str| {
+        let key = key.to_ascii_lowercase();
+        ["password", "passwd", "pass", "secret", "token"].iter().any(|word| key.contains(word))
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if secret(key) => format!("{key}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", pairs.join("&"))
 }
 
 #[cfg(test)]
@@ -695,5 +713,14 @@ mod redaction_tests {
         assert_eq!(redacted_url("postgres://app:p@ss:w@db/ids"), "postgres://app:***@db/ids");
         assert_eq!(redacted_url("postgres://app@db/ids"), "postgres://app@db/ids");
         assert_eq!(redacted_url("sqlite://.idgen/registry.db"), "sqlite://.idgen/registry.db");
+        // Issue 45: a password given as a parameter, or in both places.
+        assert_eq!(
+            redacted_url("postgres://app@db/ids?sslmode=verify-full&password=s3cret"),
+            "postgres://app@db/ids?sslmode=verify-full&password=***"
+        );
+        assert_eq!(
+            redacted_url("postgres://app:a@db/ids?PassWord=x@y&sslpassword=k&application_name=idgen"),
+            "postgres://app:***@db/ids?PassWord=***&sslpassword=***&application_name=idgen"
+        );
     }
 }
