@@ -301,7 +301,7 @@ async fn start_all(
     std::fs::write(
         &public_config,
         format!(
-            "# Written by `idgen up`; rewritten on every start. The encrypted format's data key is a\n# local file here (development only); production wraps it with KMS ([kms] key_id, region).\ndevelopment = true\nlisten = {listen}\ndatabase_url = {db}\ndevelopment_key_file = {key}\n",
+            "# Written by `idgen up`; rewritten on every start. The encrypted format's data key is a\n# local file here (development only); production wraps it with KMS ([kms] key_id, region).\n# One type of public ID, `order` (the one the service's OpenAPI document's examples name).\ndevelopment = true\nlisten = {listen}\ndatabase_url = {db}\ndevelopment_key_file = {key}\ntypes = {{ order = {{ number = 1, format = \"opaque\" }} }}\n",
             listen =
                 toml_string(&format!("127.0.0.1:{}", args.base_port.checked_add(9).context("--base-port too high")?)),
             db = toml_string(&format!("sqlite://{}", dir.join("public-ids.db").display())),
