@@ -239,6 +239,25 @@ pub fn describe(section: Option<&AccessSection>, development: bool) -> String {
         .map(|(key, list)| format!("{key}: {}", list.join(", ")))
         .collect();
     let mut line = if lists.is_empty() { "no caller is listed".to_owned() } else { lists.join("; ") };
+    // Callers listed to create in a stored format without lookup in it: their creates are refused.
+    let mut create_only = Vec::new();
+    for format in [Format::Opaque, Format::Uuidv7] {
+        for name in section.create.iter().chain(&section.of_format(format).create) {
+            let caller = Caller::named(name);
+            if name != ANY_IDENTIFIED
+                && !rules.allows(&caller, Operation::Lookup, Some(format))
+                && !create_only.contains(&format!("{name} ({})", format.as_str()))
+            {
+                create_only.push(format!("{name} ({})", format.as_str()));
+            }
+        }
+    }
+    if !create_only.is_empty() {
+        line += &format!(
+            " (REFUSED to create, listed without lookup: {}; a create answers with an existing mapping, which is a lookup)",
+            create_only.join(", ")
+        );
+    }
     if !closed.is_empty() {
         let names: Vec<&str> = closed.iter().map(|o| o.as_str()).collect();
         line += &format!(" (NOBODY may {}: no list names a caller)", names.join(", "));
@@ -299,6 +318,28 @@ impl Access {
     }
 
     /// Admits `caller` to `operation` (in `format`, when known), or refuses and counts it.
+    /// A create answers with the mapping an internal ID already has (idempotent: one public ID
+    /// per format), which is a lookup: so `caller` may create in `format` only if it may also look
+    /// up in it. A caller listed for create alone would otherwise learn any internal ID's public
+    /// ID and type, and whether it has one. Refused (403, counted under create) otherwise, before
+    /// anything is read or made.
+    /// The encrypted format is computed, never stored: its create finds nothing, and is not held
+    /// to this.
+    pub fn check_create_answer(&self, caller: &Caller, format: Format) -> Result<(), Forbidden> {
+        if format == Format::Encrypted || self.rules.load().allows(caller, Operation::Lookup, Some(format)) {
+            return Ok(());
+        }
+        self.metrics.forbidden.get_or_create(&OperationLabel { operation: Operation::Create.as_str() }).inc();
+        Err(Forbidden {
+            message: format!(
+                "the caller {:?} may create {} public IDs but not look them up: a create answers with the public ID an \
+                 internal ID already has, which is a lookup, so [access] must list it under lookup too",
+                caller.name(),
+                format.as_str()
+            ),
+        })
+    }
+
     pub fn check(&self, caller: &Caller, operation: Operation, format: Option<Format>) -> Result<(), Forbidden> {
         if self.rules.load().allows(caller, operation, format) {
             return Ok(());

@@ -308,6 +308,7 @@ pub async fn create(State(state): State<Arc<AppState>>, caller: Caller, body: Bo
     only_fields(&body, &["internal_id", "format", "type"])?;
     let (format, public_type) = format_and_type(&state.types, body.get("format"), body.get("type"))?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
+    state.access.check_create_answer(&caller, format).map_err(ApiError::forbidden)?;
     admit(&state, &caller, 1)?;
     let id = parse_internal_id(body.get("internal_id").ok_or_else(|| ApiError::bad("internal_id is required"))?)?;
     let mapping = map_ids(&state, &[id], format, public_type).await?.remove(0);
@@ -326,6 +327,7 @@ pub async fn create_batch(
     only_fields(&body, &["internal_ids", "format", "type"])?;
     let (format, public_type) = format_and_type(&state.types, body.get("format"), body.get("type"))?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
+    state.access.check_create_answer(&caller, format).map_err(ApiError::forbidden)?;
     let ids = body
         .get("internal_ids")
         .and_then(Value::as_array)

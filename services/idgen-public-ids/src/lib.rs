@@ -200,7 +200,7 @@ pub async fn rotate_check_key(config: &PublicIdsConfig, owner_url: Option<&str>)
 
 fn log_access(config: &PublicIdsConfig) {
     let line = access::describe(config.access.as_ref(), config.development);
-    if line.contains("NOBODY") || config.access.is_none() {
+    if line.contains("NOBODY") || line.contains("REFUSED") || config.access.is_none() {
         tracing::warn!("[access]: {line}");
     } else {
         tracing::info!("[access]: {line}");

@@ -524,3 +524,55 @@ async fn the_services_own_resolve_future_is_small() {
     let size = std::mem::size_of_val(&*future);
     assert!(size <= 768, "the service's resolve future is {size} bytes");
 }
+
+/// Issue 45: a create answers with the public ID an internal ID already has (and its type), which
+/// is a lookup; so a caller listed to create in a stored format but not to look up in it is
+/// refused 403 before anything is read or made (on the code before, it learnt any internal ID's
+/// mapping: 200 and the public ID), counted under create, and named at start-up. A caller listed
+/// for both creates as before; the encrypted format, computed and stored nowhere, is not held to
+/// it.
+#[tokio::test]
+async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {
+    use idgen_public_ids::access::{AccessMetrics, AccessSection, OperationLists, Rules, describe};
+    let (mut s, _dir) = state(true).await;
+    let names = |list: &[&str]| list.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+    let section = AccessSection {
+        create: names(&["storefront", "ingest"]),
+        lookup: names(&["storefront"]),
+        uuidv7: OperationLists { lookup: names(&["ingest"]), ..Default::default() },
+        ..Default::default()
+    };
+    assert!(describe(Some(&section), false).contains("REFUSED to create, listed without lookup: ingest (opaque)"));
+    let metrics = Arc::new(AccessMetrics::default());
+    s.access = Arc::new(Access::new(Rules::of(&section), metrics));
+    let as_caller = |caller: &str, uri: &str, body: Value| {
+        let request = Request::builder().method(Method::POST).uri(uri).body(Body::from(body.to_string())).unwrap();
+        let app = common::app(&s, caller);
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+        }
+    };
+    let (status, made) = as_caller("storefront", "/v1/public-ids", json!({"internal_id": "61"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    for (uri, body) in [
+        ("/v1/public-ids", json!({"internal_id": "61"})),
+        ("/v1/public-ids:batch", json!({"internal_ids": ["61", "62"]})),
+    ] {
+        let (status, refused) = as_caller("ingest", uri, body).await;
+        assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")));
+        assert!(refused["error"]["message"].as_str().unwrap().contains("not look them up"), "{refused}");
+        assert!(!refused.to_string().contains(made["public_id"].as_str().unwrap()), "the mapping was shown");
+    }
+    // Nothing the refused batch asked for was made.
+    let lookup = Request::builder().uri("/v1/internal-ids/62/public-id").body(Body::empty()).unwrap();
+    let response = common::app(&s, "storefront").oneshot(lookup).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    // Where it may look up (UUIDv7), and in the encrypted format, it creates.
+    let (status, _) = as_caller("ingest", "/v1/public-ids", json!({"internal_id": "61", "format": "uuidv7"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = as_caller("ingest", "/v1/public-ids", json!({"internal_id": "61", "format": "encrypted"})).await;
+    assert_eq!(status, StatusCode::OK);
+}
