@@ -299,3 +299,35 @@ async fn e2e_a_reload_revoking_an_operators_certificate_closes_its_open_connecti
         "registry: a CRL reloaded on SIGHUP closed the revoked operator's open connection; its next write never ran"
     );
 }
+
+/// Issue 45: `/metrics` shows every caller's volumes, so over mutual TLS only the identities
+/// `tls.metrics_readers` lists read it, through the worker's own handler and the shared one (the
+/// public-ID service, as the registry): the scraper's certificate gets the text, another caller's
+/// 403 `forbidden` (on the code before, every certified caller got it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_only_listed_callers_read_metrics() {
+    const SCRAPER: &str = "spiffe://corp/idgen/metrics";
+    let pki = Pki::new();
+    pki.keep("scraper", pki.callers.client(SCRAPER).unwrap());
+    pki.keep("orders", pki.callers.client(ORDERS).unwrap());
+    let readers = format!("metrics_readers = [\"{SCRAPER}\"]\n");
+    let work = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&worker_spec(work.path(), pki.tls_section(&readers))).await.unwrap();
+    let public = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nformats = [\"opaque\"]\n{}",
+        work.path().join("public-ids.db").display(),
+        pki.tls_section(&readers)
+    );
+    let (_public, public_url) = idgen_e2e::start_public_ids(work.path(), &public).await.unwrap();
+    for url in [&worker.url, &public_url] {
+        let read = pki.client("scraper").get(format!("{url}/metrics")).send().await.unwrap();
+        assert_eq!(read.status(), 200, "{url}");
+        assert!(read.text().await.unwrap().contains("idgen_caller_ids_served_total"), "{url}");
+        let refused = pki.client("orders").get(format!("{url}/metrics")).send().await.unwrap();
+        assert_eq!(refused.status(), 403, "{url}");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "forbidden", "{url}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(ORDERS), "{body}");
+    }
+    println!("/metrics: the listed scraper read it on the worker and the public-ID service, another caller got 403");
+}

@@ -31,7 +31,7 @@ fn tls_section(dir: &Path) -> String {
     std::fs::write(dir.join("ca.pem"), ca.ca_pem()).unwrap();
     ca.server(&["127.0.0.1", "localhost"]).unwrap().write(dir, "server").unwrap();
     format!(
-        "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+        "[tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\nmetrics_readers = [\"spiffe://idgen.test/host/scraper\"]\n",
         dir.join("server.pem"),
         dir.join("server-key.pem"),
         dir.join("ca.pem")

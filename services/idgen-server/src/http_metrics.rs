@@ -299,12 +299,28 @@ pub fn pool_gauges(
     }
 }
 
+/// The answer to a `GET /metrics` from a caller `tls.metrics_readers` does not list (403
+/// `forbidden`), `None` for one that may read it.
+pub fn metrics_refused(caller: &crate::Caller) -> Option<axum::response::Response> {
+    use axum::response::IntoResponse;
+    if caller.reads_metrics() {
+        return None;
+    }
+    let message =
+        format!("the caller {:?} may not read /metrics (tls.metrics_readers does not list it)", caller.name());
+    let body = serde_json::json!({"error": {"code": "forbidden", "message": message}});
+    Some((axum::http::StatusCode::FORBIDDEN, axum::Json(body)).into_response())
+}
+
 /// `router` with `GET /metrics`, and the request metrics around it.
 pub fn with_metrics(router: axum::Router, metrics: ServiceMetrics) -> Recorded<axum::Router> {
     let scrape = metrics.clone();
     let router = router.route(
         "/metrics",
-        axum::routing::get(move || std::future::ready(scrape.render())).fallback(crate::not_allowed("GET, HEAD")),
+        axum::routing::get(move |caller: crate::Caller| {
+            std::future::ready(metrics_refused(&caller).unwrap_or_else(|| scrape.render()))
+        })
+        .fallback(crate::not_allowed("GET, HEAD")),
     );
     Recorded::new(router, metrics)
 }

@@ -23,6 +23,8 @@ use x509_cert::ext::pkix::name::GeneralName;
 pub struct Caller {
     name: Arc<str>,
     operator_certificate: bool,
+    /// Whether it may read `/metrics` ([`Caller::reads_metrics`]).
+    metrics_reader: bool,
 }
 
 /// The one identity of plain-HTTP (development) connections.
@@ -90,18 +92,18 @@ const SUBJECT_ALT_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.
 
 impl Caller {
     pub fn anonymous() -> Self {
-        Caller { name: ANONYMOUS.into(), operator_certificate: false }
+        Caller { name: ANONYMOUS.into(), operator_certificate: false, metrics_reader: true }
     }
 
     /// A caller by name, its certificate from the callers' CA (tests, and services that take the
     /// caller from elsewhere).
     pub fn named(name: &str) -> Self {
-        Caller { name: name.into(), operator_certificate: false }
+        Caller { name: name.into(), operator_certificate: false, metrics_reader: true }
     }
 
     /// A caller whose certificate chains to the operator CA (tests of what an operator may do).
     pub fn with_operator_certificate(name: &str) -> Self {
-        Caller { name: name.into(), operator_certificate: true }
+        Caller { name: name.into(), operator_certificate: true, metrics_reader: true }
     }
 
     pub fn name(&self) -> &str {
@@ -114,6 +116,18 @@ impl Caller {
     /// listed in `certificate_operators`.
     pub fn has_operator_certificate(&self) -> bool {
         self.operator_certificate
+    }
+
+    /// Whether the caller may read `/metrics`, which shows every caller's volumes: over mutual
+    /// TLS only an identity `tls.metrics_readers` lists (every one where the key is unset, which
+    /// production refuses); over plain HTTP (development), anybody.
+    pub fn reads_metrics(&self) -> bool {
+        self.metrics_reader
+    }
+
+    /// The same caller, allowed to read `/metrics` or not.
+    pub(crate) fn metrics_reader(self, allowed: bool) -> Self {
+        Caller { metrics_reader: allowed, ..self }
     }
 
     /// The name as a shared key (no copy per request).

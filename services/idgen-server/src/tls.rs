@@ -53,6 +53,11 @@ pub struct TlsSection {
     /// (`revocation_status_unknown`), so a missing list fails closed.
     #[serde(default)]
     pub crl: Vec<PathBuf>,
+    /// With `client_ca`: the caller identities that may read `/metrics` (the host's own scraper,
+    /// say), which shows every caller's volumes; anyone else is answered 403. `"*"`: every
+    /// identified caller. Unset: every caller, which production refuses. Taken at each
+    /// connection's handshake (a reload applies to connections made after it).
+    pub metrics_readers: Option<Vec<String>>,
 }
 
 impl TlsSection {
@@ -72,6 +77,13 @@ impl TlsSection {
         let mut missing = Vec::new();
         if !(self.cert.is_some() && self.key.is_some() && self.client_ca.is_some()) {
             missing.push("tls.cert, tls.key and tls.client_ca (production listeners use mutual TLS)".to_owned());
+        }
+        if self.client_ca.is_some() && self.metrics_readers.is_none() {
+            missing.push(
+                "tls.metrics_readers (who may read /metrics, which shows every caller's volumes: e.g. the host's own \
+                 scraper; [\"*\"] for every identified caller)"
+                    .to_owned(),
+            );
         }
         if self.identity != IdentityForm::UriSan {
             missing.push(
@@ -204,6 +216,11 @@ impl TlsSection {
             identity: self.identity,
             operators,
             crl_next_update,
+            metrics_readers: self
+                .metrics_readers
+                .as_ref()
+                .filter(|list| !list.iter().any(|n| n == "*"))
+                .map(|list| list.iter().map(|name| Arc::<str>::from(name.as_str())).collect()),
         })
     }
 }
@@ -318,6 +335,8 @@ pub(crate) struct Listener {
     operators: Option<Arc<dyn ClientCertVerifier>>,
     /// Each CRL's issuer and `nextUpdate` (Unix seconds), for `idgen_tls_crl_next_update_seconds`.
     crl_next_update: Vec<(String, Option<i64>)>,
+    /// Who may read `/metrics`; `None`: every caller.
+    metrics_readers: Option<std::collections::HashSet<Arc<str>>>,
 }
 
 impl Listener {
@@ -338,7 +357,8 @@ impl Listener {
             .operators
             .as_ref()
             .is_some_and(|operators| operators.verify_client_cert(leaf, &[], UnixTime::now()).is_ok());
-        Ok(caller.operator_certificate(operator))
+        let reads_metrics = self.metrics_readers.as_ref().is_none_or(|readers| readers.contains(caller.key()));
+        Ok(caller.operator_certificate(operator).metrics_reader(reads_metrics))
     }
 
     /// Whether a connection opened with `chain` (as `caller`) would still be let in, as the same
@@ -605,6 +625,21 @@ mod tests {
         assert!(text.contains("issuer=\"CN=operators\"") && !text.contains("CN=callers"), "{text}");
     }
 
+    /// Issue 45: over mutual TLS only a listed identity reads `/metrics` (every caller without the
+    /// key, as development runs; `"*"` every identified one).
+    #[test]
+    fn only_listed_callers_read_metrics() {
+        let files = Files::new();
+        let scraper = "spiffe://corp/host/scraper";
+        let certificate = |name: &str| chain(&files.callers.client(name).unwrap());
+        let listed = TlsSection { metrics_readers: Some(vec![scraper.into()]), ..files.section() }.listener().unwrap();
+        assert!(listed.caller(Some(&certificate(scraper))).unwrap().reads_metrics());
+        assert!(!listed.caller(Some(&certificate("spiffe://corp/ns/shop/sa/storefront"))).unwrap().reads_metrics());
+        let every = TlsSection { metrics_readers: Some(vec!["*".into()]), ..files.section() }.listener().unwrap();
+        assert!(every.caller(Some(&certificate("spiffe://corp/ns/shop/sa/storefront"))).unwrap().reads_metrics());
+        assert!(files.section().listener().unwrap().caller(Some(&certificate(scraper))).unwrap().reads_metrics());
+    }
+
     /// Issue 45: a reload of files that drop the client CA, or change what names a caller, is
     /// refused, and the listener in force stays.
     #[test]
@@ -626,7 +661,11 @@ mod tests {
     #[test]
     fn production_reads_uri_sans_only_and_operator_ca_is_the_registrys() {
         let files = Files::new();
-        assert!(files.section().missing_for_production().is_empty());
+        let said = files.section().missing_for_production();
+        assert!(said.len() == 1 && said[0].contains("tls.metrics_readers"), "{said:?}");
+        let readers =
+            TlsSection { metrics_readers: Some(vec!["spiffe://corp/host/scraper".into()]), ..files.section() };
+        assert!(readers.missing_for_production().is_empty());
         let cn = TlsSection { identity: IdentityForm::Cn, ..files.section() };
         assert!(cn.missing_for_production().iter().any(|m| m.contains("tls.identity = \"uri_san\"")));
         assert!(files.section().refuse_operator_ca("the worker").is_err());

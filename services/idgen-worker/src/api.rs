@@ -339,7 +339,10 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response 
     response
 }
 
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub async fn metrics(State(state): State<AppState>, caller: Caller) -> Response {
+    if let Some(refused) = idgen_server::http_metrics::metrics_refused(&caller) {
+        return refused;
+    }
     state.generator.refresh_gauges();
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
