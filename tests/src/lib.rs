@@ -234,6 +234,21 @@ impl WorkerProcess {
     }
 }
 
+/// A client trusting `dir/ca.pem` and presenting `dir/<name>.pem` with `dir/<name>-key.pem` (as
+/// `idgen_server::pki::Issued::write` leaves them), with a 10 s timeout.
+pub fn client_of(dir: &Path, name: &str) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.join("ca.pem")).unwrap()).unwrap();
+    let mut pem = std::fs::read(dir.join(format!("{name}.pem"))).unwrap();
+    pem.extend(std::fs::read(dir.join(format!("{name}-key.pem"))).unwrap());
+    reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .identity(reqwest::Identity::from_pem(&pem).unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
 /// `idgen public serve` with `config` (TOML), written to `public-ids.toml` in `dir`; waits until
 /// it listens, and returns it with its URL.
 pub async fn start_public_ids(dir: &Path, config: &str) -> anyhow::Result<(Child, String)> {

@@ -820,19 +820,8 @@ async fn e2e_a_flood_of_forged_public_ids_reads_nothing_and_leaves_others_answer
         file("ca.pem"),
     );
     let (_service, url) = idgen_e2e::start_public_ids(dir.path(), &config).await.unwrap();
-    let client = |caller: &str| {
-        let ca = reqwest::Certificate::from_pem(&std::fs::read(file("ca.pem")).unwrap()).unwrap();
-        let mut pem = std::fs::read(file(&format!("{caller}.pem"))).unwrap();
-        pem.extend(std::fs::read(file(&format!("{caller}-key.pem"))).unwrap());
-        reqwest::Client::builder()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
-            .identity(reqwest::Identity::from_pem(&pem).unwrap())
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap()
-    };
-    let (orders, storefront) = (client("orders"), client("storefront"));
+    let (orders, storefront) =
+        (idgen_e2e::client_of(dir.path(), "orders"), idgen_e2e::client_of(dir.path(), "storefront"));
     let next = std::sync::atomic::AtomicU64::new(1_000);
     let phase = Duration::from_secs(3);
 

@@ -56,16 +56,7 @@ impl Pki {
 
     /// A client trusting the server's CA, presenting `name`'s certificate.
     fn client(&self, name: &str) -> reqwest::Client {
-        let ca = reqwest::Certificate::from_pem(&std::fs::read(self.path("ca.pem")).unwrap()).unwrap();
-        let mut pem = std::fs::read(self.path(&format!("{name}.pem"))).unwrap();
-        pem.extend(std::fs::read(self.path(&format!("{name}-key.pem"))).unwrap());
-        reqwest::Client::builder()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
-            .identity(reqwest::Identity::from_pem(&pem).unwrap())
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap()
+        idgen_e2e::client_of(self.dir.path(), name)
     }
 }
 

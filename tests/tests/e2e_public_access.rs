@@ -5,25 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use idgen_e2e::start_public_ids;
+use idgen_e2e::{client_of as client, start_public_ids};
 use idgen_server::pki::DevCa;
 
 const STOREFRONT: &str = "spiffe://idgen.test/ns/shop/sa/storefront";
 const INTRUDER: &str = "spiffe://idgen.test/ns/elsewhere/sa/intruder";
-
-/// A client trusting `dir/ca.pem`, presenting `dir/<name>.pem`.
-fn client(dir: &Path, name: &str) -> reqwest::Client {
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.join("ca.pem")).unwrap()).unwrap();
-    let mut pem = std::fs::read(dir.join(format!("{name}.pem"))).unwrap();
-    pem.extend(std::fs::read(dir.join(format!("{name}-key.pem"))).unwrap());
-    reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(ca)
-        .identity(reqwest::Identity::from_pem(&pem).unwrap())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
 
 fn config(dir: &Path, resolve: &[&str]) -> String {
     let file = |name: &str| -> PathBuf { dir.join(name) };

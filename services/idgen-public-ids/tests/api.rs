@@ -277,16 +277,6 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     s.access = Arc::new(Access::new(Rules::of(&section), metrics));
-    let as_caller = |caller: &str, method: Method, uri: &str, body: &str| {
-        let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-        let app = common::app(&s, caller);
-        async move {
-            let response = app.oneshot(request).await.unwrap();
-            let status = response.status();
-            let bytes = response.into_body().collect().await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
-        }
-    };
     let forbidden = |answer: &(StatusCode, Value), what: &str| {
         assert_eq!(
             (answer.0, answer.1["error"]["code"].as_str()),
@@ -298,18 +288,19 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
     };
 
     // Listed callers get what they are listed for, in the formats they are listed for.
-    let (status, opaque) = as_caller("storefront", Method::POST, "/v1/public-ids", r#"{"internal_id": "41"}"#).await;
+    let (status, opaque) =
+        common::call_as(&s, "storefront", Method::POST, "/v1/public-ids", r#"{"internal_id": "41"}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{opaque}");
     let opaque = opaque["public_id"].as_str().unwrap().to_owned();
-    let (status, _) = as_caller("storefront", Method::GET, "/v1/internal-ids/41/public-id", "").await;
+    let (status, _) = common::call_as(&s, "storefront", Method::GET, "/v1/internal-ids/41/public-id", "").await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await;
+    let (status, _) = common::call_as(&s, "support", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await;
     assert_eq!(status, StatusCode::OK);
     let encrypted_body = r#"{"internal_id": "41", "format": "encrypted"}"#;
-    let (status, encrypted) = as_caller("billing", Method::POST, "/v1/public-ids", encrypted_body).await;
+    let (status, encrypted) = common::call_as(&s, "billing", Method::POST, "/v1/public-ids", encrypted_body).await;
     assert_eq!(status, StatusCode::OK, "{encrypted}");
     let encrypted = encrypted["public_id"].as_str().unwrap().to_owned();
-    let (status, _) = as_caller("billing", Method::GET, &format!("/v1/public-ids/{encrypted}"), "").await;
+    let (status, _) = common::call_as(&s, "billing", Method::GET, &format!("/v1/public-ids/{encrypted}"), "").await;
     assert_eq!(status, StatusCode::OK);
 
     // Everybody else, per operation, and per format for a caller listed for another one.
@@ -333,20 +324,20 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
         ("billing", Method::GET, format!("/v1/public-ids/{opaque}"), "", "may not resolve opaque public IDs"),
         ("billing", Method::GET, "/v1/internal-ids/41/public-id?format=encrypted".to_owned(), "", "look up public IDs"),
     ] {
-        forbidden(&as_caller(caller, method, &uri, body).await, what);
+        forbidden(&common::call_as(&s, caller, method, &uri, body).await, what);
     }
     // A listed caller's bad body is still its 400.
-    let (status, _) = as_caller("storefront", Method::POST, "/v1/public-ids", "[").await;
+    let (status, _) = common::call_as(&s, "storefront", Method::POST, "/v1/public-ids", "[").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     // A refusal says nothing about whether the ID exists: one answer for a known and an unknown.
     let mut unknown = opaque.clone();
     unknown.replace_range(25..26, if opaque.ends_with('0') { "1" } else { "0" });
     assert_eq!(
-        as_caller("intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await,
-        as_caller("intruder", Method::GET, &format!("/v1/public-ids/{unknown}"), "").await
+        common::call_as(&s, "intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await,
+        common::call_as(&s, "intruder", Method::GET, &format!("/v1/public-ids/{unknown}"), "").await
     );
     // Nothing a refused create asked for was made.
-    let (status, _) = as_caller("storefront", Method::GET, "/v1/internal-ids/42/public-id", "").await;
+    let (status, _) = common::call_as(&s, "storefront", Method::GET, "/v1/internal-ids/42/public-id", "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // Before the database: with the mappings table gone, a listed caller gets 503 and a refused
@@ -360,13 +351,16 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
     sqlx::query("ALTER TABLE public_ids RENAME TO public_ids_gone").execute(&mut raw).await.unwrap();
     // (An ID the cache does not hold, a created one would be answered from memory, that carries
     // the keyed check's tag: one without it is answered 404 before the database.)
-    let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{unknown}"), "").await;
+    let (status, _) = common::call_as(&s, "support", Method::GET, &format!("/v1/public-ids/{unknown}"), "").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "an ID without the tag is not read");
     let unread = s.gate.new_opaque(&idgen_public_ids::format::OsRandom, None, 0).unwrap();
-    let (status, _) = as_caller("support", Method::GET, &format!("/v1/public-ids/{unread}"), "").await;
+    let (status, _) = common::call_as(&s, "support", Method::GET, &format!("/v1/public-ids/{unread}"), "").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the table is really gone");
-    forbidden(&as_caller("intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await, "resolve");
-    forbidden(&as_caller("intruder", Method::POST, "/v1/public-ids", r#"{"internal_id": "42"}"#).await, "create");
+    forbidden(&common::call_as(&s, "intruder", Method::GET, &format!("/v1/public-ids/{opaque}"), "").await, "resolve");
+    forbidden(
+        &common::call_as(&s, "intruder", Method::POST, "/v1/public-ids", r#"{"internal_id": "42"}"#).await,
+        "create",
+    );
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
@@ -545,34 +539,39 @@ async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {
     assert!(describe(Some(&section), false).contains("REFUSED to create, listed without lookup: ingest (opaque)"));
     let metrics = Arc::new(AccessMetrics::default());
     s.access = Arc::new(Access::new(Rules::of(&section), metrics));
-    let as_caller = |caller: &str, uri: &str, body: Value| {
-        let request = Request::builder().method(Method::POST).uri(uri).body(Body::from(body.to_string())).unwrap();
-        let app = common::app(&s, caller);
-        async move {
-            let response = app.oneshot(request).await.unwrap();
-            let status = response.status();
-            let bytes = response.into_body().collect().await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
-        }
-    };
-    let (status, made) = as_caller("storefront", "/v1/public-ids", json!({"internal_id": "61"})).await;
+    let (status, made) =
+        common::call_as(&s, "storefront", Method::POST, "/v1/public-ids", &json!({"internal_id": "61"}).to_string())
+            .await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     for (uri, body) in [
         ("/v1/public-ids", json!({"internal_id": "61"})),
         ("/v1/public-ids:batch", json!({"internal_ids": ["61", "62"]})),
     ] {
-        let (status, refused) = as_caller("ingest", uri, body).await;
+        let (status, refused) = common::call_as(&s, "ingest", Method::POST, uri, &body.to_string()).await;
         assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("forbidden")));
         assert!(refused["error"]["message"].as_str().unwrap().contains("not look them up"), "{refused}");
         assert!(!refused.to_string().contains(made["public_id"].as_str().unwrap()), "the mapping was shown");
     }
     // Nothing the refused batch asked for was made.
-    let lookup = Request::builder().uri("/v1/internal-ids/62/public-id").body(Body::empty()).unwrap();
-    let response = common::app(&s, "storefront").oneshot(lookup).await.unwrap();
-    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let (status, _) = common::call_as(&s, "storefront", Method::GET, "/v1/internal-ids/62/public-id", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     // Where it may look up (UUIDv7), and in the encrypted format, it creates.
-    let (status, _) = as_caller("ingest", "/v1/public-ids", json!({"internal_id": "61", "format": "uuidv7"})).await;
+    let (status, _) = common::call_as(
+        &s,
+        "ingest",
+        Method::POST,
+        "/v1/public-ids",
+        &json!({"internal_id": "61", "format": "uuidv7"}).to_string(),
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, _) = as_caller("ingest", "/v1/public-ids", json!({"internal_id": "61", "format": "encrypted"})).await;
+    let (status, _) = common::call_as(
+        &s,
+        "ingest",
+        Method::POST,
+        "/v1/public-ids",
+        &json!({"internal_id": "61", "format": "encrypted"}).to_string(),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
 }

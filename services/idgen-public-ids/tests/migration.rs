@@ -16,6 +16,16 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 const WITHIN: Duration = Duration::from_secs(5);
 
+/// The tables of a database of this version, once the one from before is dropped.
+const TABLES: [&str; 6] = [
+    "_sqlx_migrations",
+    "public_id_check_keys",
+    "public_id_keys",
+    "public_id_legacy_filter",
+    "public_ids_opaque",
+    "public_ids_uuidv7",
+];
+
 /// The service's PostgreSQL migrations up to (not including) `version`: the database as an
 /// earlier version of the service left it.
 async fn migrate_before(pool: &PgPool, version: i64) {
@@ -183,17 +193,7 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
         .unwrap();
     assert_eq!(legacy::drop_legacy_table(&owner).await.unwrap(), Dropped::Dropped { rows: 15_508 });
     assert_eq!(legacy::drop_legacy_table(&owner).await.unwrap(), Dropped::NothingToDrop);
-    assert_eq!(
-        tables(db.url()).await,
-        [
-            "_sqlx_migrations",
-            "public_id_check_keys",
-            "public_id_keys",
-            "public_id_legacy_filter",
-            "public_ids_opaque",
-            "public_ids_uuidv7"
-        ]
-    );
+    assert_eq!(tables(db.url()).await, TABLES);
     assert_resolves_both_ways(&store, Format::Opaque, &opaque).await;
     assert_resolves_both_ways(&store, Format::Uuidv7, &uuids).await;
     assert_resolves_both_ways(&store, Format::Opaque, &[(20_004, uncopied[0].1.clone())]).await;
@@ -242,17 +242,7 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
 async fn a_new_database_has_only_the_16_byte_tables() {
     let db = Db::postgres("public_ids_fresh").await;
     assert_eq!(PublicIdStore::initialize(db.url(), WITHIN, None).await.unwrap(), None);
-    assert_eq!(
-        tables(db.url()).await,
-        [
-            "_sqlx_migrations",
-            "public_id_check_keys",
-            "public_id_keys",
-            "public_id_legacy_filter",
-            "public_ids_opaque",
-            "public_ids_uuidv7"
-        ]
-    );
+    assert_eq!(tables(db.url()).await, TABLES);
     let store = PublicIdStore::open(db.url(), WITHIN).await.unwrap();
     let made = store.create_batch(&[1], Format::Opaque, None, &|| new_opaque(&OsRandom), 0).await.unwrap().remove(0);
     assert_eq!(resolve(&store, Format::Opaque, &made.public_id).await.unwrap(), Some(1));

@@ -289,7 +289,7 @@ mod tests {
             "registry_url = \"https://registry.idgen.internal:8700\"\nregion = \"eu-west-1\"\nhome_region = false\n\
              schedule_cache = {cache:?}\n[lease]\nstore = \"dynamodb\"\n[lease.dynamodb]\nregion = \"eu-west-1\"\n\
              [tls]\ncert = \"/etc/idgen/tls/worker.pem\"\nkey = \"/etc/idgen/tls/worker-key.pem\"\n\
-             client_ca = \"/etc/idgen/tls/ca.pem\"\n"
+             client_ca = \"/etc/idgen/tls/ca.pem\"\nmetrics_readers = [\"spiffe://idgen.internal/idgen/metrics\"]\n"
         );
         load(dir.path(), &production).unwrap();
         for (line, named) in [

@@ -42,11 +42,28 @@ pub fn app(state: &AppState, caller: &str) -> App {
 
 /// One request: the status, the headers and the body as JSON (`null` if it is not).
 pub async fn send(state: &AppState, method: Method, uri: &str, body: &str) -> (StatusCode, HeaderMap, Value) {
+    send_as(state, idgen_server::identity::ANONYMOUS, method, uri, body).await
+}
+
+/// [`send`] on a connection of `caller`.
+pub async fn send_as(
+    state: &AppState,
+    caller: &str,
+    method: Method,
+    uri: &str,
+    body: &str,
+) -> (StatusCode, HeaderMap, Value) {
     let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
-    let response = app(state, idgen_server::identity::ANONYMOUS).oneshot(request).await.unwrap();
+    let response = app(state, caller).oneshot(request).await.unwrap();
     let (status, headers) = (response.status(), response.headers().clone());
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// [`send_as`] without the headers.
+pub async fn call_as(state: &AppState, caller: &str, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
+    let (status, _, body) = send_as(state, caller, method, uri, body).await;
+    (status, body)
 }
 
 /// [`send`] without the headers.
