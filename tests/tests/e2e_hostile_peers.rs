@@ -777,7 +777,7 @@ async fn honest_work(
     a.into_iter().chain(b).collect()
 }
 
-/// Issue 45's flood: random, well-formed public IDs sent at one caller's whole quota to a
+/// A flood of forged public IDs: random, well-formed public IDs sent at one caller's whole quota to a
 /// public-ID service on PostgreSQL with a streaming replica (`read_database_url`), beside another
 /// caller's creates and resolves. Opaque IDs without the keyed check's tag are turned away with
 /// no read of the replica or the primary; recent UUIDv7s (the replica may lag) read the primary

@@ -291,7 +291,7 @@ async fn e2e_a_reload_revoking_an_operators_certificate_closes_its_open_connecti
     );
 }
 
-/// Issue 45: `/metrics` shows every caller's volumes, so over mutual TLS only the identities
+/// `/metrics` shows every caller's volumes, so over mutual TLS only the identities
 /// `tls.metrics_readers` lists read it, through the worker's own handler and the shared one (the
 /// public-ID service, as the registry): the scraper's certificate gets the text, another caller's
 /// 403 `forbidden` (on the code before, every certified caller got it).

@@ -519,7 +519,7 @@ async fn the_services_own_resolve_future_is_small() {
     assert!(size <= 768, "the service's resolve future is {size} bytes");
 }
 
-/// Issue 45: a create answers with the public ID an internal ID already has (and its type), which
+/// A create answers with the public ID an internal ID already has (and its type), which
 /// is a lookup; so a caller listed to create in a stored format but not to look up in it is
 /// refused 403 before anything is read or made (on the code before, it learnt any internal ID's
 /// mapping: 200 and the public ID), counted under create, and named at start-up. A caller listed

@@ -93,7 +93,7 @@ mod private_files {
 
     use super::*;
 
-    /// Issue 45: private files are 0600 from their creation, and one wider is refused.
+    /// Private files are 0600 from their creation, and one wider is refused.
     #[test]
     fn private_files_are_the_owners_alone() {
         let dir = tempfile::tempdir().unwrap();

@@ -289,7 +289,7 @@ mod tests {
         assert!(quotas.admit(&a, 1).is_err(), "still the tight one");
     }
 
-    /// Issue 45: a reload (SIGHUP) that leaves a caller's rate as it was keeps its bucket as it
+    /// A reload (SIGHUP) that leaves a caller's rate as it was keeps its bucket as it
     /// is, drained; one that changes it starts it full.
     #[test]
     fn a_reload_keeps_the_buckets_of_rates_it_does_not_change() {

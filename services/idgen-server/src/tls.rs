@@ -598,7 +598,7 @@ mod tests {
         assert!(format!("{:#}", without_client_ca.validate().unwrap_err()).contains("tls.crl needs tls.client_ca"));
     }
 
-    /// Issue 45: each CRL's nextUpdate is exported by issuer (and again after a reload), and a
+    /// Each CRL's nextUpdate is exported by issuer (and again after a reload), and a
     /// file holding two CRLs of one issuer is refused.
     #[test]
     fn crls_export_their_next_update_and_one_issuer_has_one() {
@@ -625,7 +625,7 @@ mod tests {
         assert!(text.contains("issuer=\"CN=operators\"") && !text.contains("CN=callers"), "{text}");
     }
 
-    /// Issue 45: over mutual TLS only a listed identity reads `/metrics` (every caller without the
+    /// Over mutual TLS only a listed identity reads `/metrics` (every caller without the
     /// key, as development runs; `"*"` every identified one).
     #[test]
     fn only_listed_callers_read_metrics() {
@@ -640,7 +640,7 @@ mod tests {
         assert!(files.section().listener().unwrap().caller(Some(&certificate(scraper))).unwrap().reads_metrics());
     }
 
-    /// Issue 45: a reload of files that drop the client CA, or change what names a caller, is
+    /// A reload of files that drop the client CA, or change what names a caller, is
     /// refused, and the listener in force stays.
     #[test]
     fn a_reload_never_turns_mutual_tls_off() {

@@ -713,7 +713,7 @@ mod redaction_tests {
         assert_eq!(redacted_url("postgres://app:p@ss:w@db/ids"), "postgres://app:***@db/ids");
         assert_eq!(redacted_url("postgres://app@db/ids"), "postgres://app@db/ids");
         assert_eq!(redacted_url("sqlite://.idgen/registry.db"), "sqlite://.idgen/registry.db");
-        // Issue 45: a password given as a parameter, or in both places.
+        // A password given as a query parameter, or in both places.
         assert_eq!(
             redacted_url("postgres://app@db/ids?sslmode=verify-full&password=s3cret"),
             "postgres://app@db/ids?sslmode=verify-full&password=***"
