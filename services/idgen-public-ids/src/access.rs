@@ -243,12 +243,12 @@ pub fn describe(section: Option<&AccessSection>, development: bool) -> String {
     let mut create_only = Vec::new();
     for format in [Format::Opaque, Format::Uuidv7] {
         for name in section.create.iter().chain(&section.of_format(format).create) {
-            let caller = Caller::named(name);
+            let entry = format!("{name} ({})", format.as_str());
             if name != ANY_IDENTIFIED
-                && !rules.allows(&caller, Operation::Lookup, Some(format))
-                && !create_only.contains(&format!("{name} ({})", format.as_str()))
+                && !rules.allows(&Caller::named(name), Operation::Lookup, Some(format))
+                && !create_only.contains(&entry)
             {
-                create_only.push(format!("{name} ({})", format.as_str()));
+                create_only.push(entry);
             }
         }
     }

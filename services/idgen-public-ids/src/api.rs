@@ -129,6 +129,19 @@ impl ApiError {
             retry_after_secs: Some(1),
         }
     }
+    /// [`Self::storage`] for a resolve, whose primary reads after a replica's miss may also all
+    /// be taken: the same 503, said as such and not logged (a flood would fill the log).
+    fn resolve(error: ResolveError) -> Self {
+        match error {
+            ResolveError::Storage(error) => ApiError::storage(error),
+            ResolveError::FallbacksBusy => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "storage_unavailable",
+                message: "too many resolves are waiting for the primary database: retry".into(),
+                retry_after_secs: Some(1),
+            },
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -494,15 +507,7 @@ async fn resolve_stored(
     if state.gate.judge(format, public_id, type_number) == Verdict::Forged {
         return Ok(None);
     }
-    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(|error| match error {
-        ResolveError::Storage(error) => ApiError::storage(error),
-        ResolveError::FallbacksBusy => ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "storage_unavailable",
-            message: "too many resolves are waiting for the primary database: retry".into(),
-            retry_after_secs: Some(1),
-        },
-    })?;
+    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(ApiError::resolve)?;
     if let Some((internal_id, type_number)) = found {
         state.cache.remember_resolved(internal_id, format, public_id, type_number);
     }

@@ -176,8 +176,6 @@ pub async fn drop_legacy_table(
     dropped
 }
 
-/// Says at start-up (and on reload) who may do what; a warning when an operation is open to
-/// nobody, or to everybody.
 /// `idgen public seal-legacy`: the filter of every untagged opaque public ID, sealed
 /// ([`check`]).
 pub async fn seal_legacy(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<store::check::Sealed> {
@@ -198,6 +196,8 @@ pub async fn rotate_check_key(config: &PublicIdsConfig, owner_url: Option<&str>)
     added
 }
 
+/// Says at start-up (and on reload) who may do what; a warning when an operation is open to
+/// nobody, or to everybody, or a caller's creates are refused.
 fn log_access(config: &PublicIdsConfig) {
     let line = access::describe(config.access.as_ref(), config.development);
     if line.contains("NOBODY") || line.contains("REFUSED") || config.access.is_none() {

@@ -119,7 +119,6 @@ impl Accounting {
 struct Listed {
     limiter: DefaultDirectRateLimiter,
     rate: Rate,
-    burst: u32,
     accounting: Accounting,
 }
 
@@ -162,7 +161,7 @@ impl Quotas {
         let n = NonZeroU32::new(n.max(1)).expect("at least 1");
         let name = caller.name();
         let (checked, burst, accounting) = match set.listed.get(name) {
-            Some(listed) => (listed.limiter.check_n(n), listed.burst, &listed.accounting),
+            Some(listed) => (listed.limiter.check_n(n), listed.rate.burst, &listed.accounting),
             None => match &set.default {
                 Some(default) => (default.limiter.check_key_n(caller.key(), n), default.rate.burst, &*set.other),
                 None => return Ok(()),
@@ -221,7 +220,6 @@ fn build(section: &QuotaSection, metrics: &QuotaMetrics, previous: Option<&Quota
             None => Arc::new(Listed {
                 limiter: DefaultDirectRateLimiter::direct(rate.quota(&format!("quotas.callers.{caller}"))?),
                 rate: *rate,
-                burst: rate.burst,
                 accounting: Accounting::new(metrics, caller),
             }),
         };
