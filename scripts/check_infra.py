@@ -915,13 +915,13 @@ def main():
                 count += 1
         return f"{count} launch templates"
 
-    @check("the public-ID KMS key: rotation on, only the public-ID role may GenerateDataKey/Decrypt/ReEncrypt, "
-           "the reader regions' role Decrypt only")
+    @check("the public-ID KMS key: rotation on, only the public-ID service's role may GenerateDataKey/Decrypt "
+           "(under the service's encryption context) and ReEncrypt, the reader regions' role Decrypt only")
     def _():
         key = global_["Resources"]["PublicIdsKey"]["Properties"]
         require(key.get("EnableKeyRotation") is True, "EnableKeyRotation is not true")
         using = ("kms:*", "kms:decrypt", "kms:generatedatakey", "kms:encrypt", "kms:reencrypt", "kms:creategrant")
-        users = {"PublicIdsRole": set(), "PublicIdsReaderRole": set()}
+        users = {"PublicIdsKmsRole": set(), "PublicIdsReaderRole": set()}
         # A statement under Fn::If is checked in both its forms.
         statements = []
         for statement in key["KeyPolicy"]["Statement"]:
@@ -935,16 +935,54 @@ def main():
             attribute = principal.get("Fn::GetAtt") if isinstance(principal, dict) else None
             role = attribute[0] if attribute and len(attribute) == 2 and attribute[1] == "Arn" else None
             require(role in users, f"statement {statement.get('Sid')} lets {principal!r} use the key ({', '.join(actions)})")
+            context = statement.get("Condition", {}).get("StringEquals", {}).get("kms:EncryptionContext:service")
             if role == "PublicIdsReaderRole":
-                context = statement.get("Condition", {}).get("StringEquals", {}).get("kms:EncryptionContext:service")
                 require(actions == ["kms:Decrypt"] and context == "idgen-public-ids",
                         f"statement {statement.get('Sid')} lets the reader regions' role do {actions} "
                         f"under the context {context!r} (Decrypt only, under the service's)")
+            # What hands out a plaintext data key is held to the service's encryption context.
+            plaintext = {"kms:Decrypt", "kms:GenerateDataKey"} & set(actions)
+            require(not plaintext or context == "idgen-public-ids",
+                    f"statement {statement.get('Sid')} allows {sorted(plaintext)} under the context {context!r}")
             users[role].update(actions)
-        require(users["PublicIdsRole"] == {"kms:GenerateDataKey", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"},
-                f"the public-ID role has {sorted(users['PublicIdsRole'])}")
+        require(users["PublicIdsKmsRole"] == {"kms:GenerateDataKey", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"},
+                f"the public-ID service's role has {sorted(users['PublicIdsKmsRole'])}")
         require(users["PublicIdsReaderRole"] == {"kms:Decrypt"}, f"the reader regions' role has {sorted(users['PublicIdsReaderRole'])}")
         return "; ".join(f"{role}: " + ", ".join(sorted(actions)) for role, actions in users.items())
+
+    @check("no registry or public-ID service process can take its host role's credentials (which read the "
+           "database's master secret): each unit denies the instance metadata service, and the public-ID service "
+           "gets KMS through a role of its own that only its host role may assume")
+    def _():
+        deny = "IPAddressDeny=169.254.169.254/32 fd00:ec2::254/128"
+        found = []
+        for launch, example in (("RegistryLaunchTemplate", None), ("PublicIdsLaunchTemplate", None),
+                                ("PublicIdsLaunchTemplate", READER_EXAMPLE)):
+            unit = embedded_file(global_, "global.yaml", launch, "IDGEN_EOF_UNIT", example)
+            require(deny in unit.splitlines(), f"{launch}: the service's unit does not say {deny}")
+            found.append(launch)
+        for example in (None, READER_EXAMPLE):
+            script = rendered_user_data(global_, "global.yaml", "PublicIdsLaunchTemplate", example)
+            unit = heredoc(script, "IDGEN_EOF_UNIT")
+            require("EnvironmentFile=/etc/idgen/public-ids-aws.env" in unit.splitlines(),
+                    "the public-ID service's unit does not read its AWS settings (public-ids-aws.env)")
+            settings = heredoc(script, "IDGEN_EOF_AWS_ENV").splitlines()
+            require("AWS_EC2_METADATA_DISABLED=true" in settings and "AWS_CONFIG_FILE=/etc/idgen/public-ids-aws.config" in settings,
+                    f"public-ids-aws.env: {settings}")
+            init = heredoc(script, "IDGEN_EOF_INIT") if "IDGEN_EOF_INIT" in script else ""
+            require(not init or ". /etc/idgen/public-ids-aws.env" in init.splitlines(),
+                    "idgen-init does not use the service's AWS credentials")
+        trust = global_["Resources"]["PublicIdsKmsRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        require(trust == [{"Effect": "Allow", "Principal": {"AWS": {"Fn::GetAtt": ["PublicIdsRole", "Arn"]}},
+                           "Action": "sts:AssumeRole"}], f"PublicIdsKmsRole's trust policy: {trust}")
+        extra = [s for s in role_statements(global_, "PublicIdsKmsRole")]
+        require(not extra, f"PublicIdsKmsRole carries an IAM policy (the key policy alone grants it KMS): {extra}")
+        for role in ("PublicIdsRole", "RegistryRole"):
+            kms = [s.get("Sid") for s in role_statements(global_, role)
+                   if any(str(a).lower().startswith(("kms:generatedatakey", "kms:reencrypt", "kms:*"))
+                          for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))]
+            require(not kms, f"{role} may use a KMS key for itself: {kms}")
+        return ", ".join(found) + " deny the metadata service; the public-ID service's KMS role is assumed only by PublicIdsRole"
 
     @check("a reader region's stack (Deployment=public-ids-reader) holds only its public-ID service, on a cross-region replica of the home primary")
     def _():
