@@ -274,7 +274,21 @@ pub fn urls_of(line: &str) -> anyhow::Result<(String, Option<String>)> {
 /// Starts `idgen <args>`, waits for the line `<ready>…` on its stdout, and returns what follows
 /// `<ready>` on it.
 pub async fn start_idgen_line(args: &[&str], env: &[(String, String)], ready: &str) -> anyhow::Result<(Child, String)> {
-    let mut child = Command::new(idgen_bin())
+    start_idgen_without(args, env, &[], ready).await
+}
+
+/// [`start_idgen_line`], with the variables `remove` taken out of what the process inherits.
+pub async fn start_idgen_without(
+    args: &[&str],
+    env: &[(String, String)],
+    remove: &[&str],
+    ready: &str,
+) -> anyhow::Result<(Child, String)> {
+    let mut command = Command::new(idgen_bin());
+    for name in remove {
+        command.env_remove(name);
+    }
+    let mut child = command
         .args(args)
         .env("RUST_LOG", "warn")
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -102,3 +102,93 @@ async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
     assert_eq!(created.status(), 200);
     child.kill().await.unwrap();
 }
+
+/// A public-ID host gives its service AWS credentials of a role of their own (KMS only) through
+/// `credential_process`, with the instance metadata service, and the host role's credentials
+/// with it, out of the service's reach (infra/cloudformation/global.yaml). Here the process is
+/// the only source of credentials the service has: without it the service cannot start; with
+/// it, it unwraps its data key, and asks the process again when the credentials it holds
+/// expire (20 s here, an hour on a host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_kms_credentials_come_only_from_the_credential_process() {
+    let moto = MotoServer::start().await.unwrap();
+    let settings =
+        idgen::lease::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
+    let kms = idgen_public_ids::kms::client(&settings).await;
+    let key = kms.create_key().description("idgen e2e credentials").send().await.unwrap();
+    let key_id = key.key_metadata().unwrap().key_id().to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let calls = dir.path().join("calls.log");
+    let process = dir.path().join("credentials.sh");
+    // What idgen-kms-credentials leaves for the service, valid for 20 s from each call; the test
+    // switches it off by creating `refuse`.
+    std::fs::write(
+        &process,
+        format!(
+            "#!/bin/sh\nset -e\n[ ! -e '{refuse}' ] || exit 1\ndate +%s >> '{calls}'\n\
+             printf '{{\"Version\":1,\"AccessKeyId\":\"AKIDSERVICEROLE\",\"SecretAccessKey\":\"secret\",\
+             \"SessionToken\":\"token\",\"Expiration\":\"%s\"}}' \"$(date -u -d @$(( $(date +%s) + 20 )) +%Y-%m-%dT%H:%M:%SZ)\"\n",
+            refuse = dir.path().join("refuse").display(),
+            calls = calls.display(),
+        ),
+    )
+    .unwrap();
+    let aws_config = dir.path().join("aws.config");
+    std::fs::write(&aws_config, format!("[default]\ncredential_process = sh {}\n", process.display())).unwrap();
+    let env = [
+        ("AWS_CONFIG_FILE".to_owned(), aws_config.display().to_string()),
+        ("AWS_SHARED_CREDENTIALS_FILE".to_owned(), dir.path().join("no-credentials").display().to_string()),
+        ("AWS_EC2_METADATA_DISABLED".to_owned(), "true".to_owned()),
+    ];
+    let remove = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"];
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+        dir.path().join("p.db").display(),
+        moto.endpoint
+    );
+    let path = dir.path().join("public-ids.toml");
+    std::fs::write(&path, config).unwrap();
+    let args = ["public", "serve", "--config", path.to_str().unwrap()];
+    let ready = "idgen-public-ids listening on ";
+
+    // The process refuses: no other source is left, so no KMS call can be signed.
+    std::fs::write(dir.path().join("refuse"), "").unwrap();
+    let refused = idgen_e2e::start_idgen_without(&args, &env, &remove, ready).await.err().map(|e| format!("{e:#}"));
+    let refused = refused.expect("the service started with no credentials but the process's");
+    assert!(refused.contains("exited before listening"), "{refused}");
+    assert!(!calls.exists());
+
+    std::fs::remove_file(dir.path().join("refuse")).unwrap();
+    let (mut child, line) = idgen_e2e::start_idgen_without(&args, &env, &remove, ready).await.unwrap();
+    let url = idgen_e2e::urls_of(&line).unwrap().0;
+    let client = reqwest::Client::new();
+    let text = scrape(&client, &url).await;
+    assert!(text.contains("idgen_public_kms_up 1\n"), "{text}");
+    let created = client
+        .post(format!("{url}/v1/public-ids"))
+        .json(&serde_json::json!({"internal_id": "683244571854022659", "format": "encrypted"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 200);
+    // The probe asks KMS every second: near the credentials' expiry (the SDK renews 10 s ahead)
+    // it runs the process again. Starting runs it once per client; a renewal is a call made
+    // well after the first.
+    let call_times =
+        || -> Vec<u64> { std::fs::read_to_string(&calls).unwrap().lines().map(|line| line.parse().unwrap()).collect() };
+    let first = call_times()[0];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !call_times().iter().any(|&at| at >= first + 5) {
+        assert!(
+            Instant::now() < deadline,
+            "the credential process was not run again as its credentials expired: {:?}",
+            call_times()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = scrape(&client, &url).await;
+    assert!(text.contains("idgen_public_kms_up 1\n"), "{text}");
+    assert!(text.contains("idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"error\"} 0\n"), "{text}");
+    child.kill().await.unwrap();
+}

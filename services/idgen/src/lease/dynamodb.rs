@@ -42,8 +42,10 @@ use crate::metrics::TableLabel;
 type Item = HashMap<String, AttributeValue>;
 
 /// The AWS SDK configuration every idgen service uses: rustls (ring) as the one TLS stack, the
-/// standard credential chain (environment, profile, web identity, ECS, EC2 instance metadata),
-/// standard retries with backoff and jitter, and these timeouts.
+/// standard credential chain (environment, profile, web identity, ECS, EC2 instance metadata;
+/// a profile's `credential_process` included, run again when its credentials expire: how a
+/// public-ID host hands its service credentials of a role of their own), standard retries with
+/// backoff and jitter, and these timeouts.
 pub async fn sdk_config(settings: &DynamoDbSettings) -> aws_config::SdkConfig {
     let http =
         aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(CryptoMode::Ring)).build_https();
