@@ -11,6 +11,7 @@ pub mod layout;
 pub mod schedule;
 pub mod text;
 pub mod time;
+pub mod typeid;
 pub mod uuid;
 
 pub use generator::{

@@ -22,6 +22,20 @@ pub enum IdTextError {
     Neither { text: String },
 }
 
+impl IdTextError {
+    /// A short, stable word for the error, the same in every language (the shared test vectors,
+    /// `sdk/vectors`, name it).
+    pub fn code(&self) -> &'static str {
+        match self {
+            IdTextError::OutOfRange { .. } => "out_of_range",
+            IdTextError::Uuid { error: UuidError::Malformed, .. } => "malformed_uuid",
+            IdTextError::Uuid { error: UuidError::NotVersion7(_), .. } => "not_uuidv7",
+            IdTextError::Uuid { error: UuidError::WrongVariant, .. } => "wrong_uuid_variant",
+            IdTextError::Neither { .. } => "not_an_id",
+        }
+    }
+}
+
 /// Decimal digits (leading zeros allowed) below 2^63, or a hyphenated UUIDv7 in either case.
 pub fn parse_id(text: &str) -> Result<IdText, IdTextError> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {

@@ -1,4 +1,4 @@
-//! The TypeID specification's own test vectors (`tests/typeid/`, from jetify-com/typeid, see its
+//! The TypeID specification's own test vectors (`sdk/vectors/typeid/`, from jetify-com/typeid, see its
 //! README) through the service's parser and encoder: every valid one parses to its prefix and
 //! UUID and is written back as the same text, every invalid one is refused.
 
@@ -6,7 +6,7 @@ use idgen_public_ids::format::{parse_typeid, typeid_text};
 use serde_json::Value;
 
 fn vectors(file: &str) -> Vec<Value> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/typeid").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/vectors/typeid").join(file);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

@@ -225,7 +225,7 @@ async fn with_mapping(db: &Db, types: Types, internal_id: u64, bytes: [u8; 16], 
 }
 
 fn vectors(file: &str) -> Vec<Value> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/typeid").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/vectors/typeid").join(file);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
