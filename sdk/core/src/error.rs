@@ -1,0 +1,72 @@
+//! One error for every call: what a binding turns into its language's exceptions.
+
+use idgen::core::Refusal;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The caller's input is not what the call takes (an ID out of range, a count of 0, an
+    /// unknown configuration key): Python's `ValueError`, a JavaScript `RangeError`. `code` is
+    /// the shared test vectors' name for it.
+    #[error("{message}")]
+    Invalid { code: &'static str, message: String },
+    /// No ID now: the generator refuses (its reason: `lease`, `clock_behind`,
+    /// `clock_unsynchronized`, `schedule`, `forked`), the fleet is over the caller's quota
+    /// (`over_quota`) or no endpoint answered (`unavailable`). `retry_after_ms` where waiting
+    /// helps. Python's `idgen.Refused`, JavaScript's `IdgenRefusedError`.
+    #[error("{message}")]
+    Refused { reason: String, message: String, retry_after_ms: Option<u64> },
+    /// Anything else: a configuration that cannot start, a handle already closed, a fleet that
+    /// answered something unreadable.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Error {
+    pub(crate) fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        Error::Invalid { code, message: message.into() }
+    }
+
+    /// The generator's refusal, with the wait the worker's `Retry-After` would give.
+    pub(crate) fn refused(refusal: &Refusal) -> Self {
+        let retry_after_ms = match refusal {
+            Refusal::ClockBehind { behind_ms } => (*behind_ms).max(1) as u64,
+            Refusal::RegionRetired { .. } => return Error::refusal(refusal.reason(), refusal.to_string(), None),
+            _ => 1_000,
+        };
+        Error::refusal(refusal.reason(), format!("refusing to issue: {refusal}"), Some(retry_after_ms))
+    }
+
+    pub(crate) fn refusal(reason: &str, message: impl Into<String>, retry_after_ms: Option<u64>) -> Self {
+        Error::Refused { reason: reason.to_owned(), message: message.into(), retry_after_ms }
+    }
+
+    pub(crate) fn forked() -> Self {
+        Error::refusal(
+            "forked",
+            "this handle was started before the process forked: a forked child never issues under its parent's \
+             lease; start a generator (or client) in the child",
+            None,
+        )
+    }
+
+    pub(crate) fn closed() -> Self {
+        Error::Failed("this handle is closed".into())
+    }
+}
+
+impl From<idgen_client::Error> for Error {
+    fn from(error: idgen_client::Error) -> Self {
+        use idgen_client::Error as E;
+        let message = error.to_string();
+        match error {
+            E::OverQuota { retry_after, .. } => {
+                Error::refusal("over_quota", message, Some(retry_after.map_or(1_000, |d| d.as_millis() as u64)))
+            }
+            E::Unavailable { .. } => Error::refusal("unavailable", message, Some(1_000)),
+            E::InvalidArgument(_) => Error::invalid("invalid_argument", message),
+            E::Config(_) => Error::invalid("invalid_config", message),
+            E::Decode { .. } => Error::invalid("out_of_range", message),
+            E::Rejected { .. } => Error::Failed(message),
+        }
+    }
+}

@@ -1,0 +1,62 @@
+"""What the native module returns and raises: plain Python types, so they pickle, compare and
+print as any other."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional, Tuple, Union
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+class IdgenError(Exception):
+    """A call that failed for a reason other than a refusal or bad input: a configuration that
+    cannot start, a closed handle, an unreadable answer from the fleet."""
+
+
+class Refused(IdgenError):
+    """No ID now. ``reason`` is one word: ``lease``, ``clock_behind``, ``clock_unsynchronized``,
+    ``schedule``, ``forked`` (a handle started before this process forked), ``over_quota``,
+    ``unavailable`` (no endpoint answered). ``retry_after`` is the wait in seconds where waiting
+    helps, else ``None``."""
+
+    def __init__(self, message: str, reason: str, retry_after: Optional[float]) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.reason, self.retry_after))
+
+
+class InvalidInput(ValueError):
+    """Bad input: ``code`` names it as the shared test vectors do (``out_of_range``,
+    ``not_an_id``, ``malformed_uuid``, ``not_uuidv7``, ``invalid_count``, ``invalid_config``, …)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.code))
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """An ID taken apart. For a UUIDv7 (``layout == "uuidv7"``) only ``id`` and the time are set;
+    ``region_number`` only for layouts with a region field, ``region`` where it has a name."""
+
+    id: Union[int, uuid.UUID]
+    layout: str
+    created_at_unix_ms: int
+    region_number: Optional[int] = None
+    region: Optional[str] = None
+    machine: Optional[int] = None
+    sequence: Optional[int] = None
+    created_at: datetime.datetime = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        at = _EPOCH + datetime.timedelta(milliseconds=self.created_at_unix_ms)
+        object.__setattr__(self, "created_at", at)
