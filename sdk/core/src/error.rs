@@ -15,6 +15,10 @@ pub enum Error {
     /// helps. Python's `idgen.Refused`, JavaScript's `IdgenRefusedError`.
     #[error("{message}")]
     Refused { reason: String, message: String, retry_after_ms: Option<u64> },
+    /// A service refused the request for a reason of its own (its 4xx `code`): a public-ID
+    /// type it does not know, a format the caller may not use. Python's `idgen.Rejected`.
+    #[error("{message}")]
+    Rejected { status: u16, code: String, message: String },
     /// Anything else: a configuration that cannot start, a handle already closed, a fleet that
     /// answered something unreadable.
     #[error("{0}")]
@@ -65,8 +69,10 @@ impl From<idgen_client::Error> for Error {
             E::Unavailable { .. } => Error::refusal("unavailable", message, Some(1_000)),
             E::InvalidArgument(_) => Error::invalid("invalid_argument", message),
             E::Config(_) => Error::invalid("invalid_config", message),
-            E::Decode { .. } => Error::invalid("out_of_range", message),
-            E::Rejected { .. } => Error::Failed(message),
+            // The input was checked before (`decode::parse`): what is left is a schedule the
+            // registry has not given yet.
+            E::Decode { .. } => Error::refusal("schedule", message, Some(1_000)),
+            E::Rejected { status, code, .. } => Error::Rejected { status, code, message },
         }
     }
 }

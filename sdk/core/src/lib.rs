@@ -1,7 +1,7 @@
 //! The one seam between idgen's Rust crates and every other language.
 //!
-//! What it owns: handles on the embedded generator ([`Embedded`]) and the fleet client
-//! ([`Client`]) whose calls block the calling thread (a binding releases its interpreter's lock
+//! What it owns: handles on the embedded generator ([`Embedded`]), the fleet client
+//! ([`Client`]) and the public-ID service ([`PublicIds`]) whose calls block the calling thread (a binding releases its interpreter's lock
 //! around them), decode by a schedule ([`decode`]), one error type whose variants a binding maps
 //! to its language's exceptions ([`Error`]), and the process's runtime ([`runtime`]): the tokio
 //! threads every handle runs on, started on first use, and the fork guard.
@@ -22,6 +22,7 @@ mod client;
 mod decode;
 mod embedded;
 mod error;
+mod public_ids;
 pub mod runtime;
 
 /// TypeID text (public IDs): the core's parser and encoder.
@@ -33,6 +34,7 @@ pub use client::Client;
 pub use decode::{Decoded, IdInput, LayoutFrom, decode, default_schedule};
 pub use embedded::{DEFAULT_ENV_PREFIX, Embedded};
 pub use error::Error;
+pub use public_ids::{Mapping, PublicIds, PublicIdsConfig};
 
 /// The most IDs one `next_ids` or `next_uuids` call returns.
 pub const MAX_COUNT: u64 = 100_000;

@@ -17,6 +17,8 @@ static REFUSED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INVALID_INPUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static IDGEN_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DECODED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static REJECTED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static MAPPING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static UUID: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// The SDK's error as the Python exception `idgen` documents.
@@ -28,6 +30,9 @@ fn raise(py: Python<'_>, error: Error) -> PyErr {
         Error::Refused { reason, message, retry_after_ms } => REFUSED
             .import(py, "idgen._types", "Refused")
             .and_then(|class| class.call1((message, reason, retry_after_ms.map(|ms| ms as f64 / 1000.0)))),
+        Error::Rejected { status, code, message } => {
+            REJECTED.import(py, "idgen._types", "Rejected").and_then(|class| class.call1((message, status, code)))
+        }
         Error::Failed(message) => {
             IDGEN_ERROR.import(py, "idgen._types", "IdgenError").and_then(|class| class.call1((message,)))
         }
@@ -295,6 +300,74 @@ impl Client {
     }
 }
 
+/// `idgen.Mapping`, the dataclass.
+fn mapping<'py>(py: Python<'py>, m: idgen_sdk::Mapping, created: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("public_id", m.public_id)?;
+    kwargs.set_item("internal_id", m.internal_id)?;
+    kwargs.set_item("format", m.format)?;
+    kwargs.set_item("type", m.kind)?;
+    kwargs.set_item("created", created)?;
+    MAPPING.import(py, "idgen._types", "Mapping")?.call((), Some(&kwargs))
+}
+
+/// The public-ID service's client (`idgen.PublicIds` subclasses it with keyword settings).
+#[pyclass(subclass, frozen, module = "idgen._native", name = "PublicIds")]
+struct PublicIds {
+    inner: idgen_sdk::PublicIds,
+}
+
+#[pymethods]
+impl PublicIds {
+    #[new]
+    #[pyo3(signature = (config_json = None, config_file = None))]
+    fn new(py: Python<'_>, config_json: Option<String>, config_file: Option<PathBuf>) -> PyResult<Self> {
+        let inner = py
+            .detach(|| match (config_json, config_file) {
+                (Some(json), None) => idgen_sdk::PublicIds::from_json(&json),
+                (None, Some(file)) => idgen_sdk::PublicIds::from_file(&file),
+                _ => Err(invalid("invalid_config", "give the settings or a configuration file, not both".into())),
+            })
+            .map_err(|e| raise(py, e))?;
+        Ok(PublicIds { inner })
+    }
+
+    #[pyo3(signature = (internal_id, *, format = None, r#type = None))]
+    fn create<'py>(
+        &self,
+        py: Python<'py>,
+        internal_id: &Bound<'py, PyAny>,
+        format: Option<String>,
+        r#type: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = read_id(py, internal_id)?;
+        let (made, created) = py
+            .detach(|| self.inner.create(id.input(), format.as_deref(), r#type.as_deref()))
+            .map_err(|e| raise(py, e))?;
+        mapping(py, made, Some(created))
+    }
+
+    fn resolve<'py>(&self, py: Python<'py>, public_id: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let found = py.detach(|| self.inner.resolve(public_id)).map_err(|e| raise(py, e))?;
+        found.map(|m| mapping(py, m, None)).transpose()
+    }
+
+    #[pyo3(signature = (internal_id, *, format = None, r#type = None))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        internal_id: &Bound<'py, PyAny>,
+        format: Option<String>,
+        r#type: Option<String>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let id = read_id(py, internal_id)?;
+        let found = py
+            .detach(|| self.inner.lookup(id.input(), format.as_deref(), r#type.as_deref()))
+            .map_err(|e| raise(py, e))?;
+        found.map(|m| mapping(py, m, None)).transpose()
+    }
+}
+
 /// `id` taken apart under the built-in schedule (development; a generator's or a client's
 /// `decode` uses the registry's), naming regions from `regions`.
 #[pyfunction]
@@ -347,6 +420,7 @@ fn typeid_text(py: Python<'_>, prefix: &str, uuid: &Bound<'_, PyAny>) -> PyResul
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<EmbeddedGenerator>()?;
     module.add_class::<Client>()?;
+    module.add_class::<PublicIds>()?;
     module.add_function(wrap_pyfunction!(decode, module)?)?;
     module.add_function(wrap_pyfunction!(default_schedule, module)?)?;
     module.add_function(wrap_pyfunction!(parse_typeid, module)?)?;

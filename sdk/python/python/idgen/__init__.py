@@ -14,10 +14,10 @@ import asyncio
 import json
 import os
 import uuid
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _native
-from ._types import Decoded, IdgenError, InvalidInput, Refused
+from ._types import Decoded, IdgenError, InvalidInput, Mapping, Refused, Rejected
 
 __all__ = [
     "Client",
@@ -27,7 +27,10 @@ __all__ = [
     "InvalidInput",
     "DEFAULT_ENV_PREFIX",
     "MAX_COUNT",
+    "Mapping",
+    "PublicIds",
     "Refused",
+    "Rejected",
     "decode",
     "default_schedule",
     "parse_typeid",
@@ -75,6 +78,16 @@ class EmbeddedGenerator(_native.EmbeddedGenerator):
         return await asyncio.get_running_loop().run_in_executor(None, self.next_uuids, count)
 
 
+def _settings(url: Optional[str], options: Dict[str, Any]) -> str:
+    settings = dict(options)
+    if url is not None:
+        settings["url"] = url
+    try:
+        return json.dumps(settings)
+    except (TypeError, ValueError) as error:
+        raise InvalidInput(f"settings: {error}", "invalid_config") from None
+
+
 class Client(_native.Client):
     """The fleet's client: prefetched IDs, failover to ``backups`` and back, local decode. Its
     settings are the Rust client's keys, as keyword arguments (``prefetch={"batch": 100}``,
@@ -93,16 +106,9 @@ class Client(_native.Client):
             if url is not None or backups is not None or options:
                 raise InvalidInput("give the client's settings or a configuration file, not both", "invalid_config")
             return super().__new__(cls, None, os.fspath(config_file))
-        settings = dict(options)
-        if url is not None:
-            settings["url"] = url
         if backups is not None:
-            settings["backups"] = list(backups)
-        try:
-            text = json.dumps(settings)
-        except (TypeError, ValueError) as error:
-            raise InvalidInput(f"client settings: {error}", "invalid_config") from None
-        return super().__new__(cls, text, None)
+            options["backups"] = list(backups)
+        return super().__new__(cls, _settings(url, options), None)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -115,3 +121,21 @@ class Client(_native.Client):
 
     async def anext_uuids(self, count: int) -> List[uuid.UUID]:
         return await asyncio.get_running_loop().run_in_executor(None, self.next_uuids, count)
+
+
+class PublicIds(_native.PublicIds):
+    """The public-ID service's client: ``create(internal_id, *, format=None, type=None)`` (the
+    mapping, made now or found; ``created`` says which), ``resolve(public_id)`` and
+    ``lookup(internal_id, *, format=None, type=None)`` (the mapping or ``None``). Settings as the
+    fleet client's: ``url``, ``request_timeout_ms``, ``connect_timeout_ms``, ``tls={…}``, or
+    ``config_file=``. A refusal of the service's own is ``idgen.Rejected`` (``status``, ``code``)."""
+
+    def __new__(cls, url: Optional[str] = None, *, config_file: Optional[PathLike] = None, **options: Any) -> PublicIds:
+        if config_file is not None:
+            if url is not None or options:
+                raise InvalidInput("give the settings or a configuration file, not both", "invalid_config")
+            return super().__new__(cls, None, os.fspath(config_file))
+        return super().__new__(cls, _settings(url, options), None)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass

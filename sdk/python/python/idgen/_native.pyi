@@ -3,10 +3,11 @@ import uuid
 from types import TracebackType
 from typing import Dict, List, Optional, Tuple, Type, TypeVar, Union
 
-from ._types import Decoded, Refused
+from ._types import Decoded, Mapping, Refused
 
 _G = TypeVar("_G", bound="EmbeddedGenerator")
 _C = TypeVar("_C", bound="Client")
+_P = TypeVar("_P", bound="PublicIds")
 
 MAX_COUNT: int
 DEFAULT_ENV_PREFIX: str
@@ -51,6 +52,14 @@ class Client:
     def __exit__(
         self, kind: Optional[Type[BaseException]], value: Optional[BaseException], traceback: Optional[TracebackType]
     ) -> bool: ...
+
+class PublicIds:
+    def __new__(cls: Type[_P], config_json: Optional[str] = None, config_file: Optional[str] = None) -> _P: ...
+    def create(self, internal_id: Union[int, str], *, format: Optional[str] = None, type: Optional[str] = None) -> Mapping: ...
+    def resolve(self, public_id: str) -> Optional[Mapping]: ...
+    def lookup(
+        self, internal_id: Union[int, str], *, format: Optional[str] = None, type: Optional[str] = None
+    ) -> Optional[Mapping]: ...
 
 def decode(id: Union[int, str], *, regions: Optional[Dict[int, str]] = None) -> Decoded: ...
 def default_schedule() -> List[Dict[str, Union[str, int]]]: ...

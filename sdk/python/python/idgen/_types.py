@@ -31,6 +31,19 @@ class Refused(IdgenError):
         return (type(self), (str(self), self.reason, self.retry_after))
 
 
+class Rejected(IdgenError):
+    """A service refused the request for a reason of its own: ``status`` (a 4xx) and ``code``
+    (e.g. ``unknown_type``, ``format_not_allowed``), as its API documents them."""
+
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.status, self.code))
+
+
 class InvalidInput(ValueError):
     """Bad input: ``code`` names it as the shared test vectors do (``out_of_range``,
     ``not_an_id``, ``malformed_uuid``, ``not_uuidv7``, ``invalid_count``, ``invalid_config``, …)."""
@@ -60,3 +73,16 @@ class Decoded:
     def __post_init__(self) -> None:
         at = _EPOCH + datetime.timedelta(milliseconds=self.created_at_unix_ms)
         object.__setattr__(self, "created_at", at)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A public ID and the internal ID it stands for. ``format`` is given by ``create`` and
+    ``lookup`` (a resolve answers the two IDs and the type); ``created`` by ``create`` only:
+    whether the mapping was made by that call (else it existed)."""
+
+    public_id: str
+    internal_id: int
+    format: Optional[str] = None
+    type: Optional[str] = None
+    created: Optional[bool] = None
