@@ -67,19 +67,7 @@ async fn e2e_a_database_that_goes_away_shows_on_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
-    let moto = MotoServer::start().await.unwrap();
-    let settings =
-        idgen::lease::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
-    let kms = idgen_public_ids::kms::client(&settings).await;
-    let key = kms.create_key().description("idgen e2e probe").send().await.unwrap();
-    let key_id = key.key_metadata().unwrap().key_id().to_owned();
-
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
-        dir.path().join("p.db").display(),
-        moto.endpoint
-    );
+    let (moto, dir, config) = kms_service("idgen e2e probe").await;
     let (mut child, url) = start_public_ids(dir.path(), &config).await.unwrap();
     let client = reqwest::Client::new();
     let text = scrape(&client, &url).await;
@@ -111,14 +99,7 @@ async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
 /// expire (20 s here, an hour on a host).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_kms_credentials_come_only_from_the_credential_process() {
-    let moto = MotoServer::start().await.unwrap();
-    let settings =
-        idgen::lease::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
-    let kms = idgen_public_ids::kms::client(&settings).await;
-    let key = kms.create_key().description("idgen e2e credentials").send().await.unwrap();
-    let key_id = key.key_metadata().unwrap().key_id().to_owned();
-
-    let dir = tempfile::tempdir().unwrap();
+    let (_moto, dir, config) = kms_service("idgen e2e credentials").await;
     let calls = dir.path().join("calls.log");
     let process = dir.path().join("credentials.sh");
     // What idgen-kms-credentials leaves for the service, valid for 20 s from each call; the test
@@ -142,11 +123,6 @@ async fn e2e_kms_credentials_come_only_from_the_credential_process() {
         ("AWS_EC2_METADATA_DISABLED".to_owned(), "true".to_owned()),
     ];
     let remove = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"];
-    let config = format!(
-        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
-        dir.path().join("p.db").display(),
-        moto.endpoint
-    );
     let path = dir.path().join("public-ids.toml");
     std::fs::write(&path, config).unwrap();
     let args = ["public", "serve", "--config", path.to_str().unwrap()];
@@ -191,4 +167,23 @@ async fn e2e_kms_credentials_come_only_from_the_credential_process() {
     assert!(text.contains("idgen_public_kms_up 1\n"), "{text}");
     assert!(text.contains("idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"error\"} 0\n"), "{text}");
     child.kill().await.unwrap();
+}
+
+/// A moto server with a KMS key, a directory, and the configuration of a development public-ID
+/// service on SQLite there whose encrypted format's data key that key wraps (probed every
+/// second).
+async fn kms_service(description: &str) -> (MotoServer, tempfile::TempDir, String) {
+    let moto = MotoServer::start().await.unwrap();
+    let settings =
+        idgen::lease::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
+    let kms = idgen_public_ids::kms::client(&settings).await;
+    let key = kms.create_key().description(description).send().await.unwrap();
+    let key_id = key.key_metadata().unwrap().key_id().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\nkms_probe_ms = 1000\n[kms]\nkey_id = \"{key_id}\"\nendpoint = \"{}\"\n",
+        dir.path().join("p.db").display(),
+        moto.endpoint
+    );
+    (moto, dir, config)
 }

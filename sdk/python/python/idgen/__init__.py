@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from . import _native
 from ._types import Decoded, IdgenError, InvalidInput, Mapping, Refused, Rejected
@@ -47,7 +47,29 @@ typeid_text = _native.typeid_text
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class EmbeddedGenerator(_native.EmbeddedGenerator):
+class _Asyncio:
+    """The asyncio variants: the call in the loop's default executor, so the loop never waits
+    on it (the native call lets go of the GIL while it waits)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # the native class's, which comes after this one in the MRO
+
+        def next_id(self) -> int: ...
+        def next_ids(self, count: int) -> List[int]: ...
+        def next_uuids(self, count: int) -> List[uuid.UUID]: ...
+
+    async def anext_id(self) -> int:
+        return await asyncio.get_running_loop().run_in_executor(None, self.next_id)
+
+    async def anext_ids(self, count: int) -> List[int]:
+        return await asyncio.get_running_loop().run_in_executor(None, self.next_ids, count)
+
+    async def anext_uuids(self, count: int) -> List[uuid.UUID]:
+        return await asyncio.get_running_loop().run_in_executor(None, self.next_uuids, count)
+
+
+class EmbeddedGenerator(_Asyncio, _native.EmbeddedGenerator):
     """The embedded generator: the worker's generator in this process, on its own lease (SQLite
     or DynamoDB, as the configuration file says). ``next_id()`` takes no lock and makes no call
     in the common case; calls that wait let go of the GIL. A generator started before
@@ -68,14 +90,6 @@ class EmbeddedGenerator(_native.EmbeddedGenerator):
         path = None if config_path is None else os.fspath(config_path)
         return cls(path, env_prefix=env_prefix, ready_timeout=ready_timeout)
 
-    async def anext_id(self) -> int:
-        return await asyncio.get_running_loop().run_in_executor(None, self.next_id)
-
-    async def anext_ids(self, count: int) -> List[int]:
-        return await asyncio.get_running_loop().run_in_executor(None, self.next_ids, count)
-
-    async def anext_uuids(self, count: int) -> List[uuid.UUID]:
-        return await asyncio.get_running_loop().run_in_executor(None, self.next_uuids, count)
 
 
 def _settings(url: Optional[str], options: Dict[str, Any]) -> str:
@@ -88,7 +102,7 @@ def _settings(url: Optional[str], options: Dict[str, Any]) -> str:
         raise InvalidInput(f"settings: {error}", "invalid_config") from None
 
 
-class Client(_native.Client):
+class Client(_Asyncio, _native.Client):
     """The fleet's client: prefetched IDs, failover to ``backups`` and back, local decode. Its
     settings are the Rust client's keys, as keyword arguments (``prefetch={"batch": 100}``,
     ``tls={"ca": …, "cert": …, "key": …}``, ``registry_url=…``) or a TOML file
@@ -113,14 +127,6 @@ class Client(_native.Client):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    async def anext_id(self) -> int:
-        return await asyncio.get_running_loop().run_in_executor(None, self.next_id)
-
-    async def anext_ids(self, count: int) -> List[int]:
-        return await asyncio.get_running_loop().run_in_executor(None, self.next_ids, count)
-
-    async def anext_uuids(self, count: int) -> List[uuid.UUID]:
-        return await asyncio.get_running_loop().run_in_executor(None, self.next_uuids, count)
 
 
 class PublicIds(_native.PublicIds):
