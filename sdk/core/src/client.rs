@@ -10,7 +10,7 @@ use prometheus_client::registry::Registry;
 
 use crate::decode::{self, Decoded, IdInput};
 use crate::runtime::{self, Held};
-use crate::{Error, check_count};
+use crate::{Error, IdSource, check_count};
 
 pub struct Client {
     held: Held,
@@ -23,18 +23,12 @@ impl Client {
     /// `prefetch = {batch, low_water, validity_ms}`, `tls`, …): a binding's keyword arguments or
     /// options object. An unknown key is refused.
     pub fn from_json(json: &str) -> Result<Client, Error> {
-        let config: ClientConfig = serde_json::from_str(json)
-            .map_err(|e| Error::invalid("invalid_config", format!("client configuration: {e}")))?;
-        Client::start(config)
+        Client::start(crate::settings_from_json("client configuration", json)?)
     }
 
     /// A client from a TOML file of the same keys.
     pub fn from_file(path: &Path) -> Result<Client, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::invalid("invalid_config", format!("reading {}: {e}", path.display())))?;
-        let config: ClientConfig =
-            toml::from_str(&text).map_err(|e| Error::invalid("invalid_config", format!("{}: {e}", path.display())))?;
-        Client::start(config)
+        Client::start(crate::settings_from_file(path)?)
     }
 
     fn start(config: ClientConfig) -> Result<Client, Error> {
@@ -51,47 +45,6 @@ impl Client {
             return Err(Error::forked());
         }
         call(client)
-    }
-
-    /// One ID, from the prefetched buffer while it holds a valid one.
-    pub fn next_id(&self) -> Result<u64, Error> {
-        self.with(|client| Ok(self.held.block_on(client.next_id())??))
-    }
-
-    pub fn next_ids(&self, count: u64) -> Result<Vec<u64>, Error> {
-        let count = check_count(count)?;
-        self.with(|client| Ok(self.held.block_on(client.next_ids(count))??))
-    }
-
-    pub fn next_uuids(&self, count: u64) -> Result<Vec<[u8; 16]>, Error> {
-        let count = check_count(count)?;
-        self.with(|client| {
-            let uuids = self.held.block_on(client.next_uuids(count))??;
-            Ok(uuids.into_iter().map(|uuid| uuid.into_bytes()).collect())
-        })
-    }
-
-    /// `id` taken apart locally, by the registry's schedule and region names.
-    pub fn decode(&self, id: IdInput<'_>) -> Result<Decoded, Error> {
-        let text = decode::parse(id)?;
-        self.with(|client| match text {
-            IdText::Uuid(bytes) => Ok(decode::uuid_decoded(bytes)),
-            IdText::Snowflake(value) => {
-                let d = client.decode(value)?;
-                Ok(Decoded {
-                    id: value.to_string(),
-                    value: Some(value),
-                    uuid: None,
-                    layout: d.layout,
-                    created_at_unix_ms: d.created_at_unix_ms,
-                    created_at: idgen::core::format_unix_ms(d.created_at_unix_ms),
-                    region_number: d.region_number,
-                    region: d.region,
-                    machine: Some(d.machine),
-                    sequence: Some(d.sequence),
-                })
-            }
-        })
     }
 
     /// The endpoint requests go to now (the local fleet, or a backup after a failover).
@@ -111,6 +64,49 @@ impl Client {
         if !runtime::unforked(self.held.generation) {
             std::mem::forget(client);
         }
+    }
+}
+
+impl IdSource for Client {
+    /// From the prefetched buffer while it holds a valid one.
+    fn next_id(&self) -> Result<u64, Error> {
+        self.with(|client| Ok(self.held.block_on(client.next_id())??))
+    }
+
+    fn next_ids(&self, count: u64) -> Result<Vec<u64>, Error> {
+        let count = check_count(count)?;
+        self.with(|client| Ok(self.held.block_on(client.next_ids(count))??))
+    }
+
+    fn next_uuids(&self, count: u64) -> Result<Vec<[u8; 16]>, Error> {
+        let count = check_count(count)?;
+        self.with(|client| {
+            let uuids = self.held.block_on(client.next_uuids(count))??;
+            Ok(uuids.into_iter().map(|uuid| uuid.into_bytes()).collect())
+        })
+    }
+
+    /// Locally, by the registry's schedule and region names.
+    fn decode(&self, id: IdInput<'_>) -> Result<Decoded, Error> {
+        let text = decode::parse(id)?;
+        self.with(|client| match text {
+            IdText::Uuid(bytes) => Ok(decode::uuid_decoded(bytes)),
+            IdText::Snowflake(value) => {
+                let d = client.decode(value)?;
+                Ok(Decoded {
+                    id: value.to_string(),
+                    value: Some(value),
+                    uuid: None,
+                    layout: d.layout,
+                    created_at_unix_ms: d.created_at_unix_ms,
+                    created_at: idgen::core::format_unix_ms(d.created_at_unix_ms),
+                    region_number: d.region_number,
+                    region: d.region,
+                    machine: Some(d.machine),
+                    sequence: Some(d.sequence),
+                })
+            }
+        })
     }
 }
 

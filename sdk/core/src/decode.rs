@@ -72,18 +72,10 @@ fn built_in() -> Schedule {
 
 /// Decodes `input` under the built-in schedule, naming regions from `regions`.
 pub fn decode(input: IdInput<'_>, regions: &HashMap<u32, String>) -> Result<Decoded, Error> {
-    decode_with(input, &built_in(), regions)
-}
-
-pub(crate) fn decode_with(
-    input: IdInput<'_>,
-    schedule: &Schedule,
-    regions: &HashMap<u32, String>,
-) -> Result<Decoded, Error> {
     match parse(input)? {
         IdText::Uuid(bytes) => Ok(uuid_decoded(bytes)),
         IdText::Snowflake(id) => {
-            let fields = schedule.decode(id).map_err(|e| Error::invalid("out_of_range", e.to_string()))?;
+            let fields = built_in().decode(id).map_err(|e| Error::invalid("out_of_range", e.to_string()))?;
             Ok(snowflake_decoded(&fields, regions))
         }
     }

@@ -1,6 +1,5 @@
 //! [`Embedded`]: `idgen::EmbeddedGenerator` behind blocking calls, for a host language.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -11,7 +10,7 @@ use prometheus_client::registry::Registry;
 
 use crate::decode::{self, Decoded, IdInput};
 use crate::runtime::{self, Held};
-use crate::{Error, check_count};
+use crate::{Error, IdSource, check_count};
 
 /// The default prefix of the environment variables that override the configuration file's
 /// keys (`IDGEN_EMBEDDED_LEASE__STORE=dynamodb`), as `IDGEN_WORKER_` does for the worker: not
@@ -76,44 +75,6 @@ impl Embedded {
         self.running(|running| Ok(running.generator.try_next_id()))
     }
 
-    /// One ID, above every ID this generator issued before.
-    pub fn next_id(&self) -> Result<u64, Error> {
-        self.running(|running| match running.generator.try_next_id() {
-            Some(id) => Ok(id),
-            None => self.held.block_on(running.embedded.next_id())?.map_err(|refusal| Error::refused(&refusal)),
-        })
-    }
-
-    /// `count` (1 to [`crate::MAX_COUNT`]) increasing IDs.
-    pub fn next_ids(&self, count: u64) -> Result<Vec<u64>, Error> {
-        let count = check_count(count)?;
-        self.running(|running| {
-            self.held.block_on(running.embedded.next_ids(count))?.map_err(|refusal| Error::refused(&refusal))
-        })
-    }
-
-    /// `count` (1 to [`crate::MAX_COUNT`]) increasing UUIDv7s.
-    pub fn next_uuids(&self, count: u64) -> Result<Vec<[u8; 16]>, Error> {
-        let count = check_count(count)?;
-        self.running(|running| {
-            self.held.block_on(running.embedded.next_uuids(count))?.map_err(|refusal| Error::refused(&refusal))
-        })
-    }
-
-    /// `id` taken apart under this generator's schedule (the registry's), regions named.
-    pub fn decode(&self, id: IdInput<'_>) -> Result<Decoded, Error> {
-        let text = decode::parse(id)?;
-        self.running(|running| match text {
-            IdText::Uuid(bytes) => Ok(decode::uuid_decoded(bytes)),
-            IdText::Snowflake(value) => {
-                let fields =
-                    running.embedded.decode(value).map_err(|e| Error::invalid("out_of_range", e.to_string()))?;
-                let names = running.embedded.region_names().read().unwrap_or_else(|p| p.into_inner());
-                Ok(decode::snowflake_decoded(&fields, &names))
-            }
-        })
-    }
-
     /// Issuing (`Ok`), or the refusal a call would get now.
     pub fn health(&self) -> Result<(), Error> {
         self.running(|running| match running.embedded.health() {
@@ -128,11 +89,6 @@ impl Embedded {
             let e = &running.embedded;
             Ok((e.region().to_owned(), e.region_number(), e.holder().to_owned()))
         })
-    }
-
-    /// Region names by number, as the registry gave them.
-    pub fn region_names(&self) -> Result<HashMap<u32, String>, Error> {
-        self.running(|running| Ok(running.embedded.region_names().read().unwrap_or_else(|p| p.into_inner()).clone()))
     }
 
     /// The generator's metrics in the Prometheus text format (the names a worker exports), to
@@ -158,6 +114,42 @@ impl Embedded {
                 .map_err(|e| Error::Failed(format!("releasing the leases: {e:#}"))),
             None => Ok(()),
         }
+    }
+}
+
+impl IdSource for Embedded {
+    fn next_id(&self) -> Result<u64, Error> {
+        self.running(|running| match running.generator.try_next_id() {
+            Some(id) => Ok(id),
+            None => self.held.block_on(running.embedded.next_id())?.map_err(|refusal| Error::refused(&refusal)),
+        })
+    }
+
+    fn next_ids(&self, count: u64) -> Result<Vec<u64>, Error> {
+        let count = check_count(count)?;
+        self.running(|running| {
+            self.held.block_on(running.embedded.next_ids(count))?.map_err(|refusal| Error::refused(&refusal))
+        })
+    }
+
+    fn next_uuids(&self, count: u64) -> Result<Vec<[u8; 16]>, Error> {
+        let count = check_count(count)?;
+        self.running(|running| {
+            self.held.block_on(running.embedded.next_uuids(count))?.map_err(|refusal| Error::refused(&refusal))
+        })
+    }
+
+    fn decode(&self, id: IdInput<'_>) -> Result<Decoded, Error> {
+        let text = decode::parse(id)?;
+        self.running(|running| match text {
+            IdText::Uuid(bytes) => Ok(decode::uuid_decoded(bytes)),
+            IdText::Snowflake(value) => {
+                let fields =
+                    running.embedded.decode(value).map_err(|e| Error::invalid("out_of_range", e.to_string()))?;
+                let names = running.embedded.region_names().read().unwrap_or_else(|p| p.into_inner());
+                Ok(decode::snowflake_decoded(&fields, &names))
+            }
+        })
     }
 }
 

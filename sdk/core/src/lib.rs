@@ -36,6 +36,19 @@ pub use embedded::{DEFAULT_ENV_PREFIX, Embedded};
 pub use error::Error;
 pub use public_ids::{Mapping, PublicIds, PublicIdsConfig};
 
+/// The calls both handles that hand out IDs answer, the embedded generator ([`Embedded`]) and
+/// the fleet client ([`Client`]): one shape, so a binding writes each call once.
+pub trait IdSource: Send + Sync {
+    /// One ID, above every ID this source handed out before (while it uses one endpoint).
+    fn next_id(&self) -> Result<u64, Error>;
+    /// `count` (1 to [`MAX_COUNT`]) increasing IDs.
+    fn next_ids(&self, count: u64) -> Result<Vec<u64>, Error>;
+    /// `count` (1 to [`MAX_COUNT`]) increasing UUIDv7s.
+    fn next_uuids(&self, count: u64) -> Result<Vec<[u8; 16]>, Error>;
+    /// `id` taken apart by the schedule in force (the registry's), regions named.
+    fn decode(&self, id: IdInput<'_>) -> Result<Decoded, Error>;
+}
+
 /// The most IDs one `next_ids` or `next_uuids` call returns.
 pub const MAX_COUNT: u64 = 100_000;
 
@@ -44,6 +57,19 @@ fn check_count(count: u64) -> Result<u32, Error> {
         1..=MAX_COUNT => Ok(count as u32),
         _ => Err(Error::invalid("invalid_count", format!("count must be 1 to {MAX_COUNT}, not {count}"))),
     }
+}
+
+/// A handle's settings from a JSON object of its keys (a binding's keyword arguments or
+/// options object); an unknown key is refused by name.
+fn settings_from_json<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T, Error> {
+    serde_json::from_str(json).map_err(|e| Error::invalid("invalid_config", format!("{what}: {e}")))
+}
+
+/// A handle's settings from a TOML file of the same keys.
+fn settings_from_file<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid("invalid_config", format!("reading {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| Error::invalid("invalid_config", format!("{}: {e}", path.display())))
 }
 
 fn encode_metrics(registry: &prometheus_client::registry::Registry) -> Result<String, Error> {

@@ -2,15 +2,14 @@
 //! calls, with the fleet client's connection settings (`url`, `request_timeout_ms`,
 //! `connect_timeout_ms`, `tls`). The service decides everything; this only speaks its API.
 
-use std::path::Path;
-use std::time::Duration;
-
 use idgen::control::tls::ClientTlsSection;
+use idgen_client::ErrorBody;
 use serde::Deserialize;
+use std::path::Path;
 
 use crate::Error;
 use crate::decode::{self, IdInput};
-use crate::runtime::{self, Held};
+use crate::runtime::Held;
 
 /// The settings, the fleet client's keys that apply to one endpoint.
 #[derive(Debug, Clone, Deserialize)]
@@ -50,17 +49,6 @@ fn decimal<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::
     text.parse().map_err(serde::de::Error::custom)
 }
 
-#[derive(Deserialize, Default)]
-struct ErrorBody {
-    error: ErrorFields,
-}
-
-#[derive(Deserialize, Default)]
-struct ErrorFields {
-    code: String,
-    message: String,
-}
-
 pub struct PublicIds {
     held: Held,
     http: reqwest::Client,
@@ -71,41 +59,22 @@ impl PublicIds {
     /// From a JSON object of the settings (a binding's keyword arguments); an unknown key is
     /// refused.
     pub fn from_json(json: &str) -> Result<PublicIds, Error> {
-        let config: PublicIdsConfig = serde_json::from_str(json)
-            .map_err(|e| Error::invalid("invalid_config", format!("public-ID client configuration: {e}")))?;
-        PublicIds::new(config)
+        PublicIds::new(crate::settings_from_json("public-ID client configuration", json)?)
     }
 
     /// From a TOML file of the same keys.
     pub fn from_file(path: &Path) -> Result<PublicIds, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::invalid("invalid_config", format!("reading {}: {e}", path.display())))?;
-        let config: PublicIdsConfig =
-            toml::from_str(&text).map_err(|e| Error::invalid("invalid_config", format!("{}: {e}", path.display())))?;
-        PublicIds::new(config)
+        PublicIds::new(crate::settings_from_file(path)?)
     }
 
     fn new(config: PublicIdsConfig) -> Result<PublicIds, Error> {
-        let parsed = reqwest::Url::parse(&config.url)
-            .map_err(|e| Error::invalid("invalid_config", format!("url {:?}: {e}", config.url)))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-            return Err(Error::invalid(
-                "invalid_config",
-                format!("url {:?}: an http:// or https:// URL with a host", config.url),
-            ));
-        }
+        idgen_client::check_endpoint(&config.url)?;
         if config.request_timeout_ms == 0 || config.connect_timeout_ms == 0 {
             return Err(Error::invalid("invalid_config", "request_timeout_ms and connect_timeout_ms above 0"));
         }
-        let tls = config.tls.client_config().map_err(|e| Error::invalid("invalid_config", format!("tls: {e:#}")))?;
-        let mut http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .tcp_nodelay(true);
-        if let Some(tls) = tls {
-            http = http.use_preconfigured_tls(tls);
-        }
-        let http = http.build().map_err(|e| Error::Failed(format!("the HTTP client: {e}")))?;
+        let http = idgen_client::http_builder(config.request_timeout_ms, config.connect_timeout_ms, &config.tls)?
+            .build()
+            .map_err(|e| Error::Failed(format!("the HTTP client: {e}")))?;
         Ok(PublicIds { held: Held::new()?, http, url: config.url.trim_end_matches('/').to_owned() })
     }
 
@@ -165,9 +134,7 @@ impl PublicIds {
 
     /// Sends `request`; `None` for a 404.
     fn call(&self, request: reqwest::RequestBuilder) -> Result<Option<(u16, Mapping)>, Error> {
-        if !runtime::unforked(self.held.generation) {
-            return Err(Error::forked());
-        }
+        // `block_on` refuses in a forked child.
         self.held.block_on(async move {
             let response = request
                 .send()
@@ -181,11 +148,7 @@ impl PublicIds {
             if status == 404 {
                 return Ok(None);
             }
-            let retry_after_ms = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-                .map(|secs| secs * 1_000);
+            let retry_after_ms = idgen_client::retry_after(response.headers()).map(|wait| wait.as_millis() as u64);
             let body: ErrorBody = response.json().await.unwrap_or_default();
             let message = format!("{status} {}: {}", body.error.code, body.error.message);
             Err(match status {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idgen_sdk::{Decoded, Error, IdInput, MAX_COUNT};
+use idgen_sdk::{Decoded, Error, IdInput, IdSource, MAX_COUNT};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -134,6 +134,46 @@ fn decoded<'py>(py: Python<'py>, d: Decoded) -> PyResult<Bound<'py, PyAny>> {
     DECODED.import(py, "idgen._types", "Decoded")?.call((), Some(&kwargs))
 }
 
+/// `next_ids` of either handle, the interpreter let go while it waits.
+fn next_ids(py: Python<'_>, source: &impl IdSource, count: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let count = read_count(py, count)?;
+    py.detach(|| source.next_ids(count)).map_err(|e| raise(py, e))
+}
+
+/// `next_uuids` of either handle, as `uuid.UUID`s.
+fn next_uuids<'py>(py: Python<'py>, source: &impl IdSource, count: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let count = read_count(py, count)?;
+    let all = py.detach(|| source.next_uuids(count)).map_err(|e| raise(py, e))?;
+    uuids(py, &all)
+}
+
+/// `decode` of either handle, as `idgen.Decoded`.
+fn decode_by<'py>(py: Python<'py>, source: &impl IdSource, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let id = read_id(py, id)?;
+    let answer = source.decode(id.input()).map_err(|e| raise(py, e))?;
+    decoded(py, answer)
+}
+
+/// A handle made from its settings as JSON (the Python class's keyword arguments) or from a
+/// configuration file, exactly one of the two.
+fn from_settings<T>(
+    py: Python<'_>,
+    config_json: Option<String>,
+    config_file: Option<PathBuf>,
+    from_json: fn(&str) -> Result<T, Error>,
+    from_file: fn(&std::path::Path) -> Result<T, Error>,
+) -> PyResult<T>
+where
+    T: Send,
+{
+    py.detach(|| match (config_json, config_file) {
+        (Some(json), None) => from_json(&json),
+        (None, Some(file)) => from_file(&file),
+        _ => Err(invalid("invalid_config", "give the settings or a configuration file, not both".into())),
+    })
+    .map_err(|e| raise(py, e))
+}
+
 /// The embedded generator (`idgen.EmbeddedGenerator` subclasses it with the asyncio methods).
 #[pyclass(subclass, frozen, module = "idgen._native", name = "EmbeddedGenerator")]
 struct EmbeddedGenerator {
@@ -167,20 +207,15 @@ impl EmbeddedGenerator {
     }
 
     fn next_ids(&self, py: Python<'_>, count: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-        let count = read_count(py, count)?;
-        py.detach(|| self.inner.next_ids(count)).map_err(|e| raise(py, e))
+        next_ids(py, &self.inner, count)
     }
 
     fn next_uuids<'py>(&self, py: Python<'py>, count: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-        let count = read_count(py, count)?;
-        let all = py.detach(|| self.inner.next_uuids(count)).map_err(|e| raise(py, e))?;
-        uuids(py, &all)
+        next_uuids(py, &self.inner, count)
     }
 
     fn decode<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let id = read_id(py, id)?;
-        let answer = self.inner.decode(id.input()).map_err(|e| raise(py, e))?;
-        decoded(py, answer)
+        decode_by(py, &self.inner, id)
     }
 
     /// `None` while issuing, else the `Refused` a call would raise now (not raised).
@@ -238,16 +273,8 @@ impl Client {
     #[new]
     #[pyo3(signature = (config_json = None, config_file = None))]
     fn new(py: Python<'_>, config_json: Option<String>, config_file: Option<PathBuf>) -> PyResult<Self> {
-        let inner = py
-            .detach(|| match (config_json, config_file) {
-                (Some(json), None) => idgen_sdk::Client::from_json(&json),
-                (None, Some(file)) => idgen_sdk::Client::from_file(&file),
-                _ => Err(invalid(
-                    "invalid_config",
-                    "give the client's settings or a configuration file, not both".into(),
-                )),
-            })
-            .map_err(|e| raise(py, e))?;
+        let inner =
+            from_settings(py, config_json, config_file, idgen_sdk::Client::from_json, idgen_sdk::Client::from_file)?;
         Ok(Client { inner })
     }
 
@@ -256,20 +283,15 @@ impl Client {
     }
 
     fn next_ids(&self, py: Python<'_>, count: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-        let count = read_count(py, count)?;
-        py.detach(|| self.inner.next_ids(count)).map_err(|e| raise(py, e))
+        next_ids(py, &self.inner, count)
     }
 
     fn next_uuids<'py>(&self, py: Python<'py>, count: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-        let count = read_count(py, count)?;
-        let all = py.detach(|| self.inner.next_uuids(count)).map_err(|e| raise(py, e))?;
-        uuids(py, &all)
+        next_uuids(py, &self.inner, count)
     }
 
     fn decode<'py>(&self, py: Python<'py>, id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let id = read_id(py, id)?;
-        let answer = self.inner.decode(id.input()).map_err(|e| raise(py, e))?;
-        decoded(py, answer)
+        decode_by(py, &self.inner, id)
     }
 
     #[getter]
@@ -322,13 +344,13 @@ impl PublicIds {
     #[new]
     #[pyo3(signature = (config_json = None, config_file = None))]
     fn new(py: Python<'_>, config_json: Option<String>, config_file: Option<PathBuf>) -> PyResult<Self> {
-        let inner = py
-            .detach(|| match (config_json, config_file) {
-                (Some(json), None) => idgen_sdk::PublicIds::from_json(&json),
-                (None, Some(file)) => idgen_sdk::PublicIds::from_file(&file),
-                _ => Err(invalid("invalid_config", "give the settings or a configuration file, not both".into())),
-            })
-            .map_err(|e| raise(py, e))?;
+        let inner = from_settings(
+            py,
+            config_json,
+            config_file,
+            idgen_sdk::PublicIds::from_json,
+            idgen_sdk::PublicIds::from_file,
+        )?;
         Ok(PublicIds { inner })
     }
 

@@ -106,10 +106,7 @@ impl ClientConfig {
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |what: String| Err(Error::Config(what));
         for url in std::iter::once(&self.url).chain(&self.backups) {
-            let parsed = reqwest::Url::parse(url).map_err(|e| Error::Config(format!("endpoint {url:?}: {e}")))?;
-            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-                return bad(format!("endpoint {url:?}: an http:// or https:// URL with a host"));
-            }
+            check_endpoint(url)?;
         }
         if self.request_timeout_ms == 0 || self.connect_timeout_ms == 0 || self.probe_interval_ms < 10 {
             return bad("request_timeout_ms and connect_timeout_ms above 0, probe_interval_ms at least 10".into());
@@ -199,16 +196,10 @@ impl<'a> ClientBuilder<'a> {
     pub async fn build(self) -> Result<Client, Error> {
         let config = self.config;
         config.validate()?;
-        let tls = config.tls.client_config().map_err(|e| Error::Config(format!("tls: {e:#}")))?;
-        let mut http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+        let http = http_builder(config.request_timeout_ms, config.connect_timeout_ms, &config.tls)?
             .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true);
-        if let Some(tls) = tls {
-            http = http.use_preconfigured_tls(tls);
-        }
-        let http = http.build().map_err(|e| Error::Config(format!("the HTTP client: {e}")))?;
+            .build()
+            .map_err(|e| Error::Config(format!("the HTTP client: {e}")))?;
         let endpoints: Vec<String> = std::iter::once(&config.url)
             .chain(&config.backups)
             .map(|url| url.trim_end_matches('/').to_owned())
@@ -288,15 +279,50 @@ struct ManyIds {
     ids: Vec<String>,
 }
 
-#[derive(Deserialize, Default)]
-struct ErrorBody {
-    error: ErrorFields,
+/// The error body every idgen service answers with (`{"error": {"code", "message"}}`); empty
+/// fields for a body that is not one.
+#[derive(Debug, Deserialize, Default)]
+pub struct ErrorBody {
+    pub error: ErrorFields,
 }
 
-#[derive(Deserialize, Default)]
-struct ErrorFields {
-    code: String,
-    message: String,
+#[derive(Debug, Deserialize, Default)]
+pub struct ErrorFields {
+    pub code: String,
+    pub message: String,
+}
+
+/// An idgen endpoint's URL: `http://` or `https://` with a host.
+pub fn check_endpoint(url: &str) -> Result<(), Error> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| Error::Config(format!("endpoint {url:?}: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(Error::Config(format!("endpoint {url:?}: an http:// or https:// URL with a host")));
+    }
+    Ok(())
+}
+
+/// The HTTP client settings every idgen client shares (the fleet's, the public-ID service's):
+/// the request and connect timeouts, no Nagle delay, and mutual TLS when `tls` says so.
+pub fn http_builder(
+    request_timeout_ms: u64,
+    connect_timeout_ms: u64,
+    tls: &ClientTlsSection,
+) -> Result<reqwest::ClientBuilder, Error> {
+    let tls = tls.client_config().map_err(|e| Error::Config(format!("tls: {e:#}")))?;
+    let mut http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(request_timeout_ms))
+        .connect_timeout(Duration::from_millis(connect_timeout_ms))
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        http = http.use_preconfigured_tls(tls);
+    }
+    Ok(http)
+}
+
+/// A `Retry-After` in seconds, as every idgen service sends it.
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 impl Client {
@@ -484,12 +510,7 @@ impl Inner {
                 }
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    let retry_after = response
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .map(Duration::from_secs);
+                    let retry_after = retry_after(response.headers());
                     let ErrorBody { error } = response.json().await.unwrap_or_default();
                     let endpoint = endpoint.clone();
                     if status == 429 {
