@@ -975,7 +975,7 @@ def main():
         trust = global_["Resources"]["PublicIdsKmsRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
         require(trust == [{"Effect": "Allow", "Principal": {"AWS": {"Fn::GetAtt": ["PublicIdsRole", "Arn"]}},
                            "Action": "sts:AssumeRole"}], f"PublicIdsKmsRole's trust policy: {trust}")
-        extra = [s for s in role_statements(global_, "PublicIdsKmsRole")]
+        extra = role_statements(global_, "PublicIdsKmsRole")
         require(not extra, f"PublicIdsKmsRole carries an IAM policy (the key policy alone grants it KMS): {extra}")
         for role in ("PublicIdsRole", "RegistryRole"):
             kms = [s.get("Sid") for s in role_statements(global_, role)

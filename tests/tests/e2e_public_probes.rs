@@ -81,13 +81,7 @@ async fn e2e_a_kms_that_stops_answering_shows_on_metrics() {
     let text = until_shown(&client, &url, &["idgen_public_kms_up 0\n"]).await;
     assert!(value(&text, "idgen_public_kms_calls_total{operation=\"decrypt\",outcome=\"error\"}") >= 1.0, "{text}");
     // The running service keeps its keys: the encrypted format still works.
-    let created = client
-        .post(format!("{url}/v1/public-ids"))
-        .json(&serde_json::json!({"internal_id": "683244571854022659", "format": "encrypted"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 200);
+    assert_eq!(create_encrypted(&client, &url).await, 200);
     child.kill().await.unwrap();
 }
 
@@ -141,13 +135,7 @@ async fn e2e_kms_credentials_come_only_from_the_credential_process() {
     let client = reqwest::Client::new();
     let text = scrape(&client, &url).await;
     assert!(text.contains("idgen_public_kms_up 1\n"), "{text}");
-    let created = client
-        .post(format!("{url}/v1/public-ids"))
-        .json(&serde_json::json!({"internal_id": "683244571854022659", "format": "encrypted"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 200);
+    assert_eq!(create_encrypted(&client, &url).await, 200);
     // The probe asks KMS every second: near the credentials' expiry (the SDK renews 10 s ahead)
     // it runs the process again. Starting runs it once per client; a renewal is a call made
     // well after the first.
@@ -186,4 +174,15 @@ async fn kms_service(description: &str) -> (MotoServer, tempfile::TempDir, Strin
         moto.endpoint
     );
     (moto, dir, config)
+}
+
+/// The status of a create in the encrypted format, the one that needs the KMS-unwrapped key.
+async fn create_encrypted(client: &reqwest::Client, url: &str) -> reqwest::StatusCode {
+    let created = client
+        .post(format!("{url}/v1/public-ids"))
+        .json(&serde_json::json!({"internal_id": "683244571854022659", "format": "encrypted"}))
+        .send()
+        .await
+        .unwrap();
+    created.status()
 }

@@ -6,8 +6,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import os
 import pathlib
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import pytest
 
@@ -18,13 +19,17 @@ def vectors(name: str) -> Any:
     return json.loads((VECTORS / name).read_text(encoding="utf-8"))
 
 
-def development_config(directory: pathlib.Path, *, clock_check: bool = False) -> pathlib.Path:
+def development_config(
+    directory: pathlib.Path, *, clock_check: bool = False, name: str = "generator.toml", listen: Optional[str] = None
+) -> pathlib.Path:
     """A development generator on a SQLite lease file in ``directory`` (shared by every process
-    given the same directory)."""
-    path = directory / "generator.toml"
+    given the same directory); with ``listen``, a worker's (the generator's keys and its
+    listener)."""
+    path = directory / name
     path.write_text(
         "development = true\n"
-        "[lease]\n"
+        + (f'listen = "{listen}"\n' if listen else "")
+        + "[lease]\n"
         'store = "sqlite"\n'
         f'sqlite_path = "{directory / "leases.db"}"\n'
         "create_tables = true\n"
@@ -43,6 +48,16 @@ def kernel_clock_synchronized() -> bool:
 
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     return int(libc.adjtimex(ctypes.byref(Timex()))) != 5
+
+
+def idgen_bin() -> str:
+    """The `idgen` binary (scripts/test-sdk sets IDGEN_BIN): a failure in CI when it is missing."""
+    binary = os.environ.get("IDGEN_BIN")
+    if not binary:
+        if os.environ.get("CI") == "true":
+            pytest.fail("IDGEN_BIN (the idgen binary) is not set: scripts/test-sdk sets it")
+        pytest.skip("IDGEN_BIN is not set")
+    return binary
 
 
 @pytest.fixture

@@ -19,15 +19,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 import idgen
-
-
-def idgen_bin() -> str:
-    binary = os.environ.get("IDGEN_BIN")
-    if not binary:
-        if os.environ.get("CI") == "true":
-            pytest.fail("IDGEN_BIN (the idgen binary) is not set: scripts/test-sdk sets it")
-        pytest.skip("IDGEN_BIN is not set")
-    return binary
+from conftest import idgen_bin
 
 
 def free_base_port() -> int:

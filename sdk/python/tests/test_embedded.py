@@ -20,7 +20,7 @@ from typing import Any, Dict, List
 import pytest
 
 import idgen
-from conftest import development_config, kernel_clock_synchronized
+from conftest import development_config, idgen_bin, kernel_clock_synchronized
 
 
 def test_ids_batches_uuids_and_decode(config: pathlib.Path) -> None:
@@ -167,19 +167,9 @@ with idgen.EmbeddedGenerator.start(config, ready_timeout=30) as generator, open(
 
 def start_worker(tmp_path: pathlib.Path) -> "tuple[subprocess.Popen[str], str]":
     """`idgen worker` (the Rust fleet worker, development mode) on the same lease file."""
-    binary = os.environ.get("IDGEN_BIN")
-    if not binary:
-        if os.environ.get("CI") == "true":
-            pytest.fail("IDGEN_BIN (the idgen binary) is not set: scripts/test-sdk sets it")
-        pytest.skip("IDGEN_BIN is not set")
-    config = tmp_path / "worker.toml"
-    config.write_text(
-        'development = true\nlisten = "127.0.0.1:0"\n[lease]\nstore = "sqlite"\n'
-        f'sqlite_path = "{tmp_path / "leases.db"}"\ncreate_tables = true\n[clock]\nrequire_sync = false\n',
-        encoding="utf-8",
-    )
+    config = development_config(tmp_path, name="worker.toml", listen="127.0.0.1:0")
     worker = subprocess.Popen(
-        [binary, "worker", "--config", str(config)], stdout=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "warn"}
+        [idgen_bin(), "worker", "--config", str(config)], stdout=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "warn"}
     )
     assert worker.stdout is not None
     for line in worker.stdout:
