@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from typing import Any, Dict, List
@@ -189,8 +190,15 @@ def test_four_processes_and_a_rust_worker_on_one_lease_file_one_killed_and_resta
             request = urllib.request.Request(
                 f"{url}/v1/ids:batch", data=b'{"count": 100}', headers={"content-type": "application/json"}
             )
-            with urllib.request.urlopen(request, timeout=5) as answer:
-                from_worker.extend(int(i) for i in json.load(answer)["ids"])
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    from_worker.extend(int(i) for i in json.load(answer)["ids"])
+            except urllib.error.HTTPError as refusal:
+                # The worker listens before it holds its lease and refuses (503, reason "lease")
+                # until it does; a caller waits as Retry-After says, as the Rust client would.
+                assert refusal.code == 503, refusal
+                time.sleep(float(refusal.headers.get("retry-after", "1")))
+                continue
             time.sleep(0.005)
 
     def start(name: str, seconds: float) -> "subprocess.Popen[str]":
