@@ -47,6 +47,14 @@ impl Client {
         call(client)
     }
 
+    /// One ID from the prefetched buffer if it holds a valid one, else `None`: never waits.
+    pub fn try_next_id(&self) -> Result<Option<u64>, Error> {
+        self.with(|client| {
+            let _in_runtime = self.held.runtime().enter();
+            Ok(client.try_next_id())
+        })
+    }
+
     /// The endpoint requests go to now (the local fleet, or a backup after a failover).
     pub fn endpoint(&self) -> Result<String, Error> {
         self.with(|client| Ok(client.endpoint().to_owned()))

@@ -60,6 +60,17 @@ def idgen_bin() -> str:
     return binary
 
 
+def node_project() -> pathlib.Path:
+    """The fresh npm project scripts/test-sdk installs the Node package into (IDGEN_NODE_PROJECT),
+    its tests beside it: a failure in CI when it is missing."""
+    project = os.environ.get("IDGEN_NODE_PROJECT")
+    if not project:
+        if os.environ.get("CI") == "true":
+            pytest.fail("IDGEN_NODE_PROJECT (the Node package's test project) is not set: scripts/test-sdk sets it")
+        pytest.skip("IDGEN_NODE_PROJECT is not set")
+    return pathlib.Path(project)
+
+
 @pytest.fixture
 def config(tmp_path: pathlib.Path) -> pathlib.Path:
     return development_config(tmp_path)

@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 import pytest
 
 import idgen
-from conftest import development_config, idgen_bin, kernel_clock_synchronized
+from conftest import development_config, idgen_bin, kernel_clock_synchronized, node_project
 
 
 def test_ids_batches_uuids_and_decode(config: pathlib.Path) -> None:
@@ -179,7 +179,11 @@ def start_worker(tmp_path: pathlib.Path) -> "tuple[subprocess.Popen[str], str]":
     raise AssertionError("the worker exited before listening")
 
 
-def test_four_processes_and_a_rust_worker_on_one_lease_file_one_killed_and_restarted(tmp_path: pathlib.Path) -> None:
+def test_four_python_and_two_node_processes_and_a_rust_worker_on_one_lease_file(tmp_path: pathlib.Path) -> None:
+    """Four Python processes, two Node processes (the npm package, scripts/test-sdk's project)
+    and a Rust worker on one SQLite lease file; one Python and one Node process killed with
+    SIGKILL mid-run and started again: every ID unique, each process's IDs increasing."""
+    node_writer = node_project() / "test" / "writer.mjs"
     config = development_config(tmp_path)
     worker, url = start_worker(tmp_path)
     from_worker: List[int] = []
@@ -202,8 +206,9 @@ def test_four_processes_and_a_rust_worker_on_one_lease_file_one_killed_and_resta
             time.sleep(0.005)
 
     def start(name: str, seconds: float) -> "subprocess.Popen[str]":
+        command = [sys.executable, "-c", WRITER] if name.startswith("p") else ["node", str(node_writer)]
         process = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(config), str(tmp_path / f"{name}.ids"), str(seconds)],
+            [*command, str(config), str(tmp_path / f"{name}.ids"), str(seconds)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -215,12 +220,13 @@ def test_four_processes_and_a_rust_worker_on_one_lease_file_one_killed_and_resta
     taker = threading.Thread(target=take_from_worker, daemon=True)
     taker.start()
     try:
-        for i in range(4):
-            start(f"p{i}", 4.0)
+        for name in ("p0", "p1", "p2", "p3", "n0", "n1"):
+            start(name, 4.0)
         time.sleep(1.0)
-        processes["p0"].send_signal(signal.SIGKILL)
-        processes["p0"].wait()
-        start("p0-again", 2.0)
+        for name in ("p0", "n0"):
+            processes[name].send_signal(signal.SIGKILL)
+            processes[name].wait()
+            start(f"{name}-again", 2.0)
         for process in processes.values():
             process.wait(timeout=60)
     finally:

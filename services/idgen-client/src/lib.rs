@@ -335,6 +335,13 @@ impl Client {
         ClientBuilder { config, now: Arc::new(Instant::now), metrics: None }
     }
 
+    /// One ID from the buffer if it holds a valid one, without waiting (`None` otherwise, and
+    /// always with prefetch off); at the low-water mark it starts a refill, so it must be called
+    /// within the client's tokio runtime. A binding's synchronous fast path.
+    pub fn try_next_id(&self) -> Option<u64> {
+        self.take_buffered()
+    }
+
     /// One ID: from the buffer while it holds a valid one, else from a fresh batch.
     pub async fn next_id(&self) -> Result<u64, Error> {
         let inner = &self.inner;

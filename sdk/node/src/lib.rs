@@ -1,0 +1,482 @@
+//! `idgen.node`: the Node face of `idgen-sdk`, one class per handle and a few functions.
+//!
+//! Every rule is the SDK's (and below it, the Rust crates'). This file converts JavaScript
+//! values to the SDK's and back, and runs every call that can wait on libuv's worker threads
+//! (napi's `AsyncTask`), so the event loop never does; the one synchronous exception is the
+//! generator's `tryNextId`, which never waits. The package's `index.js` is the public face: it
+//! refuses a JavaScript `number` as an ID, and turns this module's errors (a message of
+//! [`MARK`] and JSON) into `IdgenRefusedError`, `IdgenRejectedError`, `IdgenInvalidInputError`
+//! and `IdgenError`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use idgen_sdk::{Decoded, Error, IdInput, IdSource};
+use napi::bindgen_prelude::{AsyncTask, BigInt, Either, ToNapiValue, TypeName};
+use napi::{Env, Status, Task};
+use napi_derive::napi;
+
+/// The start of the message of every error this module raises; the JSON after it says what the
+/// error is (`kind`: `invalid`, `refused`, `rejected`, `failed`) and carries its fields.
+const MARK: &str = "idgen:";
+
+fn js_error(error: Error) -> napi::Error {
+    let body = match error {
+        Error::Invalid { code, message } => serde_json::json!({ "kind": "invalid", "code": code, "message": message }),
+        Error::Refused { reason, message, retry_after_ms } => serde_json::json!({
+            "kind": "refused", "reason": reason, "message": message, "retryAfterMs": retry_after_ms,
+        }),
+        Error::Rejected { status, code, message } => {
+            serde_json::json!({ "kind": "rejected", "status": status, "code": code, "message": message })
+        }
+        Error::Failed(message) => serde_json::json!({ "kind": "failed", "message": message }),
+    };
+    napi::Error::new(Status::GenericFailure, format!("{MARK}{body}"))
+}
+
+fn invalid(code: &'static str, message: String) -> napi::Error {
+    js_error(Error::Invalid { code, message })
+}
+
+/// A call that may wait, run on a libuv worker thread; its promise settles on the event loop.
+pub struct Blocking<T> {
+    call: Option<Box<dyn FnOnce() -> Result<T, Error> + Send>>,
+}
+
+fn blocking<T>(call: impl FnOnce() -> Result<T, Error> + Send + 'static) -> AsyncTask<Blocking<T>>
+where
+    Blocking<T>: Task,
+{
+    AsyncTask::new(Blocking { call: Some(Box::new(call)) })
+}
+
+impl<T: ToNapiValue + TypeName + Send + 'static> Task for Blocking<T> {
+    type Output = T;
+    type JsValue = T;
+
+    fn compute(&mut self) -> napi::Result<T> {
+        let call = self.call.take().ok_or_else(|| napi::Error::from_reason("a call ran twice"))?;
+        call().map_err(js_error)
+    }
+
+    fn resolve(&mut self, _env: Env, output: T) -> napi::Result<T> {
+        Ok(output)
+    }
+}
+
+/// An ID as JavaScript holds it (index.js has refused a `number`): its text, or a `bigint`.
+enum Id {
+    Text(String),
+    Integer(i128),
+}
+
+impl Id {
+    fn read(id: Either<String, BigInt>) -> Id {
+        match id {
+            Either::A(text) => Id::Text(text),
+            Either::B(big) => Id::Integer(integer(&big)),
+        }
+    }
+
+    fn input(&self) -> IdInput<'_> {
+        match self {
+            Id::Text(text) => IdInput::Text(text),
+            Id::Integer(value) => IdInput::Integer(*value),
+        }
+    }
+}
+
+/// A `bigint` as an `i128`; one too large for it is `i128::MAX` (out of range either way, as
+/// `IdInput::Integer` says).
+fn integer(big: &BigInt) -> i128 {
+    let magnitude = match big.words.as_slice() {
+        [] => 0u128,
+        [low] => u128::from(*low),
+        [low, high] => u128::from(*low) | (u128::from(*high) << 64),
+        _ => return i128::MAX,
+    };
+    match i128::try_from(magnitude) {
+        Ok(value) if big.sign_bit => -value,
+        Ok(value) => value,
+        Err(_) => i128::MAX,
+    }
+}
+
+/// A count of IDs (index.js has checked it is an integer); the SDK checks its range.
+fn count(count: i64) -> u64 {
+    u64::try_from(count).unwrap_or(0)
+}
+
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*bytes).hyphenated().to_string()
+}
+
+/// `Decoded` as index.js receives it (it makes `createdAt` a `Date`).
+#[napi(object)]
+pub struct DecodedFields {
+    pub id: String,
+    pub layout: String,
+    pub created_at_unix_ms: i64,
+    pub region_number: Option<u32>,
+    pub region: Option<String>,
+    pub machine: Option<u32>,
+    pub sequence: Option<u32>,
+}
+
+impl From<Decoded> for DecodedFields {
+    fn from(d: Decoded) -> Self {
+        DecodedFields {
+            id: d.id,
+            layout: d.layout,
+            created_at_unix_ms: d.created_at_unix_ms,
+            region_number: d.region_number,
+            region: d.region,
+            machine: d.machine,
+            sequence: d.sequence,
+        }
+    }
+}
+
+/// The calls both ID handles answer, each written once for [`IdSource`].
+fn next_id_task<S: IdSource + 'static>(source: &Arc<S>) -> AsyncTask<Blocking<String>> {
+    let source = source.clone();
+    blocking(move || source.next_id().map(|id| id.to_string()))
+}
+
+fn next_id_bigint_task<S: IdSource + 'static>(source: &Arc<S>) -> AsyncTask<Blocking<BigInt>> {
+    let source = source.clone();
+    blocking(move || source.next_id().map(BigInt::from))
+}
+
+fn next_ids_task<S: IdSource + 'static>(source: &Arc<S>, n: i64) -> AsyncTask<Blocking<Vec<String>>> {
+    let source = source.clone();
+    blocking(move || Ok(source.next_ids(count(n))?.iter().map(u64::to_string).collect()))
+}
+
+fn next_uuids_task<S: IdSource + 'static>(source: &Arc<S>, n: i64) -> AsyncTask<Blocking<Vec<String>>> {
+    let source = source.clone();
+    blocking(move || Ok(source.next_uuids(count(n))?.iter().map(uuid_text).collect()))
+}
+
+fn decode_by(source: &impl IdSource, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
+    let id = Id::read(id);
+    source.decode(id.input()).map(DecodedFields::from).map_err(js_error)
+}
+
+/// The embedded generator (index.js's `EmbeddedGenerator` wraps it).
+#[napi]
+pub struct NativeEmbedded {
+    inner: Arc<idgen_sdk::Embedded>,
+}
+
+#[napi(object)]
+pub struct Identity {
+    pub region: String,
+    pub region_number: u32,
+    pub holder: String,
+}
+
+#[napi]
+impl NativeEmbedded {
+    /// Starts a generator; `ready_timeout_ms` absent: settle at once, refusing until the first
+    /// claim.
+    #[napi]
+    pub fn start(
+        config_path: Option<String>,
+        env_prefix: Option<String>,
+        ready_timeout_ms: Option<u32>,
+    ) -> AsyncTask<Blocking<NativeEmbedded>> {
+        blocking(move || {
+            let timeout = ready_timeout_ms.map(|ms| std::time::Duration::from_millis(ms.into()));
+            let inner = idgen_sdk::Embedded::start(
+                config_path.as_deref().map(std::path::Path::new),
+                env_prefix.as_deref(),
+                timeout,
+            )?;
+            Ok(NativeEmbedded { inner: Arc::new(inner) })
+        })
+    }
+
+    /// One ID now if the current millisecond has one, else `null` (never waits).
+    #[napi]
+    pub fn try_next_id(&self) -> napi::Result<Option<String>> {
+        Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string()))
+    }
+
+    #[napi]
+    pub fn try_next_id_bigint(&self) -> napi::Result<Option<BigInt>> {
+        Ok(self.inner.try_next_id().map_err(js_error)?.map(BigInt::from))
+    }
+
+    #[napi]
+    pub fn next_id(&self) -> AsyncTask<Blocking<String>> {
+        next_id_task(&self.inner)
+    }
+
+    /// One ID on this thread: when the current millisecond has none left, it waits for the
+    /// next (under a millisecond); a refusal throws at once.
+    #[napi]
+    pub fn next_id_sync(&self) -> napi::Result<String> {
+        self.inner.next_id().map(|id| id.to_string()).map_err(js_error)
+    }
+
+    #[napi]
+    pub fn next_id_bigint(&self) -> AsyncTask<Blocking<BigInt>> {
+        next_id_bigint_task(&self.inner)
+    }
+
+    #[napi]
+    pub fn next_ids(&self, n: i64) -> AsyncTask<Blocking<Vec<String>>> {
+        next_ids_task(&self.inner, n)
+    }
+
+    #[napi]
+    pub fn next_uuids(&self, n: i64) -> AsyncTask<Blocking<Vec<String>>> {
+        next_uuids_task(&self.inner, n)
+    }
+
+    #[napi]
+    pub fn decode(&self, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
+        decode_by(&*self.inner, id)
+    }
+
+    /// Nothing while issuing; else throws the refusal a call would get now.
+    #[napi]
+    pub fn health(&self) -> napi::Result<()> {
+        self.inner.health().map_err(js_error)
+    }
+
+    #[napi]
+    pub fn identity(&self) -> napi::Result<Identity> {
+        let (region, region_number, holder) = self.inner.identity().map_err(js_error)?;
+        Ok(Identity { region, region_number, holder })
+    }
+
+    #[napi]
+    pub fn metrics_text(&self) -> napi::Result<String> {
+        self.inner.metrics_text().map_err(js_error)
+    }
+
+    #[napi]
+    pub fn close(&self) -> AsyncTask<Blocking<()>> {
+        let inner = self.inner.clone();
+        blocking(move || inner.close())
+    }
+}
+
+/// The fleet client (index.js's `Client` wraps it).
+#[napi]
+pub struct NativeClient {
+    inner: Arc<idgen_sdk::Client>,
+}
+
+#[napi]
+impl NativeClient {
+    /// A client from its settings as JSON, or from a TOML file (exactly one of the two).
+    #[napi]
+    pub fn connect(config_json: Option<String>, config_file: Option<String>) -> AsyncTask<Blocking<NativeClient>> {
+        blocking(move || {
+            let inner = match (config_json, config_file) {
+                (Some(json), None) => idgen_sdk::Client::from_json(&json)?,
+                (None, Some(file)) => idgen_sdk::Client::from_file(std::path::Path::new(&file))?,
+                _ => return Err(both_or_neither()),
+            };
+            Ok(NativeClient { inner: Arc::new(inner) })
+        })
+    }
+
+    /// One ID from the prefetched buffer if it holds a valid one, else `null` (never waits).
+    #[napi]
+    pub fn try_next_id(&self) -> napi::Result<Option<String>> {
+        Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string()))
+    }
+
+    #[napi]
+    pub fn next_id(&self) -> AsyncTask<Blocking<String>> {
+        next_id_task(&self.inner)
+    }
+
+    #[napi]
+    pub fn next_id_bigint(&self) -> AsyncTask<Blocking<BigInt>> {
+        next_id_bigint_task(&self.inner)
+    }
+
+    #[napi]
+    pub fn next_ids(&self, n: i64) -> AsyncTask<Blocking<Vec<String>>> {
+        next_ids_task(&self.inner, n)
+    }
+
+    #[napi]
+    pub fn next_uuids(&self, n: i64) -> AsyncTask<Blocking<Vec<String>>> {
+        next_uuids_task(&self.inner, n)
+    }
+
+    #[napi]
+    pub fn decode(&self, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
+        decode_by(&*self.inner, id)
+    }
+
+    #[napi]
+    pub fn endpoint(&self) -> napi::Result<String> {
+        self.inner.endpoint().map_err(js_error)
+    }
+
+    #[napi]
+    pub fn metrics_text(&self) -> napi::Result<String> {
+        self.inner.metrics_text().map_err(js_error)
+    }
+
+    #[napi]
+    pub fn close(&self) {
+        self.inner.close();
+    }
+}
+
+fn both_or_neither() -> Error {
+    Error::Invalid { code: "invalid_config", message: "give the settings or a configuration file, not both".into() }
+}
+
+/// A mapping as the service answers it (`created` from a create only).
+#[napi(object)]
+pub struct MappingFields {
+    pub public_id: String,
+    pub internal_id: String,
+    pub format: Option<String>,
+    #[napi(js_name = "type")]
+    pub kind: Option<String>,
+    pub created: Option<bool>,
+}
+
+fn mapping(m: idgen_sdk::Mapping, created: Option<bool>) -> MappingFields {
+    MappingFields {
+        public_id: m.public_id,
+        internal_id: m.internal_id.to_string(),
+        format: m.format,
+        kind: m.kind,
+        created,
+    }
+}
+
+/// The public-ID service's client (index.js's `PublicIds` wraps it).
+#[napi]
+pub struct NativePublicIds {
+    inner: Arc<idgen_sdk::PublicIds>,
+}
+
+#[napi]
+impl NativePublicIds {
+    #[napi(constructor)]
+    pub fn new(config_json: Option<String>, config_file: Option<String>) -> napi::Result<Self> {
+        let inner = match (config_json, config_file) {
+            (Some(json), None) => idgen_sdk::PublicIds::from_json(&json),
+            (None, Some(file)) => idgen_sdk::PublicIds::from_file(std::path::Path::new(&file)),
+            _ => Err(both_or_neither()),
+        };
+        Ok(NativePublicIds { inner: Arc::new(inner.map_err(js_error)?) })
+    }
+
+    #[napi]
+    pub fn create(
+        &self,
+        internal_id: Either<String, BigInt>,
+        format: Option<String>,
+        kind: Option<String>,
+    ) -> AsyncTask<Blocking<MappingFields>> {
+        let (inner, id) = (self.inner.clone(), Id::read(internal_id));
+        blocking(move || {
+            let (made, created) = inner.create(id.input(), format.as_deref(), kind.as_deref())?;
+            Ok(mapping(made, Some(created)))
+        })
+    }
+
+    #[napi]
+    pub fn resolve(&self, public_id: String) -> AsyncTask<Blocking<Option<MappingFields>>> {
+        let inner = self.inner.clone();
+        blocking(move || Ok(inner.resolve(&public_id)?.map(|m| mapping(m, None))))
+    }
+
+    #[napi]
+    pub fn lookup(
+        &self,
+        internal_id: Either<String, BigInt>,
+        format: Option<String>,
+        kind: Option<String>,
+    ) -> AsyncTask<Blocking<Option<MappingFields>>> {
+        let (inner, id) = (self.inner.clone(), Id::read(internal_id));
+        blocking(move || Ok(inner.lookup(id.input(), format.as_deref(), kind.as_deref())?.map(|m| mapping(m, None))))
+    }
+}
+
+/// `id` taken apart under the built-in schedule (a generator's or a client's `decode` uses the
+/// registry's), regions named from `regions` (region number → name).
+#[napi]
+pub fn decode(id: Either<String, BigInt>, regions: Option<HashMap<String, String>>) -> napi::Result<DecodedFields> {
+    let mut names = HashMap::new();
+    for (number, name) in regions.unwrap_or_default() {
+        let number = number
+            .parse::<u32>()
+            .map_err(|_| invalid("invalid_argument", format!("a region number is an integer, not {number:?}")))?;
+        names.insert(number, name);
+    }
+    let id = Id::read(id);
+    idgen_sdk::decode(id.input(), &names).map(DecodedFields::from).map_err(js_error)
+}
+
+#[napi(object)]
+pub struct LayoutFrom {
+    pub layout: String,
+    pub region_bits: u32,
+    pub machine_bits: u32,
+    pub sequence_bits: u32,
+    pub from_unix_ms: i64,
+}
+
+/// The built-in schedule, one entry per layout.
+#[napi]
+pub fn default_schedule() -> Vec<LayoutFrom> {
+    idgen_sdk::default_schedule()
+        .into_iter()
+        .map(|e| LayoutFrom {
+            layout: e.layout,
+            region_bits: e.region_bits.into(),
+            machine_bits: e.machine_bits.into(),
+            sequence_bits: e.sequence_bits.into(),
+            from_unix_ms: e.from_unix_ms,
+        })
+        .collect()
+}
+
+#[napi(object)]
+pub struct TypeId {
+    /// Empty for none.
+    pub prefix: String,
+    pub uuid: String,
+}
+
+#[napi]
+pub fn parse_typeid(text: String) -> napi::Result<TypeId> {
+    match idgen_sdk::typeid::parse_typeid(&text) {
+        Some((prefix, bytes)) => Ok(TypeId { prefix: prefix.to_owned(), uuid: uuid_text(&bytes) }),
+        None => Err(invalid("invalid_typeid", format!("{text:?} is not a TypeID"))),
+    }
+}
+
+#[napi]
+pub fn typeid_text(prefix: String, uuid: String) -> napi::Result<String> {
+    let bytes = uuid::Uuid::try_parse(&uuid)
+        .map_err(|e| invalid("malformed_uuid", format!("{uuid:?} is not a UUID: {e}")))?
+        .into_bytes();
+    idgen_sdk::typeid::typeid_text(&prefix, &bytes)
+        .ok_or_else(|| invalid("invalid_typeid", format!("{prefix:?} is not a TypeID prefix")))
+}
+
+#[napi(object)]
+pub struct Constants {
+    pub max_count: u32,
+    pub default_env_prefix: String,
+}
+
+#[napi]
+pub fn constants() -> Constants {
+    Constants { max_count: idgen_sdk::MAX_COUNT as u32, default_env_prefix: idgen_sdk::DEFAULT_ENV_PREFIX.into() }
+}
