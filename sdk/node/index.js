@@ -154,15 +154,18 @@ function mapping(fields) {
 /** The calls both ID handles answer: the embedded generator and the fleet client. */
 class IdSource {
   #native;
+  #take;
 
-  constructor(handle) {
+  /** `take`: one ID without waiting, or null. */
+  constructor(handle, take) {
     this.#native = handle;
+    this.#take = take;
   }
 
   /** One ID as its decimal text. A promise only in form when an ID is at hand (no wait). */
   nextId() {
     try {
-      const id = this.#native.tryNextId();
+      const id = this.#take();
       if (id !== null) return Promise.resolve(id);
     } catch (error) {
       return Promise.reject(translate(error));
@@ -204,11 +207,15 @@ class IdSource {
  */
 export class EmbeddedGenerator extends IdSource {
   #native;
+  #take;
 
   /** @internal */
   constructor(handle) {
-    super(handle);
+    // The take as a plain Node-API function bound to this generator: the hot path.
+    const take = handle.bindTryNextId();
+    super(handle, take);
     this.#native = handle;
+    this.#take = take;
   }
 
   /**
@@ -233,8 +240,12 @@ export class EmbeddedGenerator extends IdSource {
    * has none, it blocks this thread until the next millisecond (under 1 ms), and a refusal throws.
    */
   nextIdSync() {
-    const id = sync(() => this.#native.tryNextId());
-    return id !== null ? id : sync(() => this.#native.nextIdSync());
+    try {
+      const id = this.#take();
+      return id !== null ? id : this.#native.nextIdSync();
+    } catch (error) {
+      throw translate(error);
+    }
   }
 
   /** `null` while issuing, else the `IdgenRefusedError` a call would get now (not thrown). */
@@ -280,7 +291,7 @@ export class Client extends IdSource {
 
   /** @internal */
   constructor(handle) {
-    super(handle);
+    super(handle, () => handle.tryNextId());
     this.#native = handle;
   }
 

@@ -2,8 +2,10 @@
 //!
 //! Every rule is the SDK's (and below it, the Rust crates'). This file converts JavaScript
 //! values to the SDK's and back, and runs every call that can wait on libuv's worker threads
-//! (napi's `AsyncTask`), so the event loop never does; the one synchronous exception is the
-//! generator's `tryNextId`, which never waits. The package's `index.js` is the public face: it
+//! (napi's `AsyncTask`), so the event loop never does. What runs on the loop never waits: the
+//! takes of an ID already at hand (the generator's, a plain Node-API function in `fast`; the
+//! client's, from its buffer), decode, and `nextIdSync`, which says that it blocks (for the rest
+//! of a millisecond at most). The package's `index.js` is the public face: it
 //! refuses a JavaScript `number` as an ID, and turns this module's errors (a message of
 //! [`MARK`] and JSON) into `IdgenRefusedError`, `IdgenRejectedError`, `IdgenInvalidInputError`
 //! and `IdgenError`.
@@ -16,11 +18,18 @@ use napi::bindgen_prelude::{AsyncTask, BigInt, Either, ToNapiValue, TypeName};
 use napi::{Env, Status, Task};
 use napi_derive::napi;
 
+mod fast;
+
 /// The start of the message of every error this module raises; the JSON after it says what the
 /// error is (`kind`: `invalid`, `refused`, `rejected`, `failed`) and carries its fields.
 const MARK: &str = "idgen:";
 
 fn js_error(error: Error) -> napi::Error {
+    napi::Error::new(Status::GenericFailure, error_message(error))
+}
+
+/// An error's message as index.js reads it: [`MARK`] and JSON.
+fn error_message(error: Error) -> String {
     let body = match error {
         Error::Invalid { code, message } => serde_json::json!({ "kind": "invalid", "code": code, "message": message }),
         Error::Refused { reason, message, retry_after_ms } => serde_json::json!({
@@ -31,7 +40,7 @@ fn js_error(error: Error) -> napi::Error {
         }
         Error::Failed(message) => serde_json::json!({ "kind": "failed", "message": message }),
     };
-    napi::Error::new(Status::GenericFailure, format!("{MARK}{body}"))
+    format!("{MARK}{body}")
 }
 
 fn invalid(code: &'static str, message: String) -> napi::Error {
@@ -197,15 +206,11 @@ impl NativeEmbedded {
         })
     }
 
-    /// One ID now if the current millisecond has one, else `null` (never waits).
+    /// `tryNextId` bound to this generator, as a plain Node-API function (see `fast`): the
+    /// hot path of `nextIdSync()` and `nextId()`.
     #[napi]
-    pub fn try_next_id(&self) -> napi::Result<Option<String>> {
-        Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string()))
-    }
-
-    #[napi]
-    pub fn try_next_id_bigint(&self) -> napi::Result<Option<BigInt>> {
-        Ok(self.inner.try_next_id().map_err(js_error)?.map(BigInt::from))
+    pub fn bind_try_next_id(&self, env: Env) -> napi::Result<fast::BoundFunction> {
+        fast::bind_try_next_id(env.raw(), self.inner.clone())
     }
 
     #[napi]
