@@ -178,14 +178,14 @@ class IdSource {
     return settle(this.#native.nextIdBigint());
   }
 
-  /** `count` increasing IDs, as text. */
+  /** `count` increasing IDs, as text. (The native module joins a batch into one string.) */
   async nextIds(count) {
-    return settle(this.#native.nextIds(readCount(count)));
+    return (await settle(this.#native.nextIds(readCount(count)))).split(',');
   }
 
   /** `count` increasing UUIDv7s, as lowercase hyphenated text. */
   async nextUuids(count) {
-    return settle(this.#native.nextUuids(readCount(count)));
+    return (await settle(this.#native.nextUuids(readCount(count)))).split(',');
   }
 
   /** `id` (text or bigint) taken apart by the schedule in force, regions named. */
