@@ -48,7 +48,8 @@ export interface Decoded {
 /** An ID as the package takes it: its text (decimal, or a UUIDv7) or a bigint. */
 export type IdInput = string | bigint;
 
-interface IdSource {
+/** The calls both ID handles answer: the embedded generator and the fleet client. */
+declare abstract class IdSource {
   /** One ID as its decimal text. Settles at once while one is at hand (no wait, no thread). */
   nextId(): Promise<string>;
   /** One ID as a bigint. */
@@ -72,18 +73,12 @@ export interface StartOptions {
 
 /** The embedded generator: the worker's generator in this process, on its own lease (SQLite or
  * DynamoDB, as its configuration file says). */
-export declare class EmbeddedGenerator implements IdSource {
+export declare class EmbeddedGenerator extends IdSource {
   private constructor();
   static start(configPath?: string | null, options?: StartOptions): Promise<EmbeddedGenerator>;
-  nextId(): Promise<string>;
   /** One ID, synchronously: at once while the current millisecond has IDs left, else this
    * thread waits as the generator does (the next millisecond); a refusal throws. */
   nextIdSync(): string;
-  nextIdBigInt(): Promise<bigint>;
-  nextIds(count: number): Promise<string[]>;
-  nextUuids(count: number): Promise<string[]>;
-  decode(id: IdInput): Decoded;
-  metricsText(): string;
   /** null while issuing, else the refusal a call would get now (not thrown). */
   refusal(): IdgenRefusedError | null;
   readonly region: string;
@@ -122,15 +117,9 @@ export interface ConfigFile {
 }
 
 /** The fleet's client: prefetched IDs, failover to `backups` and back, local decode. */
-export declare class Client implements IdSource {
+export declare class Client extends IdSource {
   private constructor();
   static connect(options: ClientOptions | ConfigFile): Promise<Client>;
-  nextId(): Promise<string>;
-  nextIdBigInt(): Promise<bigint>;
-  nextIds(count: number): Promise<string[]>;
-  nextUuids(count: number): Promise<string[]>;
-  decode(id: IdInput): Decoded;
-  metricsText(): string;
   /** The endpoint requests go to now (the local fleet, or a backup after a failover). */
   readonly endpoint: string;
   close(): void;

@@ -154,11 +154,13 @@ function mapping(fields) {
 /** The calls both ID handles answer: the embedded generator and the fleet client. */
 class IdSource {
   #native;
+  #source;
   #take;
 
-  /** `take`: one ID without waiting, or null. */
+  /** `handle`: the native generator or client; `take`: one ID without waiting, or null. */
   constructor(handle, take) {
     this.#native = handle;
+    this.#source = handle.source();
     this.#take = take;
   }
 
@@ -170,28 +172,28 @@ class IdSource {
     } catch (error) {
       return Promise.reject(translate(error));
     }
-    return settle(this.#native.nextId());
+    return settle(this.#source.nextId());
   }
 
   /** One ID as a bigint. */
   nextIdBigInt() {
-    return settle(this.#native.nextIdBigint());
+    return settle(this.#source.nextIdBigint());
   }
 
   /** `count` increasing IDs, as text. (The native module joins a batch into one string.) */
   async nextIds(count) {
-    return (await settle(this.#native.nextIds(readCount(count)))).split(',');
+    return (await settle(this.#source.nextIds(readCount(count)))).split(',');
   }
 
   /** `count` increasing UUIDv7s, as lowercase hyphenated text. */
   async nextUuids(count) {
-    return (await settle(this.#native.nextUuids(readCount(count)))).split(',');
+    return (await settle(this.#source.nextUuids(readCount(count)))).split(',');
   }
 
   /** `id` (text or bigint) taken apart by the schedule in force, regions named. */
   decode(id) {
     const input = readId(id);
-    return decoded(sync(() => this.#native.decode(input)));
+    return decoded(sync(() => this.#source.decode(input)));
   }
 
   /** The handle's metrics in the Prometheus text format, to serve or append to prom-client's. */

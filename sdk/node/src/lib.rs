@@ -146,17 +146,6 @@ impl From<Decoded> for DecodedFields {
     }
 }
 
-/// The calls both ID handles answer, each written once for [`IdSource`].
-fn next_id_task<S: IdSource + 'static>(source: &Arc<S>) -> AsyncTask<Blocking<String>> {
-    let source = source.clone();
-    blocking(move || source.next_id().map(|id| id.to_string()))
-}
-
-fn next_id_bigint_task<S: IdSource + 'static>(source: &Arc<S>) -> AsyncTask<Blocking<BigInt>> {
-    let source = source.clone();
-    blocking(move || source.next_id().map(BigInt::from))
-}
-
 /// A batch as one string, its IDs joined by commas (index.js splits it): one JavaScript string
 /// made instead of one per ID, which cost about 200 ns each through napi-rs's array.
 fn joined<T>(items: &[T], mut write: impl FnMut(&mut String, &T)) -> String {
@@ -170,27 +159,54 @@ fn joined<T>(items: &[T], mut write: impl FnMut(&mut String, &T)) -> String {
     text
 }
 
-fn next_ids_task<S: IdSource + 'static>(source: &Arc<S>, n: i64) -> AsyncTask<Blocking<String>> {
-    let source = source.clone();
-    blocking(move || {
-        let ids = source.next_ids(count(n))?;
-        Ok(joined(&ids, |text, id| text.push_str(itoa::Buffer::new().format(*id))))
-    })
+/// The calls both ID handles answer ([`IdSource`]: the embedded generator and the fleet client),
+/// written once: `source()` of either handle gives one, and index.js's `IdSource` wraps it.
+#[napi]
+pub struct NativeIdSource {
+    inner: Arc<dyn IdSource>,
 }
 
-fn next_uuids_task<S: IdSource + 'static>(source: &Arc<S>, n: i64) -> AsyncTask<Blocking<String>> {
-    let source = source.clone();
-    blocking(move || {
-        let uuids = source.next_uuids(count(n))?;
-        Ok(joined(&uuids, |text, bytes| {
-            text.push_str(uuid::Uuid::from_bytes(*bytes).hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()))
-        }))
-    })
-}
+#[napi]
+impl NativeIdSource {
+    #[napi]
+    pub fn next_id(&self) -> AsyncTask<Blocking<String>> {
+        let source = self.inner.clone();
+        blocking(move || source.next_id().map(|id| id.to_string()))
+    }
 
-fn decode_by(source: &impl IdSource, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
-    let id = Id::read(id);
-    source.decode(id.input()).map(DecodedFields::from).map_err(js_error)
+    #[napi]
+    pub fn next_id_bigint(&self) -> AsyncTask<Blocking<BigInt>> {
+        let source = self.inner.clone();
+        blocking(move || source.next_id().map(BigInt::from))
+    }
+
+    #[napi]
+    pub fn next_ids(&self, n: i64) -> AsyncTask<Blocking<String>> {
+        let source = self.inner.clone();
+        blocking(move || {
+            let ids = source.next_ids(count(n))?;
+            Ok(joined(&ids, |text, id| text.push_str(itoa::Buffer::new().format(*id))))
+        })
+    }
+
+    #[napi]
+    pub fn next_uuids(&self, n: i64) -> AsyncTask<Blocking<String>> {
+        let source = self.inner.clone();
+        blocking(move || {
+            let uuids = source.next_uuids(count(n))?;
+            Ok(joined(&uuids, |text, bytes| {
+                text.push_str(
+                    uuid::Uuid::from_bytes(*bytes).hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()),
+                )
+            }))
+        })
+    }
+
+    #[napi]
+    pub fn decode(&self, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
+        let id = Id::read(id);
+        self.inner.decode(id.input()).map(DecodedFields::from).map_err(js_error)
+    }
 }
 
 /// The embedded generator (index.js's `EmbeddedGenerator` wraps it).
@@ -234,9 +250,10 @@ impl NativeEmbedded {
         fast::bind_try_next_id(env.raw(), self.inner.clone())
     }
 
+    /// The calls it shares with the fleet client.
     #[napi]
-    pub fn next_id(&self) -> AsyncTask<Blocking<String>> {
-        next_id_task(&self.inner)
+    pub fn source(&self) -> NativeIdSource {
+        NativeIdSource { inner: self.inner.clone() }
     }
 
     /// One ID on this thread: when the current millisecond has none left, it waits for the
@@ -244,26 +261,6 @@ impl NativeEmbedded {
     #[napi]
     pub fn next_id_sync(&self) -> napi::Result<String> {
         self.inner.next_id().map(|id| id.to_string()).map_err(js_error)
-    }
-
-    #[napi]
-    pub fn next_id_bigint(&self) -> AsyncTask<Blocking<BigInt>> {
-        next_id_bigint_task(&self.inner)
-    }
-
-    #[napi]
-    pub fn next_ids(&self, n: i64) -> AsyncTask<Blocking<String>> {
-        next_ids_task(&self.inner, n)
-    }
-
-    #[napi]
-    pub fn next_uuids(&self, n: i64) -> AsyncTask<Blocking<String>> {
-        next_uuids_task(&self.inner, n)
-    }
-
-    #[napi]
-    pub fn decode(&self, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
-        decode_by(&*self.inner, id)
     }
 
     /// Nothing while issuing; else throws the refusal a call would get now.
@@ -317,29 +314,10 @@ impl NativeClient {
         Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string()))
     }
 
+    /// The calls it shares with the fleet client.
     #[napi]
-    pub fn next_id(&self) -> AsyncTask<Blocking<String>> {
-        next_id_task(&self.inner)
-    }
-
-    #[napi]
-    pub fn next_id_bigint(&self) -> AsyncTask<Blocking<BigInt>> {
-        next_id_bigint_task(&self.inner)
-    }
-
-    #[napi]
-    pub fn next_ids(&self, n: i64) -> AsyncTask<Blocking<String>> {
-        next_ids_task(&self.inner, n)
-    }
-
-    #[napi]
-    pub fn next_uuids(&self, n: i64) -> AsyncTask<Blocking<String>> {
-        next_uuids_task(&self.inner, n)
-    }
-
-    #[napi]
-    pub fn decode(&self, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
-        decode_by(&*self.inner, id)
+    pub fn source(&self) -> NativeIdSource {
+        NativeIdSource { inner: self.inner.clone() }
     }
 
     #[napi]
