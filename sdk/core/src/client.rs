@@ -19,16 +19,12 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client from a JSON object of the Rust client's configuration keys (`url`, `backups`,
-    /// `prefetch = {batch, low_water, validity_ms}`, `tls`, …): a binding's keyword arguments or
-    /// options object. An unknown key is refused.
-    pub fn from_json(json: &str) -> Result<Client, Error> {
-        Client::start(crate::settings_from_json("client configuration", json)?)
-    }
-
-    /// A client from a TOML file of the same keys.
-    pub fn from_file(path: &Path) -> Result<Client, Error> {
-        Client::start(crate::settings_from_file(path)?)
+    /// A client from the Rust client's configuration keys (`url`, `backups`,
+    /// `prefetch = {batch, low_water, validity_ms}`, `tls`, …), given as exactly one of: a JSON
+    /// object (a binding's keyword arguments or options object), or a TOML file. An unknown key
+    /// is refused.
+    pub fn from_settings(json: Option<&str>, file: Option<&Path>) -> Result<Client, Error> {
+        Client::start(crate::settings("client configuration", json, file)?)
     }
 
     fn start(config: ClientConfig) -> Result<Client, Error> {

@@ -59,8 +59,21 @@ fn check_count(count: u64) -> Result<u32, Error> {
     }
 }
 
-/// A handle's settings from a JSON object of its keys (a binding's keyword arguments or
-/// options object); an unknown key is refused by name.
+/// A handle's settings from exactly one of: a JSON object of its keys (a binding's keyword
+/// arguments or options object), or a TOML file of them.
+fn settings<T: serde::de::DeserializeOwned>(
+    what: &str,
+    json: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> Result<T, Error> {
+    match (json, file) {
+        (Some(json), None) => settings_from_json(what, json),
+        (None, Some(file)) => settings_from_file(file),
+        _ => Err(Error::invalid("invalid_config", "give the settings or a configuration file, not both")),
+    }
+}
+
+/// A handle's settings from a JSON object of its keys; an unknown key is refused by name.
 fn settings_from_json<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T, Error> {
     serde_json::from_str(json).map_err(|e| Error::invalid("invalid_config", format!("{what}: {e}")))
 }

@@ -56,15 +56,10 @@ pub struct PublicIds {
 }
 
 impl PublicIds {
-    /// From a JSON object of the settings (a binding's keyword arguments); an unknown key is
-    /// refused.
-    pub fn from_json(json: &str) -> Result<PublicIds, Error> {
-        PublicIds::new(crate::settings_from_json("public-ID client configuration", json)?)
-    }
-
-    /// From a TOML file of the same keys.
-    pub fn from_file(path: &Path) -> Result<PublicIds, Error> {
-        PublicIds::new(crate::settings_from_file(path)?)
+    /// From its settings, as exactly one of: a JSON object (a binding's keyword arguments), or
+    /// a TOML file of the same keys. An unknown key is refused.
+    pub fn from_settings(json: Option<&str>, file: Option<&Path>) -> Result<PublicIds, Error> {
+        PublicIds::new(crate::settings("public-ID client configuration", json, file)?)
     }
 
     fn new(config: PublicIdsConfig) -> Result<PublicIds, Error> {

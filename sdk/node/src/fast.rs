@@ -51,23 +51,27 @@ pub fn bind_try_next_id(env: sys::napi_env, embedded: Arc<idgen_sdk::Embedded>) 
     let mut function = ptr::null_mut();
     let name = "tryNextId";
     // SAFETY: `env` is the calling environment; `data` stays valid until the finalizer below
-    // runs, after which the function can no longer be called.
+    // runs, after which the function can no longer be called. Should either call fail, the
+    // function is never handed to JavaScript and `data` is released here instead.
     unsafe {
-        let made = sys::napi_create_function(
-            env,
-            name.as_ptr().cast(),
-            name.len() as isize,
-            Some(try_next_id),
-            data,
-            &mut function,
-        );
-        if let Err(error) = status(made, "a function") {
-            drop(Box::from_raw(data.cast::<Arc<idgen_sdk::Embedded>>()));
-            return Err(error);
-        }
-        let finalized = sys::napi_add_finalizer(env, function, data, Some(release), ptr::null_mut(), ptr::null_mut());
-        if let Err(error) = status(finalized, "a finalizer") {
-            drop(Box::from_raw(data.cast::<Arc<idgen_sdk::Embedded>>()));
+        let made = status(
+            sys::napi_create_function(
+                env,
+                name.as_ptr().cast(),
+                name.len() as isize,
+                Some(try_next_id),
+                data,
+                &mut function,
+            ),
+            "a function",
+        )
+        .and_then(|()| {
+            let finalizer =
+                sys::napi_add_finalizer(env, function, data, Some(release), ptr::null_mut(), ptr::null_mut());
+            status(finalizer, "a finalizer")
+        });
+        if let Err(error) = made {
+            release(env, data, ptr::null_mut());
             return Err(error);
         }
     }

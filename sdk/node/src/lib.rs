@@ -299,11 +299,8 @@ impl NativeClient {
     #[napi]
     pub fn connect(config_json: Option<String>, config_file: Option<String>) -> AsyncTask<Blocking<NativeClient>> {
         blocking(move || {
-            let inner = match (config_json, config_file) {
-                (Some(json), None) => idgen_sdk::Client::from_json(&json)?,
-                (None, Some(file)) => idgen_sdk::Client::from_file(std::path::Path::new(&file))?,
-                _ => return Err(both_or_neither()),
-            };
+            let file = config_file.as_deref().map(std::path::Path::new);
+            let inner = idgen_sdk::Client::from_settings(config_json.as_deref(), file)?;
             Ok(NativeClient { inner: Arc::new(inner) })
         })
     }
@@ -314,7 +311,7 @@ impl NativeClient {
         Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string()))
     }
 
-    /// The calls it shares with the fleet client.
+    /// The calls it shares with the embedded generator.
     #[napi]
     pub fn source(&self) -> NativeIdSource {
         NativeIdSource { inner: self.inner.clone() }
@@ -334,10 +331,6 @@ impl NativeClient {
     pub fn close(&self) {
         self.inner.close();
     }
-}
-
-fn both_or_neither() -> Error {
-    Error::Invalid { code: "invalid_config", message: "give the settings or a configuration file, not both".into() }
 }
 
 /// A mapping as the service answers it (`created` from a create only).
@@ -371,12 +364,9 @@ pub struct NativePublicIds {
 impl NativePublicIds {
     #[napi(constructor)]
     pub fn new(config_json: Option<String>, config_file: Option<String>) -> napi::Result<Self> {
-        let inner = match (config_json, config_file) {
-            (Some(json), None) => idgen_sdk::PublicIds::from_json(&json),
-            (None, Some(file)) => idgen_sdk::PublicIds::from_file(std::path::Path::new(&file)),
-            _ => Err(both_or_neither()),
-        };
-        Ok(NativePublicIds { inner: Arc::new(inner.map_err(js_error)?) })
+        let file = config_file.as_deref().map(std::path::Path::new);
+        let inner = idgen_sdk::PublicIds::from_settings(config_json.as_deref(), file).map_err(js_error)?;
+        Ok(NativePublicIds { inner: Arc::new(inner) })
     }
 
     #[napi]

@@ -154,26 +154,6 @@ fn decode_by<'py>(py: Python<'py>, source: &impl IdSource, id: &Bound<'py, PyAny
     decoded(py, answer)
 }
 
-/// A handle made from its settings as JSON (the Python class's keyword arguments) or from a
-/// configuration file, exactly one of the two.
-fn from_settings<T>(
-    py: Python<'_>,
-    config_json: Option<String>,
-    config_file: Option<PathBuf>,
-    from_json: fn(&str) -> Result<T, Error>,
-    from_file: fn(&std::path::Path) -> Result<T, Error>,
-) -> PyResult<T>
-where
-    T: Send,
-{
-    py.detach(|| match (config_json, config_file) {
-        (Some(json), None) => from_json(&json),
-        (None, Some(file)) => from_file(&file),
-        _ => Err(invalid("invalid_config", "give the settings or a configuration file, not both".into())),
-    })
-    .map_err(|e| raise(py, e))
-}
-
 /// The embedded generator (`idgen.EmbeddedGenerator` subclasses it with the asyncio methods).
 #[pyclass(subclass, frozen, module = "idgen._native", name = "EmbeddedGenerator")]
 struct EmbeddedGenerator {
@@ -273,8 +253,9 @@ impl Client {
     #[new]
     #[pyo3(signature = (config_json = None, config_file = None))]
     fn new(py: Python<'_>, config_json: Option<String>, config_file: Option<PathBuf>) -> PyResult<Self> {
-        let inner =
-            from_settings(py, config_json, config_file, idgen_sdk::Client::from_json, idgen_sdk::Client::from_file)?;
+        let inner = py
+            .detach(|| idgen_sdk::Client::from_settings(config_json.as_deref(), config_file.as_deref()))
+            .map_err(|e| raise(py, e))?;
         Ok(Client { inner })
     }
 
@@ -344,13 +325,9 @@ impl PublicIds {
     #[new]
     #[pyo3(signature = (config_json = None, config_file = None))]
     fn new(py: Python<'_>, config_json: Option<String>, config_file: Option<PathBuf>) -> PyResult<Self> {
-        let inner = from_settings(
-            py,
-            config_json,
-            config_file,
-            idgen_sdk::PublicIds::from_json,
-            idgen_sdk::PublicIds::from_file,
-        )?;
+        let inner = py
+            .detach(|| idgen_sdk::PublicIds::from_settings(config_json.as_deref(), config_file.as_deref()))
+            .map_err(|e| raise(py, e))?;
         Ok(PublicIds { inner })
     }
 
