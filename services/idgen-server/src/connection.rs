@@ -22,8 +22,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ impl Deadline {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Waiting for the first byte of a request, since the connection opened or its last
     /// response was written.
@@ -72,15 +72,53 @@ enum Phase {
     Request { body_due: Option<Instant> },
 }
 
+/// A [`Phase`] in one word: its kind in the top two bits, its time below them (nanoseconds since
+/// the connection opened: 2^62 ns is 146 years).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed(u64);
+
+const KIND_SHIFT: u32 = 62;
+const TIME_MASK: u64 = (1 << KIND_SHIFT) - 1;
+const IDLE: u64 = 0;
+const HEAD: u64 = 1;
+const BODY_DUE: u64 = 2;
+const WORKING: u64 = 3;
+
+impl Packed {
+    fn new(kind: u64, nanos: u64) -> Packed {
+        Packed(kind << KIND_SHIFT | nanos.min(TIME_MASK))
+    }
+
+    fn kind(self) -> u64 {
+        self.0 >> KIND_SHIFT
+    }
+
+    fn unpack(self, opened: Instant) -> Phase {
+        let at = opened + Duration::from_nanos(self.0 & TIME_MASK);
+        match self.kind() {
+            IDLE => Phase::Idle { since: at },
+            HEAD => Phase::Head { since: at },
+            BODY_DUE => Phase::Request { body_due: Some(at) },
+            _ => Phase::Request { body_due: None },
+        }
+    }
+}
+
 /// What one connection is waiting for, shared by the socket wrapper, the service wrapper and the
-/// request bodies. Only the connection's own task touches it; the lock is never contended.
+/// request bodies. Only the connection's own task changes its phase (a body moved to another task
+/// only ends its deadline, with one compare-and-swap), so every change of phase is a plain store:
+/// no lock on the request path, and one clock read per poll of the connection rather than one per
+/// change of phase.
 pub(crate) struct Activity {
-    phase: Mutex<Phase>,
-    /// Set while idle: the first read takes the lock to start the header deadline; every other
-    /// read passes with one load.
-    idle: AtomicBool,
+    /// The [`Phase`], packed.
+    phase: AtomicU64,
+    /// When the connection's current poll began (nanoseconds since `opened`): the time every
+    /// change of phase during that poll takes. A poll lasts microseconds; a deadline counted from
+    /// its start is that much earlier, never later.
+    polled_at: AtomicU64,
+    opened: Instant,
     /// Requests started, so that the body of one request cannot end the body deadline of the next.
-    requests: std::sync::atomic::AtomicU64,
+    requests: AtomicU64,
     idle_timeout: Duration,
     header_read_timeout: Duration,
     body_read_timeout: Duration,
@@ -104,9 +142,10 @@ impl Activity {
         let age = limits.max_connection_age();
         let jitter = age.mul_f64(rand::random::<f64>() / 10.0);
         Arc::new(Activity {
-            phase: Mutex::new(Phase::Idle { since: now }),
-            idle: AtomicBool::new(true),
-            requests: std::sync::atomic::AtomicU64::new(0),
+            phase: AtomicU64::new(Packed::new(IDLE, 0).0),
+            polled_at: AtomicU64::new(0),
+            opened: now,
+            requests: AtomicU64::new(0),
             idle_timeout: limits.idle_timeout(),
             header_read_timeout: limits.header_read_timeout(),
             body_read_timeout: limits.body_read_timeout(),
@@ -126,63 +165,73 @@ impl Activity {
     }
 
     /// What closes the connection now, before it is polled again.
-    fn ended(&self) -> Option<Deadline> {
+    fn ended(&self, now: Instant) -> Option<Deadline> {
         if self.revocable && self.revoked.load(Ordering::Acquire) {
             return Some(Deadline::Revoked);
         }
         match self.end_at {
-            Some(end) if end <= Instant::now() => Some(Deadline::CertificateExpired),
+            Some(end) if end <= now => Some(Deadline::CertificateExpired),
             _ => None,
         }
     }
 
-    fn phase(&self) -> MutexGuard<'_, Phase> {
-        // A panic elsewhere while holding this lock leaves a phase that is still a phase.
-        self.phase.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A poll of the connection begins at `now`.
+    fn polling(&self, now: Instant) {
+        self.polled_at.store(nanos_between(self.opened, now), Ordering::Relaxed);
+    }
+
+    fn phase(&self) -> Phase {
+        Packed(self.phase.load(Ordering::Relaxed)).unpack(self.opened)
+    }
+
+    fn set(&self, kind: u64, nanos: u64) {
+        self.phase.store(Packed::new(kind, nanos).0, Ordering::Relaxed);
     }
 
     /// Bytes came from the peer.
     fn read_some(&self) {
-        if !self.idle.load(Ordering::Relaxed) {
-            return;
+        if Packed(self.phase.load(Ordering::Relaxed)).kind() == IDLE {
+            self.set(HEAD, self.polled_at.load(Ordering::Relaxed));
         }
-        let mut phase = self.phase();
-        if let Phase::Idle { .. } = *phase {
-            *phase = Phase::Head { since: Instant::now() };
-        }
-        self.idle.store(false, Ordering::Relaxed);
     }
 
     /// hyper hands the service a request whose headers are complete: its body, if any is still
     /// to come, is due within the body deadline.
     pub(crate) fn request_body(self: &Arc<Self>, body: Incoming) -> RequestBody {
-        let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
-        let complete = body.is_end_stream();
-        let body_due = (!complete).then(|| Instant::now() + self.body_read_timeout);
-        *self.phase() = Phase::Request { body_due };
-        self.idle.store(false, Ordering::Relaxed);
-        RequestBody { inner: body, open: (!complete).then(|| (self.clone(), number)) }
+        // Only this connection's task starts requests: a load and a store, not a locked add.
+        let number = self.requests.load(Ordering::Relaxed) + 1;
+        self.requests.store(number, Ordering::Relaxed);
+        if body.is_end_stream() {
+            self.set(WORKING, 0);
+            return RequestBody { inner: body, open: None };
+        }
+        let due = self.polled_at.load(Ordering::Relaxed).saturating_add(duration_nanos(self.body_read_timeout));
+        self.set(BODY_DUE, due);
+        RequestBody { inner: body, open: Some((self.clone(), number)) }
     }
 
     fn body_ended(&self, number: u64) {
         if self.requests.load(Ordering::Relaxed) != number {
             return;
         }
-        if let Phase::Request { body_due } = &mut *self.phase() {
-            *body_due = None;
+        let current = self.phase.load(Ordering::Relaxed);
+        if Packed(current).kind() == BODY_DUE {
+            // A compare-and-swap: the body may have been moved to another task, and the
+            // connection may be past this request already.
+            let _ =
+                self.phase.compare_exchange(current, Packed::new(WORKING, 0).0, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 
     /// The service has answered: hyper writes the response, then waits for the next request.
     pub(crate) fn response_ready(&self) {
-        *self.phase() = Phase::Idle { since: Instant::now() };
-        self.idle.store(true, Ordering::Relaxed);
+        self.set(IDLE, self.polled_at.load(Ordering::Relaxed));
     }
 
     /// The deadline in force, if any: none while the service works on a request whose body has
     /// ended.
     fn deadline(&self) -> Option<(Instant, Deadline)> {
-        let phase = match *self.phase() {
+        let phase = match self.phase() {
             Phase::Idle { since } => {
                 let idle = since + self.idle_timeout;
                 Some(if self.retire_at < idle { (self.retire_at, Deadline::MaxAge) } else { (idle, Deadline::Idle) })
@@ -196,6 +245,14 @@ impl Activity {
             (phase, _) => phase,
         }
     }
+}
+
+fn nanos_between(earlier: Instant, later: Instant) -> u64 {
+    duration_nanos(later.saturating_duration_since(earlier))
+}
+
+fn duration_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The connection's socket (plain or TLS), noting when bytes come from the peer.
@@ -316,11 +373,13 @@ impl<F: Future> Future for Guarded<F> {
         if this.activity.revocable {
             this.activity.wake.register(cx.waker());
         }
+        let now = Instant::now();
         // Checked before the connection is polled: a request read from here on never reaches
         // the service.
-        if let Some(ended) = this.activity.ended() {
+        if let Some(ended) = this.activity.ended(now) {
             return Poll::Ready(Err(ended));
         }
+        this.activity.polling(now);
         if let Poll::Ready(output) = this.connection.as_mut().poll(cx) {
             return Poll::Ready(Ok(output));
         }
@@ -343,5 +402,62 @@ impl<F: Future> Future for Guarded<F> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn activity() -> Arc<Activity> {
+        Activity::new(&LimitsSection::default(), None, false)
+    }
+
+    #[test]
+    fn a_phase_packs_into_one_word_and_back() {
+        let opened = Instant::now();
+        let at = |nanos| opened + Duration::from_nanos(nanos);
+        assert_eq!(Packed::new(IDLE, 5).unpack(opened), Phase::Idle { since: at(5) });
+        assert_eq!(Packed::new(HEAD, TIME_MASK).unpack(opened), Phase::Head { since: at(TIME_MASK) });
+        assert_eq!(Packed::new(BODY_DUE, u64::MAX).unpack(opened), Phase::Request { body_due: Some(at(TIME_MASK)) });
+        assert_eq!(Packed::new(WORKING, 0).unpack(opened), Phase::Request { body_due: None });
+    }
+
+    /// Each change of phase takes the time its poll began, and the deadline follows the phase.
+    #[test]
+    fn the_deadline_follows_the_phase_from_the_time_of_the_poll() {
+        let limits = LimitsSection::default();
+        let activity = activity();
+        let opened = activity.opened;
+        assert_eq!(activity.deadline(), Some((opened + limits.idle_timeout(), Deadline::Idle)));
+        let poll = opened + Duration::from_millis(700);
+        activity.polling(poll);
+        activity.read_some();
+        assert_eq!(activity.deadline(), Some((poll + limits.header_read_timeout(), Deadline::HeaderRead)));
+        activity.polling(poll + Duration::from_millis(1));
+        activity.read_some();
+        assert_eq!(
+            activity.deadline(),
+            Some((poll + limits.header_read_timeout(), Deadline::HeaderRead)),
+            "a later read leaves the header deadline"
+        );
+        activity.set(WORKING, 0);
+        assert_eq!(activity.deadline(), None, "no deadline while the service works");
+        let later = poll + Duration::from_secs(2);
+        activity.polling(later);
+        activity.response_ready();
+        assert_eq!(activity.deadline(), Some((later + limits.idle_timeout(), Deadline::Idle)));
+    }
+
+    /// The body of an earlier request cannot end the body deadline of the one in progress.
+    #[test]
+    fn only_the_current_requests_body_ends_its_deadline() {
+        let activity = activity();
+        activity.requests.store(2, Ordering::Relaxed);
+        activity.set(BODY_DUE, 9);
+        activity.body_ended(1);
+        assert_eq!(activity.phase(), Phase::Request { body_due: Some(activity.opened + Duration::from_nanos(9)) });
+        activity.body_ended(2);
+        assert_eq!(activity.phase(), Phase::Request { body_due: None });
     }
 }
