@@ -1,6 +1,6 @@
 //! Test support for the store suites: a throwaway database (a SQLite file in a temporary
 //! directory, or a fresh PostgreSQL database on the server `IDGEN_POSTGRES_URL` names;
-//! ./scripts/test starts it) and [`store_suite!`] to run one suite per database. PostgreSQL
+//! ./scripts/test starts it) and [`store_suite!`] to run one suite on both databases. PostgreSQL
 //! unreachable or the variable unset: the test fails, it never skips. [`openapi`]: what each
 //! service's router test holds its OpenAPI document to; [`routes`]: what the HTTP metrics' own
 //! route label is held to.
@@ -93,18 +93,24 @@ impl Drop for TestDatabase {
     }
 }
 
-/// `store_suite!(sqlite: test_a, test_b)` makes a module `sqlite` with one `#[tokio::test]` per
-/// name, each calling `super::test_a(super::sqlite().await)`: the same suite, once per database.
+/// `store_suite!(test_a, test_b)` makes a module per database, `sqlite` and `postgres`, with
+/// one `#[tokio::test]` per name, each calling `super::test_a(super::sqlite().await)` (and
+/// `super::postgres()`): the same suite on both databases, from one list, so that no test runs
+/// on one and is forgotten on the other.
 #[macro_export]
 macro_rules! store_suite {
-    ($db:ident: $($test:ident),*) => {
+    ($($test:ident),+ $(,)?) => {
+        $crate::store_suite!(@on sqlite: $($test),+);
+        $crate::store_suite!(@on postgres: $($test),+);
+    };
+    (@on $db:ident: $($test:ident),+) => {
         mod $db {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $test() {
                     super::$test(super::$db().await).await;
                 }
-            )*
+            )+
         }
     };
 }

@@ -5,7 +5,7 @@
 //! another fresh directory, against `idgen up --tls`. Each command is followed by one or more
 //! `# shows: <text>` lines and its standard output must contain every such text; a command
 //! without one fails the test. The blocks are read by `idgen_e2e::shell_steps`, as the runbooks'
-//! are (`e2e_runbooks.rs`); `docs/proof.md` states the rules for writing them.
+//! are (`runbooks.rs`); `docs/proof.md` states the rules for writing them.
 //!
 //! What a reader has at hand, the directory has too: `idgen` on the `PATH` (the binary the tests
 //! start; a command written `cargo run --release -- …` runs it as `idgen …`), `worker.toml`,

@@ -1,5 +1,6 @@
 //! The production configuration examples in `infra/config/` are accepted by the real binary:
-//! `idgen worker|registry|public serve --check-config` validates each in production mode and
+//! `idgen worker|registry|public serve --check-config` (and each service's own binary, which says
+//! the same) validates each in production mode and
 //! loads its TLS files, and says what the service would run with. The certificate paths are
 //! pointed at a development CA's files (the only change made to the examples); a copy with a
 //! required key left out, or a key misspelt, is refused with the key named.
@@ -7,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use idgen_e2e::idgen_bin;
+use idgen_e2e::{idgen_bin, workspace_bin};
 use idgen_server::pki::DevCa;
 
 fn repo() -> PathBuf {
@@ -23,10 +24,19 @@ fn example(dir: &Path, tls: &Path, name: &str, edit: impl Fn(String) -> String) 
     path
 }
 
-/// `idgen <args> --config <file> --check-config` with no IDGEN_ variables of the test's own.
-fn check(args: &[&str], file: &Path) -> Output {
-    let mut command = Command::new(idgen_bin());
-    command.args(args).arg("--config").arg(file).arg("--check-config");
+/// `idgen <args> --config <file> --check-config` with no IDGEN_ variables of the test's own;
+/// the service's own binary (`binary`) says the same.
+fn check(args: &[&str], binary: &str, file: &Path) -> Output {
+    let output = check_with(Command::new(idgen_bin()).args(args), file);
+    let own = check_with(&mut Command::new(workspace_bin(binary)), file);
+    // The one difference: who says it.
+    let said = text(&own).replace(&format!("{binary}: "), "idgen: ");
+    assert_eq!((&own.status, said), (&output.status, text(&output)), "{binary} --check-config");
+    output
+}
+
+fn check_with(command: &mut Command, file: &Path) -> Output {
+    command.arg("--config").arg(file).arg("--check-config");
     for (key, _) in std::env::vars() {
         if key.starts_with("IDGEN_WORKER_")
             || key.starts_with("IDGEN_REGISTRY_")
@@ -65,7 +75,7 @@ fn every_production_example_passes_check_config() {
     certificates(&tls);
 
     let worker = example(dir.path(), &tls, "worker.toml", |t| t);
-    let out = check(&["worker"], &worker);
+    let out = check(&["worker"], "idgen-worker", &worker);
     let said = text(&out);
     assert!(out.status.success(), "worker.toml refused:\n{said}");
     for expected in [
@@ -82,7 +92,7 @@ fn every_production_example_passes_check_config() {
     }
 
     let registry = example(dir.path(), &tls, "registry.toml", |t| t);
-    let out = check(&["registry"], &registry);
+    let out = check(&["registry"], "idgen-registry", &registry);
     let said = text(&out);
     assert!(out.status.success(), "registry.toml refused:\n{said}");
     for expected in [
@@ -97,7 +107,7 @@ fn every_production_example_passes_check_config() {
     }
 
     let public = example(dir.path(), &tls, "public-ids.toml", |t| t);
-    let out = check(&["public", "serve"], &public);
+    let out = check(&["public", "serve"], "idgen-public-ids", &public);
     let said = text(&out);
     assert!(out.status.success(), "public-ids.toml refused:\n{said}");
     for expected in [
@@ -123,7 +133,7 @@ fn every_production_example_passes_check_config() {
         assert!(t.contains("\ntypes = {}\n"), "public-ids.toml sets types = {{}}");
         t.replace("\ntypes = {}\n", &format!("\ntypes = {types}\n"))
     });
-    let out = check(&["public", "serve"], &typed);
+    let out = check(&["public", "serve"], "idgen-public-ids", &typed);
     let said = text(&out);
     assert!(out.status.success(), "public-ids.toml with the stack's example types refused:\n{said}");
     for expected in ["order_ (1, opaque)", "customer_ (2, uuidv7)"] {
@@ -142,7 +152,7 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
     let no_region = example(dir.path(), &tls, "worker.toml", |t| {
         t.lines().filter(|l| !l.starts_with("region = ")).collect::<Vec<_>>().join("\n")
     });
-    let out = check(&["worker"], &no_region);
+    let out = check(&["worker"], "idgen-worker", &no_region);
     assert!(!out.status.success(), "a worker without a region passed:\n{}", text(&out));
     assert!(text(&out).contains("region"), "the refusal does not name the region:\n{}", text(&out));
 
@@ -153,41 +163,45 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
         (("health_listen = \"0.0.0.0:8081\"", "health_listen = \"0.0.0.0:8080\""), "health_listen"),
     ] {
         let broken = example(dir.path(), &tls, "worker.toml", |t| t.replace(change.0, change.1));
-        let out = check(&["worker"], &broken);
+        let out = check(&["worker"], "idgen-worker", &broken);
         assert!(!out.status.success(), "{change:?} passed:\n{}", text(&out));
         assert!(text(&out).contains(named), "the refusal of {change:?} does not name {named}:\n{}", text(&out));
     }
 
     // A misspelt key in the registry: refused, the key named.
     let misspelt = example(dir.path(), &tls, "registry.toml", |t| t.replace("horizon_lead_ms", "horizon_lead"));
-    let out = check(&["registry"], &misspelt);
+    let out = check(&["registry"], "idgen-registry", &misspelt);
     assert!(!out.status.success(), "a misspelt registry key passed:\n{}", text(&out));
     assert!(text(&out).contains("horizon_lead"), "the refusal does not name the key:\n{}", text(&out));
 
     // Production names callers by URI SAN only: `identity = "cn"` is refused (exit 2), the key named.
     let cn = example(dir.path(), &tls, "worker.toml", |t| t.replace("identity = \"uri_san\"", "identity = \"cn\""));
-    let out = check(&["worker"], &cn);
+    let out = check(&["worker"], "idgen-worker", &cn);
     assert_eq!(out.status.code(), Some(2), "a production worker reading CNs:\n{}", text(&out));
     assert!(text(&out).contains("tls.identity = \"uri_san\""), "the refusal does not name the key:\n{}", text(&out));
     // Operators by a CA of their own, and only then: without it, or with the callers' CA, refused.
     let no_operator_ca = example(dir.path(), &tls, "registry.toml", |t| {
         t.lines().filter(|l| !l.starts_with("operator_ca = ")).collect::<Vec<_>>().join("\n")
     });
-    let out = check(&["registry"], &no_operator_ca);
+    let out = check(&["registry"], "idgen-registry", &no_operator_ca);
     assert!(!out.status.success(), "certificate operators without an operator CA passed:\n{}", text(&out));
     assert!(text(&out).contains("certificate_operators needs tls.operator_ca"), "{}", text(&out));
     let shared = example(dir.path(), &tls, "registry.toml", |t| t.replace("operators-ca.pem", "clients-ca.pem"));
-    let out = check(&["registry"], &shared);
+    let out = check(&["registry"], "idgen-registry", &shared);
     assert!(!out.status.success(), "an operator CA shared with the callers passed:\n{}", text(&out));
     assert!(text(&out).contains("shares a CA with tls.client_ca"), "{}", text(&out));
 
     // The registry and the public-ID service without their database, or on SQLite: refused with
     // exit status 2, the key named, never a start on a local file.
-    for (name, args) in [("registry.toml", &["registry"][..]), ("public-ids.toml", &["public", "serve"][..])] {
+    let services = [
+        ("registry.toml", &["registry"][..], "idgen-registry"),
+        ("public-ids.toml", &["public", "serve"][..], "idgen-public-ids"),
+    ];
+    for (name, args, binary) in services {
         let no_database = example(dir.path(), &tls, name, |t| {
             t.lines().filter(|l| !l.starts_with("database_url = ")).collect::<Vec<_>>().join("\n")
         });
-        let out = check(args, &no_database);
+        let out = check(args, binary, &no_database);
         assert_eq!(out.status.code(), Some(2), "{name} without a database:\n{}", text(&out));
         assert!(text(&out).contains("database_url (postgres://"), "{name}:\n{}", text(&out));
         let sqlite = example(dir.path(), &tls, name, |t| {
@@ -196,7 +210,7 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
                 .collect::<Vec<_>>()
                 .join("\n")
         });
-        let out = check(args, &sqlite);
+        let out = check(args, binary, &sqlite);
         assert_eq!(out.status.code(), Some(2), "{name} on SQLite:\n{}", text(&out));
         assert!(text(&out).contains("SQLite is for development only"), "{name}:\n{}", text(&out));
     }
@@ -204,7 +218,7 @@ fn check_config_refuses_what_a_start_would_refuse_and_names_it() {
     // A certificate that is not there: the TLS files are loaded, not only named.
     std::fs::remove_file(tls.join("server-key.pem")).unwrap();
     let public = example(dir.path(), &tls, "public-ids.toml", |t| t);
-    let out = check(&["public", "serve"], &public);
+    let out = check(&["public", "serve"], "idgen-public-ids", &public);
     assert!(!out.status.success(), "a missing key file passed:\n{}", text(&out));
     assert!(text(&out).contains("server-key.pem"), "the refusal does not name the file:\n{}", text(&out));
 }
@@ -258,7 +272,7 @@ fn check_config_names_the_line_of_an_unknown_or_mistyped_key() {
     let broken = example(dir.path(), &tls, "worker.toml", |t| {
         t.replace("fence_ms = ", "fence_msx = ").replace("max_connections = 4096", "max_connections = \"many\"")
     });
-    let out = check(&["worker"], &broken);
+    let out = check(&["worker"], "idgen-worker", &broken);
     assert!(!out.status.success(), "a misspelt and a mistyped key passed:\n{}", text(&out));
     let said = text(&out);
     let fence = format!(
@@ -275,7 +289,7 @@ fn check_config_names_the_line_of_an_unknown_or_mistyped_key() {
     assert!(said.contains("idgen worker --print-config"), "{said}");
 
     let misspelt = example(dir.path(), &tls, "public-ids.toml", |t| t.replace("max_entries", "max_entry"));
-    let out = check(&["public", "serve"], &misspelt);
+    let out = check(&["public", "serve"], "idgen-public-ids", &misspelt);
     let expected = format!("{}:{}: unknown key `cache.max_entry`", misspelt.display(), line_of(&misspelt, "max_entry"));
     assert!(!out.status.success() && text(&out).contains(&expected), "expected {expected:?} in:\n{}", text(&out));
 }

@@ -127,8 +127,7 @@ async fn e2e_a_production_registry_starts_only_on_its_initialized_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_production_public_id_service_never_makes_a_data_key_itself() {
     let settings =
-        idgen::lease::dynamodb::AwsSettings { endpoint: Some(shared_dynamodb_endpoint()), ..Default::default() }
-            .patient();
+        idgen::DynamoDbSettings { endpoint: Some(shared_dynamodb_endpoint()), ..Default::default() }.patient();
     let kms = idgen_public_ids::kms::client(&settings).await;
     let key = kms.create_key().description("idgen production-start e2e").send().await.unwrap();
     let key_id = key.key_metadata().unwrap().key_id().to_owned();

@@ -9,8 +9,7 @@ use idgen_e2e::{idgen, shared_dynamodb_endpoint, start_public_ids};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_public_ids_through_the_binary() {
     let settings =
-        idgen::lease::dynamodb::AwsSettings { endpoint: Some(shared_dynamodb_endpoint()), ..Default::default() }
-            .patient();
+        idgen_aws::AwsSettings { endpoint: Some(shared_dynamodb_endpoint()), ..Default::default() }.patient();
     let kms = idgen_public_ids::kms::client(&settings).await;
     let key = kms.create_key().description("idgen e2e").send().await.unwrap();
     let key_id = key.key_metadata().unwrap().key_id().to_owned();

@@ -162,8 +162,7 @@ async fn e2e_kms_credentials_come_only_from_the_credential_process() {
 /// second).
 async fn kms_service(description: &str) -> (MotoServer, tempfile::TempDir, String) {
     let moto = MotoServer::start().await.unwrap();
-    let settings =
-        idgen::lease::dynamodb::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
+    let settings = idgen_aws::AwsSettings { endpoint: Some(moto.endpoint.clone()), ..Default::default() }.patient();
     let kms = idgen_public_ids::kms::client(&settings).await;
     let key = kms.create_key().description(description).send().await.unwrap();
     let key_id = key.key_metadata().unwrap().key_id().to_owned();

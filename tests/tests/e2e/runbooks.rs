@@ -3,7 +3,7 @@
 //! pages' variables set; and prints what the page says it shows: each command is followed by
 //! one or more `# shows: <text>` lines, and its output must contain every such text (with the
 //! variables substituted). A command without one fails the test: a page may not promise nothing.
-//! The blocks are read by `idgen_e2e::shell_steps`, as the documentation's are (`e2e_docs.rs`).
+//! The blocks are read by `idgen_e2e::shell_steps`, as the documentation's are (`docs.rs`).
 
 use std::time::Duration;
 
