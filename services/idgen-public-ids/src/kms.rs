@@ -19,8 +19,8 @@ use zeroize::Zeroizing;
 use crate::format::Keyring;
 use crate::store::{PublicIdStore, WrappedKey};
 
-pub async fn client(settings: &idgen::lease::dynamodb::AwsSettings) -> aws_sdk_kms::Client {
-    aws_sdk_kms::Client::new(&idgen::lease::dynamodb::sdk_config(settings).await)
+pub async fn client(settings: &idgen_aws::AwsSettings) -> aws_sdk_kms::Client {
+    aws_sdk_kms::Client::new(&idgen_aws::sdk_config(settings).await)
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

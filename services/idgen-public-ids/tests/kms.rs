@@ -13,7 +13,7 @@ use zeroize::Zeroizing;
 async fn kms_client() -> aws_sdk_kms::Client {
     let endpoint = std::env::var("IDGEN_DYNAMODB_ENDPOINT")
         .expect("IDGEN_DYNAMODB_ENDPOINT is not set: this test needs the KMS-protocol server ./scripts/test starts");
-    let settings = idgen::lease::dynamodb::AwsSettings { endpoint: Some(endpoint), ..Default::default() }.patient();
+    let settings = idgen_aws::AwsSettings { endpoint: Some(endpoint), ..Default::default() }.patient();
     kms::client(&settings).await
 }
 

@@ -26,9 +26,9 @@ pub use clock::{Clock, Discipline, ManualClock, SyncStatus, SystemClock, kernel_
 pub use config::{GeneratorConfig, Role, StoreKind, open_lease_store, open_lease_store_for_operator};
 pub use control::registry::RegistrySnapshot;
 pub use embedded::{EmbeddedGenerator, StartOptions};
+pub use idgen_aws::AwsSettings as DynamoDbSettings;
 pub use idgen_core::generator::Refusal;
 pub use issuing::{Health, IdGenerator};
-pub use lease::aws::DynamoDbSettings;
 #[cfg(feature = "dynamodb")]
 pub use lease::dynamodb::DynamoDbLeaseStore;
 pub use lease::keeper::{LeaseConfig, LeaseConfigError, LeaseKeeper, MachineRanges, Outcome};
@@ -67,41 +67,6 @@ fn hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// SIGINT (Ctrl-C) or SIGTERM: what every idgen service stops on.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
-    }
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`), coloured only on a terminal.
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 #[cfg(test)]

@@ -19,59 +19,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription,
 };
-use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 use crate::lease::audit_spool::{AuditSink, AuditSpool, SpooledRecord};
-pub use crate::lease::aws::DynamoDbSettings;
 use crate::lease::genesis::{self, Genesis, GenesisHow, GenesisRequest, GenesisWrite};
 use crate::lease::{
     AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, Lift, LiftOutcome,
     QUARANTINE_EXPIRY_UNIX_MS, QUARANTINED, StoreError,
 };
 use crate::metrics::TableLabel;
+pub use idgen_aws::AwsSettings as DynamoDbSettings;
 
 type Item = HashMap<String, AttributeValue>;
 
-/// The AWS SDK configuration every idgen service uses: rustls (ring) as the one TLS stack, the
-/// standard credential chain (environment, profile, web identity, ECS, EC2 instance metadata;
-/// a profile's `credential_process` included, run again when its credentials expire: how a
-/// public-ID host hands its service credentials of a role of their own), standard retries with
-/// backoff and jitter, and these timeouts.
-pub async fn sdk_config(settings: &DynamoDbSettings) -> aws_config::SdkConfig {
-    let http =
-        aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(CryptoMode::Ring)).build_https();
-    let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .region(Region::new(settings.region.clone()))
-        .http_client(http)
-        .retry_config(RetryConfig::standard().with_max_attempts(settings.max_attempts))
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(settings.attempt_timeout)
-                .operation_attempt_timeout(settings.attempt_timeout)
-                .operation_timeout(settings.operation_timeout)
-                .build(),
-        );
-    if let Some(endpoint) = &settings.endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    loader.load().await
-}
-
-/// The same settings serve every AWS client idgen makes (DynamoDB, KMS).
-pub type AwsSettings = DynamoDbSettings;
-
-/// A DynamoDB client (see [`sdk_config`]).
+/// A DynamoDB client (see [`idgen_aws::sdk_config`]).
 pub async fn client(settings: &DynamoDbSettings) -> Client {
-    Client::new(&sdk_config(settings).await)
+    Client::new(&idgen_aws::sdk_config(settings).await)
 }
 
 #[derive(Clone)]

@@ -8,7 +8,6 @@
 
 #[cfg(feature = "dynamodb")]
 pub mod audit_spool;
-pub mod aws;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "dynamodb")]
