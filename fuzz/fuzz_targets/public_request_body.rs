@@ -1,5 +1,6 @@
-//! The public-ID service's request bodies (`POST /v1/public-ids {"internal_id", "format"?}` and
-//! `:batch {"internal_ids", "format"?}`): a body is a JSON object or refused; an internal ID is
+//! The public-ID service's request bodies (`POST /v1/public-ids {"internal_id", "format"?, "type"?}`
+//! and `:batch {"internal_ids", "format"?, "type"?}`): a body is a JSON object of those fields or
+//! refused with one of `idgen_json::body`'s codes; an internal ID is
 //! accepted only as digits below 2^63 or a whole JSON number up to 2^53 − 1, and reads back from
 //! its decimal text; a larger JSON number is refused with the advice to send a string.
 //!
@@ -29,31 +30,49 @@ fn check_id(value: &Value) {
                 other => panic!("accepted {other} as an internal ID"),
             }
         }
-        Err(body::BodyError(message)) => {
-            assert!(!message.is_empty());
+        Err(refused) => {
+            assert!(!refused.message.is_empty());
+            assert!([body::INVALID_INTERNAL_ID, body::UNSAFE_INTEGER].contains(&refused.code), "{refused:?}");
             if value.as_u64().is_some_and(|n| n > body::MAX_SAFE_JSON_INTEGER) {
-                assert!(message.contains("decimal strings"), "{value}: {message}");
+                assert!(refused.code == body::UNSAFE_INTEGER && refused.message.contains("decimal strings"), "{value}");
             }
         }
     }
 }
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(object) = body::parse_object(data) else {
-        assert!(!matches!(serde_json::from_slice::<Value>(data), Ok(Value::Object(_))));
-        return;
-    };
-    let single = body::only_fields(&object, &["internal_id", "format"]);
-    let batch = body::only_fields(&object, &["internal_ids", "format"]);
-    assert_eq!(single.is_ok(), object.keys().all(|k| k == "internal_id" || k == "format"));
-    assert_eq!(batch.is_ok(), object.keys().all(|k| k == "internal_ids" || k == "format"));
-    if let Ok(format) = body::parse_format(object.get("format")) {
-        assert_eq!(body::parse_format(Some(&Value::String(format.as_str().into()))), Ok(format));
+/// The codes of a body refused for its shape (`idgen_json::body`).
+const SHAPE: [&str; 5] = ["invalid_json", "invalid_body", "unknown_field", "missing_field", "invalid_field"];
+
+fn check_format(format: Option<&str>) {
+    if let Ok(format) = body::parse_format(format) {
+        assert_eq!(body::parse_format(Some(format.as_str())), Ok(format));
     }
-    for value in object.values() {
-        check_id(value);
-        if let Value::Array(values) = value {
-            values.iter().for_each(check_id);
+}
+
+fuzz_target!(|data: &[u8]| {
+    let object = matches!(serde_json::from_slice::<Value>(data), Ok(Value::Object(_)));
+    match idgen_json::body::read_object::<body::CreateBody>(data) {
+        Ok(create) => {
+            assert!(object);
+            check_id(&create.internal_id);
+            check_format(create.format.as_deref());
+        }
+        Err(refused) => assert!(SHAPE.contains(&refused.code) && !refused.message.is_empty(), "{refused:?}"),
+    }
+    match idgen_json::body::read_object::<body::BatchBody>(data) {
+        Ok(batch) => {
+            assert!(object);
+            batch.internal_ids.iter().for_each(check_id);
+            check_format(batch.format.as_deref());
+        }
+        Err(refused) => assert!(SHAPE.contains(&refused.code) && !refused.message.is_empty(), "{refused:?}"),
+    }
+    if let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(data) {
+        for value in object.values() {
+            check_id(value);
+            if let Value::Array(values) = value {
+                values.iter().for_each(check_id);
+            }
         }
     }
 });

@@ -1,6 +1,7 @@
 //! The registry's HTTP/JSON endpoints (SPEC §5). Reads are open; writes need an operator token
 //! (`Authorization: Bearer …`) and are recorded with the operator's name.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -10,10 +11,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idgen_core::{EPOCH_UNIX_MS, Layout, MAX_TIMESTAMP, format_unix_ms, parse_rfc3339_ms};
-use idgen_server::Caller;
+use idgen_json::body::{BodyError, not_null, present, read_object};
+use idgen_server::{ApiError, Caller, read_body, read_json};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::store::{Region, RegistryError, RegistryStore, ScheduleView, ScheduledLayout};
@@ -37,84 +40,30 @@ pub struct AppState {
     pub now: fn() -> i64,
 }
 
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    /// Seconds, for `Retry-After`.
-    retry_after: Option<u64>,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), retry_after: None }
-    }
-
-    /// 503: the database did not answer in time (or at all); try again in a second.
-    fn storage_unavailable() -> Self {
-        ApiError {
-            retry_after: Some(1),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "storage_unavailable",
-                "the registry's database is unavailable",
-            )
-        }
-    }
-    fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
-        match self.retry_after {
-            Some(seconds) => (self.status, [(header::RETRY_AFTER, seconds.to_string())], body).into_response(),
-            None => (self.status, body).into_response(),
-        }
-    }
+/// 503: the database did not answer in time (or at all); try again in a second.
+fn storage_unavailable() -> ApiError {
+    ApiError::unavailable("storage_unavailable", "the registry's database is unavailable")
 }
 
 impl From<RegistryError> for ApiError {
     fn from(error: RegistryError) -> Self {
+        use ApiError as E;
         match error {
-            RegistryError::NameExists(_) => ApiError::new(StatusCode::CONFLICT, "name_exists", error.to_string()),
-            RegistryError::NoNumberLeft { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "no_number_left", error.to_string())
-            }
-            RegistryError::UnknownRegion(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "unknown_region", error.to_string())
-            }
-            RegistryError::HomeRegionInUse(_) => {
-                ApiError::new(StatusCode::CONFLICT, "home_region_in_use", error.to_string())
-            }
-            RegistryError::RetirePending { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "retire_pending", error.to_string())
-            }
-            RegistryError::AlreadyRetired { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "already_retired", error.to_string())
-            }
-            RegistryError::NoRetirementPending(_) => {
-                ApiError::new(StatusCode::CONFLICT, "no_retirement_pending", error.to_string())
-            }
-            RegistryError::LayoutExists(_) => ApiError::new(StatusCode::CONFLICT, "layout_exists", error.to_string()),
-            RegistryError::UnknownLayout(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "unknown_layout", error.to_string())
-            }
-            RegistryError::LeaseTableMoved { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "lease_table_moved", error.to_string())
-            }
-            RegistryError::LeaseTableInUse { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "lease_table_in_use", error.to_string())
-            }
-            RegistryError::ScheduleConflict { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "schedule_conflict", error.to_string())
-            }
+            RegistryError::NameExists(_) => E::conflict("name_exists", error.to_string()),
+            RegistryError::NoNumberLeft { .. } => E::conflict("no_number_left", error.to_string()),
+            RegistryError::UnknownRegion(_) => E::not_found("unknown_region", error.to_string()),
+            RegistryError::HomeRegionInUse(_) => E::conflict("home_region_in_use", error.to_string()),
+            RegistryError::RetirePending { .. } => E::conflict("retire_pending", error.to_string()),
+            RegistryError::AlreadyRetired { .. } => E::conflict("already_retired", error.to_string()),
+            RegistryError::NoRetirementPending(_) => E::conflict("no_retirement_pending", error.to_string()),
+            RegistryError::LayoutExists(_) => E::conflict("layout_exists", error.to_string()),
+            RegistryError::UnknownLayout(_) => E::bad_request("unknown_layout", error.to_string()),
+            RegistryError::LeaseTableMoved { .. } => E::conflict("lease_table_moved", error.to_string()),
+            RegistryError::LeaseTableInUse { .. } => E::conflict("lease_table_in_use", error.to_string()),
+            RegistryError::ScheduleConflict { .. } => E::conflict("schedule_conflict", error.to_string()),
             RegistryError::Storage(_) | RegistryError::Invalid(_) | RegistryError::NotARegistry(_) => {
                 tracing::error!(%error, "registry storage");
-                ApiError::storage_unavailable()
+                storage_unavailable()
             }
         }
     }
@@ -181,11 +130,14 @@ impl WriteRefusals {
 fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<String, ApiError> {
     let refusals = &state.refusals;
     if cross_site(headers) {
-        return Err(refusals.refuse("cross_site", ApiError::new(
-            StatusCode::FORBIDDEN,
+        return Err(refusals.refuse(
             "cross_site",
-            "operator requests are not taken from another site's page; use this registry's /console, the CLI or curl",
-        )));
+            ApiError::forbidden(
+                "cross_site",
+                "operator requests are not taken from another site's page; use this registry's /console, the CLI or \
+                 curl",
+            ),
+        ));
     }
     let unauthorized = || {
         ApiError::new(
@@ -202,8 +154,7 @@ fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<St
             );
             return Err(refusals.refuse(
                 "not_an_operator_certificate",
-                ApiError::new(
-                    StatusCode::FORBIDDEN,
+                ApiError::forbidden(
                     "not_an_operator_certificate",
                     "this client certificate names an operator but was not issued by the operators' CA",
                 ),
@@ -221,21 +172,60 @@ fn operator(state: &AppState, headers: &HeaderMap, caller: &Caller) -> Result<St
     state.operators.operator(token).ok_or_else(|| refusals.refuse("unknown_token", unauthorized()))
 }
 
-async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| ApiError::bad_request(format!("request body is larger than {MAX_BODY_BYTES} bytes")))?;
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(map)) => Ok(map),
-        _ => Err(ApiError::bad_request("request body must be a JSON object")),
-    }
+/// `POST /v1/regions`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddRegionBody {
+    name: String,
+    /// A lease table name per layout.
+    #[serde(default, deserialize_with = "not_null")]
+    lease_tables: Option<BTreeMap<String, String>>,
 }
 
-fn only_fields(body: &Map<String, Value>, allowed: &[&str]) -> Result<(), ApiError> {
-    match body.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(field) => Err(ApiError::bad_request(format!("unknown field {field:?}; accepted: {allowed:?}"))),
-        None => Ok(()),
-    }
+/// `POST /v1/regions/{name}:retire`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetireBody {
+    #[serde(default, deserialize_with = "not_null")]
+    confirm: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    at: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
+    now: Option<bool>,
+}
+
+/// `POST /v1/regions/{name}:cancel-retire`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelRetireBody {
+    #[serde(default, deserialize_with = "not_null")]
+    confirm: Option<String>,
+}
+
+/// `POST /v1/regions/{name}:move-lease-table`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveLeaseTableBody {
+    #[serde(default, deserialize_with = "not_null")]
+    confirm: Option<String>,
+    layout: String,
+    from: String,
+    to: String,
+}
+
+/// `POST /v1/layouts`: the bits and `from_ms` read by `idgen-json` (a whole number however
+/// written).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddLayoutBody {
+    name: String,
+    region_bits: Value,
+    machine_bits: Value,
+    sequence_bits: Value,
+    #[serde(default, deserialize_with = "not_null")]
+    from: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    from_ms: Option<Value>,
 }
 
 /// Region names: 1–63 characters of a–z, 0–9 and '-', starting with a letter.
@@ -284,14 +274,15 @@ pub fn valid_table_name(name: &str) -> bool {
         && name != "idgen-genesis"
 }
 
-/// A body's lease table name, or why not.
-fn table_name<'a>(body: &'a Map<String, Value>, field: &str) -> Result<&'a str, ApiError> {
-    match body.get(field) {
-        Some(Value::String(name)) if valid_table_name(name) => Ok(name),
-        _ => Err(ApiError::bad_request(format!(
-            "\"{field}\" must be a lease table name: 3-200 of A-Z a-z 0-9 - _ ., not ending in -audit"
-        ))),
+/// A lease table name of field `field`, or why not.
+fn table_name<'a>(name: &'a str, field: &str) -> Result<&'a str, ApiError> {
+    if valid_table_name(name) {
+        return Ok(name);
     }
+    Err(ApiError::bad_request(
+        "invalid_table_name",
+        format!("{field} must be a lease table name: 3-200 of A-Z a-z 0-9 - _ ., not ending in -audit, not {name:?}"),
+    ))
 }
 
 fn epoch_ms_text(ms: u64) -> String {
@@ -342,29 +333,18 @@ pub async fn add_region(
     body: Body,
 ) -> Result<Response, ApiError> {
     let actor = operator(&state, &headers, &caller)?;
-    let body = json_object(body).await?;
-    only_fields(&body, &["name", "lease_tables"])?;
-    let name = body
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::bad_request("\"name\" (a string) is required"))?;
+    let body: AddRegionBody = read_json(body, MAX_BODY_BYTES).await?;
+    let name = body.name.as_str();
     if !valid_region_name(name) {
-        return Err(ApiError::bad_request(format!(
-            "region name {name:?} must be 1–63 of a–z, 0–9, '-', starting with a letter"
-        )));
+        return Err(ApiError::bad_request(
+            "invalid_region_name",
+            format!("region name {name:?} must be 1–63 of a–z, 0–9, '-', starting with a letter"),
+        ));
     }
-    let tables = match body.get("lease_tables") {
-        None => std::collections::BTreeMap::new(),
-        Some(Value::Object(tables)) => tables
-            .keys()
-            .map(|layout| Ok((layout.clone(), table_name(tables, layout)?.to_owned())))
-            .collect::<Result<std::collections::BTreeMap<_, _>, ApiError>>()?,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "\"lease_tables\" must be an object: a lease table name per layout, like {\"v2\": \"idgen-leases-v2\"}",
-            ));
-        }
-    };
+    let tables = body.lease_tables.unwrap_or_default();
+    for (layout, table) in &tables {
+        table_name(table, &format!("lease_tables.{layout}"))?;
+    }
     let now = (state.now)();
     let capacity = state.store.schedule(now, state.horizon_lead_ms).await?.region_capacity(now);
     let region = state.store.add_region_with_tables(name, capacity, &tables, &actor, now).await?;
@@ -381,12 +361,12 @@ pub async fn region_action(
     path: Result<Path<String>, PathRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let Path(segment) = path.map_err(|_| ApiError::bad_request("the region name in the path is not valid UTF-8"))?;
+    let Path(segment) = path
+        .map_err(|_| ApiError::bad_request("invalid_region_name", "the region name in the path is not valid UTF-8"))?;
     let (name, action) = match segment.rsplit_once(':') {
         Some((name, action @ ("retire" | "cancel-retire" | "move-lease-table"))) => (name, action),
         _ => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
+            return Err(ApiError::not_found(
                 "not_found",
                 "the region actions are POST /v1/regions/{name}:retire, POST /v1/regions/{name}:cancel-retire and \
                  POST /v1/regions/{name}:move-lease-table",
@@ -395,60 +375,65 @@ pub async fn region_action(
     };
     let actor = operator(&state, &headers, &caller)?;
     if !valid_region_name(name) {
-        return Err(ApiError::bad_request(format!("{name:?} is not a region name")));
+        return Err(ApiError::bad_request("invalid_region_name", format!("{name:?} is not a region name")));
     }
-    let body = json_object(body).await.map_err(|error| {
-        ApiError::bad_request(format!("{}: send {{\"confirm\": {name:?}}}; nothing was changed", error.message))
-    })?;
+    let bytes = read_body(body, MAX_BODY_BYTES).await?;
+    // A body refused for its shape says what to send.
+    let shaped = |refused: BodyError| {
+        ApiError::from(refused)
+            .map_message(|message| format!("{message}: send {{\"confirm\": {name:?}}}; nothing was changed"))
+    };
     let now = (state.now)();
     if action == "move-lease-table" {
-        only_fields(&body, &["confirm", "layout", "from", "to"])?;
-        confirmed(&body, name)?;
-        let layout = body
-            .get("layout")
-            .and_then(Value::as_str)
-            .filter(|layout| !layout.is_empty())
-            .ok_or_else(|| ApiError::bad_request("\"layout\" (a layout's name, like \"v2\") is required"))?;
-        let (from, to) = (table_name(&body, "from")?, table_name(&body, "to")?);
-        if from == to {
-            return Err(ApiError::bad_request("\"from\" and \"to\" name the same table: nothing to move"));
+        let body: MoveLeaseTableBody = read_object(&bytes).map_err(shaped)?;
+        confirmed(body.confirm.as_deref(), name)?;
+        if body.layout.is_empty() {
+            return Err(ApiError::bad_request("unknown_layout", "\"layout\" names a layout, like \"v2\""));
         }
+        let (from, to) = (table_name(&body.from, "from")?, table_name(&body.to, "to")?);
+        if from == to {
+            return Err(ApiError::bad_request(
+                "same_table",
+                "\"from\" and \"to\" name the same table: nothing to move",
+            ));
+        }
+        let layout = body.layout.as_str();
         let region = state.store.move_lease_table(name, layout, from, to, &actor, now).await?;
         tracing::warn!(%actor, name, layout, from, to, "lease table moved: the region's generators claim in it once it is adopted");
         return Ok(Json(region_json(&region)).into_response());
     }
     if action == "cancel-retire" {
-        only_fields(&body, &["confirm"])?;
-        confirmed(&body, name)?;
+        let body: CancelRetireBody = read_object(&bytes).map_err(shaped)?;
+        confirmed(body.confirm.as_deref(), name)?;
         let region = state.store.cancel_retire(name, &actor, now).await?;
         tracing::info!(%actor, name, number = region.number, "region retirement cancelled");
         return Ok(Json(region_json(&region)).into_response());
     }
-    only_fields(&body, &["confirm", "at", "now"])?;
-    confirmed(&body, name)?;
-    let at_once = match body.get("now") {
-        None | Some(Value::Bool(false)) => false,
-        Some(Value::Bool(true)) => true,
-        Some(_) => return Err(ApiError::bad_request("\"now\" must be true or false")),
-    };
+    let body: RetireBody = read_object(&bytes).map_err(shaped)?;
+    confirmed(body.confirm.as_deref(), name)?;
+    let at_once = body.now.unwrap_or(false);
     let earliest = now.saturating_add(state.retire_grace_ms);
-    let at_ms = match (body.get("at"), at_once) {
-        (Some(_), true) => return Err(ApiError::bad_request("give \"at\" or \"now\": true, not both")),
+    let at_ms = match (body.at, at_once) {
+        (Some(_), true) => {
+            return Err(ApiError::bad_request("conflicting_fields", "give \"at\" or \"now\": true, not both"));
+        }
         (None, true) => None,
         (None, false) => Some(earliest),
         (Some(at), false) => {
-            let at = at
-                .as_str()
-                .and_then(parse_rfc3339_ms)
-                .ok_or_else(|| ApiError::bad_request("\"at\" must be a UTC time like 2029-01-01T00:00:00Z"))?;
+            let at = parse_rfc3339_ms(&at).ok_or_else(|| {
+                ApiError::bad_request("invalid_time", "\"at\" must be a UTC time like 2029-01-01T00:00:00Z")
+            })?;
             if at < earliest {
-                return Err(ApiError::bad_request(format!(
-                    "\"at\" {} is earlier than the retire grace allows ({} s from now): the earliest is {}; \
-                     for a region that is already dead, \"now\": true",
-                    format_unix_ms(at),
-                    state.retire_grace_ms / 1000,
-                    format_unix_ms(earliest)
-                )));
+                return Err(ApiError::bad_request(
+                    "retire_too_soon",
+                    format!(
+                        "\"at\" {} is earlier than the retire grace allows ({} s from now): the earliest is {}; \
+                         for a region that is already dead, \"now\": true",
+                        format_unix_ms(at),
+                        state.retire_grace_ms / 1000,
+                        format_unix_ms(earliest)
+                    ),
+                ));
             }
             Some(at)
         }
@@ -468,15 +453,20 @@ pub async fn region_action(
 
 /// A region action names its region twice, in the path and in the body's `"confirm"`: a typo in
 /// either is refused rather than acted on.
-fn confirmed(body: &Map<String, Value>, name: &str) -> Result<(), ApiError> {
-    match body.get("confirm") {
-        Some(Value::String(confirm)) if confirm == name => Ok(()),
-        Some(Value::String(confirm)) => Err(ApiError::bad_request(format!(
-            "the path names region {name:?} and \"confirm\" names {confirm:?}: they must be the same; nothing was changed"
-        ))),
-        _ => Err(ApiError::bad_request(format!(
-            "name the region a second time, in the body: {{\"confirm\": {name:?}}}; nothing was changed"
-        ))),
+fn confirmed(confirm: Option<&str>, name: &str) -> Result<(), ApiError> {
+    match confirm {
+        Some(confirm) if confirm == name => Ok(()),
+        Some(confirm) => Err(ApiError::bad_request(
+            "confirm_mismatch",
+            format!(
+                "the path names region {name:?} and \"confirm\" names {confirm:?}: they must be the same; nothing was \
+                 changed"
+            ),
+        )),
+        None => Err(ApiError::bad_request(
+            "unconfirmed",
+            format!("name the region a second time, in the body: {{\"confirm\": {name:?}}}; nothing was changed"),
+        )),
     }
 }
 
@@ -492,34 +482,38 @@ pub async fn add_layout(
     body: Body,
 ) -> Result<Response, ApiError> {
     let actor = operator(&state, &headers, &caller)?;
-    let body = json_object(body).await?;
-    only_fields(&body, &["name", "region_bits", "machine_bits", "sequence_bits", "from", "from_ms"])?;
-    let name = body
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::bad_request("\"name\" (a string) is required"))?;
-    let bits = |field: &str| -> Result<u8, ApiError> {
-        body.get(field)
-            .and_then(|value| idgen_json::whole_number(value).ok())
-            .filter(|b| *b <= 22)
-            .map(|b| b as u8)
-            .ok_or_else(|| ApiError::bad_request(format!("\"{field}\" must be an integer from 0 to 22")))
+    let body: AddLayoutBody = read_json(body, MAX_BODY_BYTES).await?;
+    let name = body.name.as_str();
+    let bits = |field: &str, value: &Value| -> Result<u8, ApiError> {
+        idgen_json::whole_number(value).ok().filter(|b| *b <= 22).map(|b| b as u8).ok_or_else(|| {
+            ApiError::bad_request("invalid_layout", format!("\"{field}\" must be an integer from 0 to 22"))
+        })
     };
-    let layout = Layout::new(name, bits("region_bits")?, bits("machine_bits")?, bits("sequence_bits")?)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let from_ms = match (body.get("from"), body.get("from_ms")) {
+    let layout = Layout::new(
+        name,
+        bits("region_bits", &body.region_bits)?,
+        bits("machine_bits", &body.machine_bits)?,
+        bits("sequence_bits", &body.sequence_bits)?,
+    )
+    .map_err(|e| ApiError::bad_request("invalid_layout", e.to_string()))?;
+    let invalid_time = |message: &str| ApiError::bad_request("invalid_time", message);
+    let from_ms = match (body.from, body.from_ms) {
         (Some(from), None) => {
-            let unix = from
-                .as_str()
-                .and_then(parse_rfc3339_ms)
-                .ok_or_else(|| ApiError::bad_request("\"from\" must be a UTC time like 2029-01-01T00:00:00Z"))?;
-            u64::try_from(unix - EPOCH_UNIX_MS)
-                .map_err(|_| ApiError::bad_request("\"from\" is before the epoch 2026-01-01"))?
+            let unix = parse_rfc3339_ms(&from)
+                .ok_or_else(|| invalid_time("\"from\" must be a UTC time like 2029-01-01T00:00:00Z"))?;
+            u64::try_from(unix - EPOCH_UNIX_MS).map_err(|_| invalid_time("\"from\" is before the epoch 2026-01-01"))?
         }
-        (None, Some(ms)) => idgen_json::whole_number(ms)
-            .map_err(|_| ApiError::bad_request("\"from_ms\" must be a non-negative integer (ms since 2026-01-01)"))?,
-        _ => {
+        (None, Some(ms)) => idgen_json::whole_number(&ms)
+            .map_err(|_| invalid_time("\"from_ms\" must be a non-negative integer (ms since 2026-01-01)"))?,
+        (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
+                "conflicting_fields",
+                "give exactly one of \"from\" (RFC 3339, UTC) or \"from_ms\" (ms since the epoch), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ApiError::bad_request(
+                "missing_field",
                 "give exactly one of \"from\" (RFC 3339, UTC) or \"from_ms\" (ms since the epoch)",
             ));
         }
@@ -556,7 +550,7 @@ pub async fn audit(State(state): State<AppState>, caller: Caller, headers: Heade
 pub async fn healthz(State(state): State<AppState>) -> Response {
     match state.health.check(&state.store).await {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
-        Err(()) => ApiError::storage_unavailable().into_response(),
+        Err(()) => storage_unavailable().into_response(),
     }
 }
 
@@ -615,7 +609,7 @@ impl HealthProbe {
 }
 
 pub async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+    ApiError::not_found("not_found", "no such endpoint")
 }
 
 /// The registry's OpenAPI 3.1 document, checked in as `docs/openapi/registry.json` (served by

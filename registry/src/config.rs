@@ -310,6 +310,22 @@ impl RegistryConfig {
     }
 }
 
+impl idgen_server::ServiceConfig for RegistryConfig {
+    const SERVICE: &'static str = "registry";
+
+    fn print() -> String {
+        RegistryConfig::print()
+    }
+
+    fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        RegistryConfig::load(file)
+    }
+
+    fn check(&self) -> anyhow::Result<Vec<String>> {
+        RegistryConfig::check(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

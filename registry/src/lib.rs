@@ -83,12 +83,7 @@ async fn admit(
             quotas.served(&caller, 1);
             next.run(request).await
         }
-        Err(over) => {
-            let body = serde_json::json!({"error": {"code": "over_quota", "message": over.message}});
-            let mut response = (axum::http::StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, over.retry_after_secs.into());
-            response
-        }
+        Err(over) => idgen_server::ApiError::over_quota(over).into_response(),
     }
 }
 

@@ -1,44 +1,26 @@
 //! `idgen-registry --config registry.toml`: the region registry. (`idgen registry` is the same;
 //! `idgen registry init` initializes its database.)
 
-use std::path::PathBuf;
-use std::process::ExitCode;
-
 use clap::Parser;
+use idgen_registry::RegistryConfig;
+use idgen_server::cli::{ServiceArgs, exit, init_tracing, shutdown_signal};
 
 #[derive(Parser)]
 #[command(about = "idgen region registry: never-reused region numbers and the layout schedule")]
 struct Args {
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Validate the configuration and load its TLS and token files, print what it would run
-    /// with, and exit.
-    #[arg(long)]
-    check_config: bool,
-    /// Print every key of the configuration file, with its default, unit and what it does, as
-    /// commented TOML, and exit.
-    #[arg(long, conflicts_with = "config")]
-    print_config: bool,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 #[tokio::main]
-async fn main() -> ExitCode {
-    idgen::init_tracing();
-    let Args { config: file, check_config, print_config } = Args::parse();
-    if print_config {
-        print!("{}", idgen_registry::RegistryConfig::print());
-        return ExitCode::SUCCESS;
-    }
+async fn main() -> std::process::ExitCode {
+    init_tracing();
+    let Args { service } = Args::parse();
     let result = async {
-        let config = idgen_registry::RegistryConfig::load(file.as_deref())?;
-        if check_config {
-            println!("registry configuration OK");
-            for line in config.check()? {
-                println!("  {line}");
-            }
-            return Ok(());
+        match service.config::<RegistryConfig>()? {
+            Some(config) => idgen_registry::serve(config, service.config, shutdown_signal()).await,
+            None => Ok(()),
         }
-        idgen_registry::serve(config, file, idgen::shutdown_signal()).await
     };
-    idgen::config::exit("idgen-registry", result.await)
+    exit("idgen-registry", result.await)
 }

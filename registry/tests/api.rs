@@ -94,27 +94,26 @@ async fn bad_region_requests_change_nothing() {
         StatusCode::UNAUTHORIZED,
         "unauthorized",
     );
-    for bad in [
-        "",
-        "garbage",
-        "[]",
-        r#"{"name": 5}"#,
-        r#"{"name": ""}"#,
-        r#"{"name": "Bad Name"}"#,
-        r#"{"name": "x", "extra": 1}"#,
-        r#"{}"#,
+    for (bad, code) in [
+        ("", "invalid_json"),
+        ("garbage", "invalid_json"),
+        ("[]", "invalid_body"),
+        (r#"{"name": 5}"#, "invalid_field"),
+        (r#"{"name": ""}"#, "invalid_region_name"),
+        (r#"{"name": "Bad Name"}"#, "invalid_region_name"),
+        (r#"{"name": "x", "extra": 1}"#, "unknown_field"),
+        (r#"{}"#, "missing_field"),
+        (r#"{"name": "x", "lease_tables": null}"#, "invalid_field"),
+        (r#"{"name": "x", "lease_tables": {"v2": 5}}"#, "invalid_field"),
+        (r#"{"name": "x", "lease_tables": {"v2": "leases-audit"}}"#, "invalid_table_name"),
     ] {
-        assert_error(
-            call(&s, Method::POST, "/v1/regions", Some(TOKEN), bad).await,
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-        );
+        assert_error(call(&s, Method::POST, "/v1/regions", Some(TOKEN), bad).await, StatusCode::BAD_REQUEST, code);
     }
     let huge = format!(r#"{{"name": "{}"}}"#, "a".repeat(10_000));
     assert_error(
         call(&s, Method::POST, "/v1/regions", Some(TOKEN), &huge).await,
         StatusCode::BAD_REQUEST,
-        "invalid_request",
+        "body_too_large",
     );
     assert_error(
         call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await,
@@ -199,18 +198,20 @@ async fn the_schedule_is_published_and_validated() {
         StatusCode::UNAUTHORIZED,
         "unauthorized",
     );
-    for bad in [
-        "garbage".to_owned(),
-        r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 11, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
-        r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10}"#.to_owned(),
-        r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z", "from_ms": 5}"#.to_owned(),
-        r#"{"name": "v3", "region_bits": -1, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
-        r#"{"name": "v3", "region_bits": 4.5, "machine_bits": 7.5, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
-        r#"{"name": "V 3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(),
-        v3("2030-01-01"),
-        v3("2025-06-01T00:00:00Z"),
+    for (bad, code) in [
+        ("garbage".to_owned(), "invalid_json"),
+        (r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 11, "from": "2030-01-01T00:00:00Z"}"#.to_owned(), "invalid_layout"),
+        (r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10}"#.to_owned(), "missing_field"),
+        (r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z", "from_ms": 5}"#.to_owned(), "conflicting_fields"),
+        (r#"{"name": "v3", "region_bits": -1, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(), "invalid_layout"),
+        (r#"{"name": "v3", "region_bits": 4.5, "machine_bits": 7.5, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(), "invalid_layout"),
+        (r#"{"name": "V 3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(), "invalid_layout"),
+        (r#"{"name": "v3", "machine_bits": 8, "sequence_bits": 10, "from": "2030-01-01T00:00:00Z"}"#.to_owned(), "missing_field"),
+        (r#"{"name": "v3", "region_bits": 4, "machine_bits": 8, "sequence_bits": 10, "from_ms": "5"}"#.to_owned(), "invalid_time"),
+        (v3("2030-01-01"), "invalid_time"),
+        (v3("2025-06-01T00:00:00Z"), "invalid_time"),
     ] {
-        assert_error(call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &bad).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &bad).await, StatusCode::BAD_REQUEST, code);
     }
     assert_error(
         call(&s, Method::POST, "/v1/layouts", Some(TOKEN), &v3("2026-12-01T00:00:00Z")).await,
@@ -262,20 +263,25 @@ async fn a_retirement_waits_out_the_grace_and_can_be_cancelled_until_then() {
     let before = call(&s, Method::GET, "/v1/regions", None, "").await.1;
     let retire = "/v1/regions/eu-west-1:retire";
     let in_grace = idgen_core::format_unix_ms(now + DAY - 1);
-    for (bad, says) in [
-        ("", "confirm"),
-        ("{}", "confirm"),
-        (r#"{"confirm": "eu-west-2"}"#, "must be the same"),
-        (r#"{"confirm": 7}"#, "confirm"),
-        (r#"{"confirm": "eu-west-1", "now": "yes"}"#, "true or false"),
-        (r#"{"confirm": "eu-west-1", "now": true, "at": "2030-01-01T00:00:00Z"}"#, "not both"),
-        (r#"{"confirm": "eu-west-1", "at": "tomorrow"}"#, "UTC time"),
-        (&format!(r#"{{"confirm": "eu-west-1", "at": "{in_grace}"}}"#), "the earliest is 2026-11-19T11:06:40.000Z"),
-        (r#"{"confirm": "eu-west-1", "reason": "typo"}"#, "unknown field"),
+    for (bad, says, code) in [
+        ("", "confirm", "invalid_json"),
+        ("{}", "confirm", "unconfirmed"),
+        (r#"{"confirm": "eu-west-2"}"#, "must be the same", "confirm_mismatch"),
+        (r#"{"confirm": 7}"#, "confirm", "invalid_field"),
+        (r#"{"confirm": "eu-west-1", "now": "yes"}"#, "a boolean", "invalid_field"),
+        (r#"{"confirm": "eu-west-1", "now": null}"#, "a boolean", "invalid_field"),
+        (r#"{"confirm": "eu-west-1", "now": true, "at": "2030-01-01T00:00:00Z"}"#, "not both", "conflicting_fields"),
+        (r#"{"confirm": "eu-west-1", "at": "tomorrow"}"#, "UTC time", "invalid_time"),
+        (
+            &format!(r#"{{"confirm": "eu-west-1", "at": "{in_grace}"}}"#),
+            "the earliest is 2026-11-19T11:06:40.000Z",
+            "retire_too_soon",
+        ),
+        (r#"{"confirm": "eu-west-1", "reason": "typo"}"#, "unknown field", "unknown_field"),
     ] {
         let got = call(&s, Method::POST, retire, Some(TOKEN), bad).await;
         assert!(got.1["error"]["message"].as_str().unwrap().contains(says), "{bad}: {}", got.1);
-        assert_error(got, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(got, StatusCode::BAD_REQUEST, code);
     }
     assert_eq!(call(&s, Method::GET, "/v1/regions", None, "").await.1, before, "nothing changed");
 
@@ -303,9 +309,9 @@ async fn a_retirement_waits_out_the_grace_and_can_be_cancelled_until_then() {
     // Cancelled while ahead: the region without "retires_at"; then nothing is pending.
     let cancel = "/v1/regions/ap-south-1:cancel-retire";
     for (bad, status, code) in [
-        ("", StatusCode::BAD_REQUEST, "invalid_request"),
-        (r#"{"confirm": "eu-west-1"}"#, StatusCode::BAD_REQUEST, "invalid_request"),
-        (r#"{"confirm": "ap-south-1", "now": true}"#, StatusCode::BAD_REQUEST, "invalid_request"),
+        ("", StatusCode::BAD_REQUEST, "invalid_json"),
+        (r#"{"confirm": "eu-west-1"}"#, StatusCode::BAD_REQUEST, "confirm_mismatch"),
+        (r#"{"confirm": "ap-south-1", "now": true}"#, StatusCode::BAD_REQUEST, "unknown_field"),
     ] {
         assert_error(call(&s, Method::POST, cancel, Some(TOKEN), bad).await, status, code);
     }

@@ -374,8 +374,19 @@ async fn each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one
     }
 }
 
-store_suite!(sqlite: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead, a_registry_has_one_identity_made_at_init, each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one);
-store_suite!(postgres: default_schedule_reproduces_the_spec_vectors, region_numbers_are_never_reused, concurrent_adds_never_share_a_number, the_horizon_only_moves_forward, layouts_are_validated, open_never_initializes_and_init_is_idempotent, reads_write_only_when_the_horizon_must_move, a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then, the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead, a_registry_has_one_identity_made_at_init, each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one);
+store_suite!(
+    default_schedule_reproduces_the_spec_vectors,
+    region_numbers_are_never_reused,
+    concurrent_adds_never_share_a_number,
+    the_horizon_only_moves_forward,
+    layouts_are_validated,
+    open_never_initializes_and_init_is_idempotent,
+    reads_write_only_when_the_horizon_must_move,
+    a_retirement_takes_effect_at_its_time_and_can_be_cancelled_until_then,
+    the_home_region_stays_while_a_layout_only_it_issues_under_is_ahead,
+    a_registry_has_one_identity_made_at_init,
+    each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one
+);
 
 /// `idgen registry init --owner-url`: the migrations run as the schema's owner, and the role the
 /// registry runs as can do everything the registry does (open, add and retire regions, add a

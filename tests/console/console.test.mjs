@@ -204,7 +204,7 @@ try {
   };
   const freshNow = async () => (await json(`${REGISTRY}/v1/regions`)).body.regions.find((r) => r.name === fresh && r.number === added.number);
   await retireWith(`${fresh}x`, false);
-  await page.locator("#write-error").filter({ hasText: "400 invalid_request" }).waitFor();
+  await page.locator("#write-error").filter({ hasText: "400 confirm_mismatch" }).waitFor();
   assert.equal((await freshNow()).retires_at, undefined, "a retirement with a typo was scheduled");
   await retireWith(fresh, false);
   await page.locator("#write-result").filter({ hasText: `${fresh} retires at` }).waitFor();

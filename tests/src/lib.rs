@@ -15,9 +15,15 @@ use tokio::process::{Child, Command};
 
 /// `target/<profile>/idgen`, next to `target/<profile>/deps/<this test>`.
 pub fn idgen_bin() -> PathBuf {
+    workspace_bin("idgen")
+}
+
+/// `target/<profile>/<name>`: `idgen`, or a service's own binary (`idgen-worker`,
+/// `idgen-registry`, `idgen-public-ids`).
+pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let bin = profile_dir.join("idgen");
+    let bin = profile_dir.join(name);
     assert!(
         bin.exists(),
         "{} is missing: run `cargo build --workspace --bins` first (./scripts/test does)",

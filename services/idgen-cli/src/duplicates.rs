@@ -129,7 +129,7 @@ async fn find(args: &DuplicatesArgs) -> anyhow::Result<(u64, u64)> {
     for duplicate in &duplicates {
         let mut decoded = idgen_worker::api::decode_to_json(&duplicate.id.to_string(), &schedule, &names)
             .unwrap_or_else(
-                |e| json!({"id": duplicate.id.to_string(), "error": {"code": e.code, "message": e.message}}),
+                |e| json!({"id": duplicate.id.to_string(), "error": {"code": e.code(), "message": e.message()}}),
             );
         if let Ok(fields) = schedule.decode(duplicate.id) {
             decoded["unix_ms"] = json!(fields.timestamp.unix_ms());

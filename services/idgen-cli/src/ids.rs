@@ -53,7 +53,7 @@ pub async fn run(args: IdsArgs) -> anyhow::Result<()> {
     if !args.watch {
         return round(&client, &args).await;
     }
-    let stop = idgen::shutdown_signal();
+    let stop = idgen_server::cli::shutdown_signal();
     tokio::pin!(stop);
     let mut ticks = tokio::time::interval(args.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

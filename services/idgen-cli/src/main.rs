@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use idgen_server::ServiceArgs;
 use idgen_worker::config::WorkerConfig;
 
 #[derive(Parser)]
@@ -43,36 +44,18 @@ enum Command {
     Up(up::UpArgs),
     /// Run one fleet worker (the same as the `idgen-worker` binary).
     Worker {
-        /// TOML configuration file; IDGEN_WORKER_… environment variables override it.
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        service: ServiceArgs,
         /// Create missing lease tables first (development; production runs `idgen leases init`).
         #[arg(long)]
         create_tables: bool,
-        /// Validate the configuration and load its TLS files, print what it would run with, and
-        /// exit (0 when it would start).
-        #[arg(long)]
-        check_config: bool,
-        /// Print every key of the configuration file, with its default, unit and what it does,
-        /// as commented TOML, and exit.
-        #[arg(long, conflicts_with = "config")]
-        print_config: bool,
     },
     /// Run the region registry (the same as the `idgen-registry` binary); `idgen registry init`
     /// initializes its database, once, before the first start.
     #[command(args_conflicts_with_subcommands = true)]
     Registry {
-        /// TOML configuration file; IDGEN_REGISTRY_… environment variables override it.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Validate the configuration and load its TLS and token files, print what it would run
-        /// with, and exit.
-        #[arg(long)]
-        check_config: bool,
-        /// Print every key of the configuration file, with its default, unit and what it does,
-        /// as commented TOML, and exit.
-        #[arg(long, conflicts_with = "config")]
-        print_config: bool,
+        #[command(flatten)]
+        service: ServiceArgs,
         #[command(subcommand)]
         command: Option<RegistryCommand>,
     },
@@ -185,44 +168,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => runtime().and_then(|rt| rt.block_on(up::run(args))),
-        Command::Worker { print_config: true, .. } => print_config(WorkerConfig::print()),
-        Command::Registry { print_config: true, command: None, .. } => {
-            print_config(idgen_registry::RegistryConfig::print())
-        }
-        Command::Public { command: public::PublicCommand::Serve { print_config: true, .. }, .. } => {
-            print_config(idgen_public_ids::PublicIdsConfig::print())
-        }
-        Command::Worker { config: file, check_config: true, .. } => {
-            WorkerConfig::load(file.as_deref()).and_then(|config| print_check("worker", file, config.check()?))
-        }
-        Command::Registry { config: file, check_config: true, command: None, .. } => {
-            idgen_registry::RegistryConfig::load(file.as_deref())
-                .and_then(|config| print_check("registry", file, config.check()?))
-        }
         Command::Registry { command: Some(RegistryCommand::Init { config, owner, json }), .. } => {
             runtime().and_then(|rt| rt.block_on(registry_init(config, &owner, json)))
         }
         Command::Registry { command: Some(RegistryCommand::Token { name, json }), .. } => operator_token(&name, json),
-        Command::Public { command: public::PublicCommand::Serve { config: file, check_config: true, .. }, .. } => {
-            idgen_public_ids::PublicIdsConfig::load(file.as_deref())
-                .and_then(|config| print_check("public-ID service", file, config.check()?))
-        }
-        Command::Worker { config: file, create_tables, .. } => {
-            idgen_worker::init_tracing();
-            WorkerConfig::load(file.as_deref()).and_then(|mut config| {
-                config.lease.create_tables |= create_tables;
-                runtime().and_then(|rt| rt.block_on(idgen_worker::main_with(config, file)))
-            })
-        }
-        Command::Registry { config: file, .. } => {
-            idgen_worker::init_tracing();
-            idgen_registry::RegistryConfig::load(file.as_deref()).and_then(|config| {
-                runtime()
-                    .and_then(|rt| rt.block_on(idgen_registry::serve(config, file, idgen_worker::shutdown_signal())))
-            })
+        Command::Worker { service, create_tables } => serve(&service, |mut config: WorkerConfig, file| {
+            config.lease.create_tables |= create_tables;
+            idgen_worker::main_with(config, file)
+        }),
+        Command::Registry { service, command: None } => {
+            serve(&service, |config, file| idgen_registry::serve(config, file, idgen_server::cli::shutdown_signal()))
         }
         Command::Ids(args) => {
-            idgen_worker::init_tracing();
+            idgen_server::cli::init_tracing();
             runtime().and_then(|rt| rt.block_on(ids::run(args)))
         }
         Command::Status(args) => match runtime().and_then(|rt| rt.block_on(status::run(args))) {
@@ -247,7 +205,7 @@ fn main() -> ExitCode {
         },
         Command::Decode { ids, json, registry, tls } => return decode(&ids, json, registry.as_deref(), &tls),
         Command::Public { tls, command } => {
-            idgen_worker::init_tracing();
+            idgen_server::cli::init_tracing();
             runtime().and_then(|rt| rt.block_on(public::run(command, &tls)))
         }
         Command::DevCerts { dir, json } => up::DevTls::create_in(&dir).map(|tls| match json {
@@ -264,7 +222,7 @@ fn main() -> ExitCode {
             if error.downcast_ref::<Usage>().is_some() {
                 ExitCode::from(2)
             } else {
-                ExitCode::from(idgen::config::exit_status(&error))
+                ExitCode::from(idgen_server::cli::exit_status(&error))
             }
         }
     }
@@ -321,13 +279,18 @@ pub fn registry_url(text: &str) -> Result<String, String> {
     idgen::control::registry::check_registry_url(text, true).map(|()| text.to_owned())
 }
 
-/// `--print-config`: a service's every key, printed as it is.
-fn print_config(text: String) -> anyhow::Result<()> {
-    print!("{text}");
-    Ok(())
+/// A service, run as its binary runs it: `--print-config` and `--check-config` answered, or
+/// the service served until a signal stops it.
+fn serve<C, F>(service: &ServiceArgs, run: impl FnOnce(C, Option<PathBuf>) -> F) -> anyhow::Result<()>
+where
+    C: idgen_server::ServiceConfig,
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let Some(config) = service.config::<C>()? else { return Ok(()) };
+    idgen_server::cli::init_tracing();
+    runtime()?.block_on(run(config, service.config.clone()))
 }
 
-/// What `--check-config` prints for a configuration that would start.
 /// `idgen registry token`: a new token and its hash for the configuration.
 fn operator_token(name: &str, json: bool) -> anyhow::Result<()> {
     // The name becomes a TOML key as written; a bare key keeps that line copyable as printed.
@@ -352,15 +315,6 @@ fn operator_token(name: &str, json: bool) -> anyhow::Result<()> {
     println!("  {token}");
     println!("the line for the registry's [operators] (it holds only the token's SHA-256), then SIGHUP or restart it:");
     println!("  {key} = \"{hash}\"");
-    Ok(())
-}
-
-fn print_check(service: &str, file: Option<PathBuf>, lines: Vec<String>) -> anyhow::Result<()> {
-    let source = file.map_or("defaults and environment".to_owned(), |f| f.display().to_string());
-    println!("{service} configuration OK: {source}");
-    for line in lines {
-        println!("  {line}");
-    }
     Ok(())
 }
 
@@ -396,10 +350,10 @@ fn decode(ids: &[String], json: bool, registry: Option<&str>, tls: &tls::ClientT
                 if json {
                     println!(
                         "{}",
-                        serde_json::json!({"id": text, "error": {"code": error.code, "message": error.message}})
+                        serde_json::json!({"id": text, "error": {"code": error.code(), "message": error.message()}})
                     );
                 } else {
-                    eprintln!("{text}: {}", error.message);
+                    eprintln!("{text}: {}", error.message());
                 }
             }
         }

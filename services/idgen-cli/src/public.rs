@@ -11,16 +11,8 @@ use serde_json::{Value, json};
 pub enum PublicCommand {
     /// Run the public-ID service (the same as the `idgen-public-ids` binary).
     Serve {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Validate the configuration and load its TLS files, print what it would run with, and
-        /// exit.
-        #[arg(long)]
-        check_config: bool,
-        /// Print every key of the configuration file, with its default, unit and what it does,
-        /// as commented TOML, and exit.
-        #[arg(long, conflicts_with = "config")]
-        print_config: bool,
+        #[command(flatten)]
+        service: idgen_server::ServiceArgs,
     },
     /// Make the configured database the service's (its migrations) and, with a [kms] key and the
     /// encrypted format offered, data key version 1. Run once for a new service, and again after
@@ -118,10 +110,10 @@ async fn call(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
 pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow::Result<()> {
     let http = tls.client()?;
     match command {
-        PublicCommand::Serve { config: file, .. } => {
-            let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
-            idgen_public_ids::serve(config, file, idgen_worker::shutdown_signal()).await
-        }
+        PublicCommand::Serve { service } => match service.config::<idgen_public_ids::PublicIdsConfig>()? {
+            Some(config) => idgen_public_ids::serve(config, service.config, idgen_server::cli::shutdown_signal()).await,
+            None => Ok(()),
+        },
         PublicCommand::Create { internal_id, format, public_type, url, json } => {
             let mut body = json!({"internal_id": internal_id});
             if let Some(format) = format {

@@ -555,7 +555,7 @@ fn forward(stream: impl AsyncRead + Unpin + Send + 'static, name: String) {
 /// `restart_after` (doubled for each exit within a minute of its start, up to a minute); returns
 /// the name and exit status of a process that is not restarted when it exits.
 async fn supervise(exe: &Path, running: &mut [Running], restart_after: Duration) -> Option<(String, String)> {
-    let stop = idgen_worker::shutdown_signal();
+    let stop = idgen_server::cli::shutdown_signal();
     tokio::pin!(stop);
     let mut quick_exits = vec![0u32; running.len()];
     let mut due: Vec<(usize, tokio::time::Instant)> = Vec::new();

@@ -1,13 +1,16 @@
-//! The one reading of a whole JSON number that the worker, the registry and the public-ID
-//! service share. It depends on serde_json alone, so the fuzz targets that compile a service's
-//! body reader in as it is depend on this crate too, and test the same code the services run.
+//! What every idgen service reads of a JSON body the same way: the body itself ([`body`], an
+//! object read into a typed struct, each refusal with its code) and a whole JSON number. It
+//! depends on serde alone, so the fuzz targets that compile a service's body reader in as it is
+//! depend on this crate too, and test the same code the services run.
 //!
-//! JSON does not tell `8` from `8.0` or `8e0`, and JSON Schema's `integer` takes all three: each
+//! A whole number: JSON does not tell `8` from `8.0` or `8e0`, and JSON Schema's `integer` takes all three: each
 //! is the whole number 8. A number written with a fraction or an exponent is read as a double,
 //! which is exact only up to 2^53 − 1, so such a number above that is refused as inexact rather
 //! than read as the nearest double. A number with a fraction is what a double reads of it, as
 //! for JSON Schema's validators and JavaScript: `1.0000000000000000001` is 1. What a service does
 //! with a refusal (its error code, its message, its advice) is the service's own.
+
+pub mod body;
 
 use serde_json::Value;
 

@@ -8,12 +8,12 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use idgen_server::{Caller, Quotas};
+use idgen_server::{ApiError, Caller, Quotas};
 
 use crate::access::{Access, Forbidden, Operation};
-use crate::body::{self, only_fields, parse_format, parse_internal_id};
+use crate::body::{BatchBody, CreateBody, parse_format, parse_internal_id};
 use crate::cache::MappingCache;
 use crate::check::{Gate, Verdict};
 use crate::format::{self, Format, Keyring, RandomSource, RandomSourceMetrics};
@@ -51,114 +51,55 @@ pub struct AppState {
     pub gate: Arc<Gate>,
 }
 
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    retry_after_secs: Option<u64>,
+/// The one answer for unknown, malformed and forged public IDs alike.
+fn no_such_public_id() -> ApiError {
+    ApiError::not_found("not_found", "no such public ID")
 }
 
-impl From<body::BodyError> for ApiError {
-    fn from(error: body::BodyError) -> Self {
-        ApiError::bad(error.0)
-    }
+/// The caller is not listed for this operation (and format): 403, before any other work.
+fn forbidden(refused: Forbidden) -> ApiError {
+    ApiError::forbidden("forbidden", refused.message)
 }
 
-impl ApiError {
-    fn bad(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_request",
-            message: message.into(),
-            retry_after_secs: None,
-        }
-    }
-    /// The one answer for unknown, malformed and forged public IDs alike.
-    fn not_found() -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            code: "not_found",
-            message: "no such public ID".into(),
-            retry_after_secs: None,
-        }
-    }
-    /// Over the caller's quota: 429 with the limiter's `Retry-After`.
-    fn over_quota(over: idgen_server::OverQuota) -> Self {
-        ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            code: "over_quota",
-            message: over.message,
-            retry_after_secs: Some(over.retry_after_secs),
-        }
-    }
-    /// The caller is not listed for this operation (and format): 403, before any other work.
-    fn forbidden(refused: Forbidden) -> Self {
-        ApiError { status: StatusCode::FORBIDDEN, code: "forbidden", message: refused.message, retry_after_secs: None }
-    }
-    /// A create for an internal ID whose public ID in that format exists with another type (or
-    /// none): a mapping never changes, so the caller is told which one it has.
-    fn type_mismatch(message: String) -> Self {
-        ApiError { status: StatusCode::CONFLICT, code: "type_mismatch", message, retry_after_secs: None }
-    }
-    /// The random source failed: no public ID is made from bits that may be predictable.
-    fn random_unavailable(format: Format, error: format::RandomUnavailable) -> Self {
-        tracing::error!(%error, format = format.as_str(), "public-ID random source");
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "random_source_unavailable",
-            message: "the random source public IDs are drawn from is unavailable; nothing was created".into(),
-            retry_after_secs: Some(1),
-        }
-    }
-    /// 503 with `Retry-After`, whatever the database did: no free connection within the
-    /// acquire timeout, a statement past its timeout, or no answer at all.
-    fn storage(error: sqlx::Error) -> Self {
-        tracing::error!(%error, "public-ID storage");
-        let message = match &error {
-            sqlx::Error::PoolTimedOut => "the database is busy: no connection to it was free in time",
-            sqlx::Error::Database(e) if e.code().as_deref() == Some(QUERY_CANCELED) => {
-                "the database is slow: it did not answer in time"
-            }
-            _ => "the database is unavailable",
-        };
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "storage_unavailable",
-            message: message.into(),
-            retry_after_secs: Some(1),
-        }
-    }
-    /// [`Self::storage`] for a resolve, whose primary reads after a replica's miss may also all
-    /// be taken: the same 503, said as such and not logged (a flood would fill the log).
-    fn resolve(error: ResolveError) -> Self {
-        match error {
-            ResolveError::Storage(error) => ApiError::storage(error),
-            ResolveError::FallbacksBusy => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                code: "storage_unavailable",
-                message: "too many resolves are waiting for the primary database: retry".into(),
-                retry_after_secs: Some(1),
-            },
-        }
-    }
+/// The random source failed: no public ID is made from bits that may be predictable.
+fn random_unavailable(format: Format, error: format::RandomUnavailable) -> ApiError {
+    tracing::error!(%error, format = format.as_str(), "public-ID random source");
+    ApiError::unavailable(
+        "random_source_unavailable",
+        "the random source public IDs are drawn from is unavailable; nothing was created",
+    )
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response =
-            (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response();
-        if let Some(secs) = self.retry_after_secs {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+/// 503 with `Retry-After`, whatever the database did: no free connection within the acquire
+/// timeout, a statement past its timeout, or no answer at all.
+fn storage(error: sqlx::Error) -> ApiError {
+    tracing::error!(%error, "public-ID storage");
+    let message = match &error {
+        sqlx::Error::PoolTimedOut => "the database is busy: no connection to it was free in time",
+        sqlx::Error::Database(e) if e.code().as_deref() == Some(QUERY_CANCELED) => {
+            "the database is slow: it did not answer in time"
         }
-        response
+        _ => "the database is unavailable",
+    };
+    ApiError::unavailable("storage_unavailable", message)
+}
+
+/// [`storage`] for a resolve, whose primary reads after a replica's miss may also all be taken:
+/// the same 503, said as such and not logged (a flood would fill the log).
+fn resolve_refused(error: ResolveError) -> ApiError {
+    match error {
+        ResolveError::Storage(error) => storage(error),
+        ResolveError::FallbacksBusy => ApiError::unavailable(
+            "storage_unavailable",
+            "too many resolves are waiting for the primary database: retry",
+        ),
     }
 }
 
 /// Refuses `caller` 403 unless `[access]` lets it do `operation` (in `format`; with none, in
 /// some format).
 fn authorize(state: &AppState, caller: &Caller, operation: Operation, format: Option<Format>) -> Result<(), ApiError> {
-    state.access.check(caller, operation, format).map_err(ApiError::forbidden)
+    state.access.check(caller, operation, format).map_err(forbidden)
 }
 
 /// Admits `n` public IDs for `caller`, counting them as served if admitted.
@@ -166,13 +107,6 @@ fn admit(state: &AppState, caller: &Caller, n: u32) -> Result<(), ApiError> {
     state.quotas.admit(caller, n).map_err(ApiError::over_quota)?;
     state.quotas.served(caller, n);
     Ok(())
-}
-
-async fn json_object(body: Body) -> Result<Map<String, Value>, ApiError> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| ApiError::bad(format!("request body is larger than {MAX_BODY_BYTES} bytes")))?;
-    Ok(body::parse_object(&bytes)?)
 }
 
 /// Creates (or finds) the public IDs of `ids` in `format`, of type `public_type` (whose format is
@@ -184,12 +118,7 @@ pub async fn map_ids(
     public_type: Option<PublicType>,
 ) -> Result<Vec<Mapping>, ApiError> {
     // A format this deployment does not offer is the caller's to change: a 4xx that says so.
-    let unavailable = |message: String| ApiError {
-        status: StatusCode::BAD_REQUEST,
-        code: "format_unavailable",
-        message,
-        retry_after_secs: None,
-    };
+    let unavailable = |message: String| ApiError::bad_request("format_unavailable", message);
     if !state.formats.contains(&format) {
         let offered: Vec<&str> = state.formats.iter().map(|f| f.as_str()).collect();
         return Err(unavailable(format!(
@@ -209,11 +138,8 @@ pub async fn map_ids(
             })?;
             ids.iter()
                 .map(|&id| {
-                    let public_id = keyring.encrypt(id).ok_or_else(|| ApiError {
-                        status: StatusCode::SERVICE_UNAVAILABLE,
-                        code: "format_unavailable",
-                        message: "no data key is loaded for the encrypted format".into(),
-                        retry_after_secs: None,
+                    let public_id = keyring.encrypt(id).ok_or_else(|| {
+                        ApiError::unavailable("format_unavailable", "no data key is loaded for the encrypted format")
                     })?;
                     Ok(Mapping { internal_id: id, format, public_id, type_number: None, created: false })
                 })
@@ -229,10 +155,10 @@ pub async fn map_ids(
             };
             let mappings =
                 state.store.create_batch(ids, format, asked, &make, now_ms).await.map_err(|error| match error {
-                    CreateError::Storage(error) => ApiError::storage(error),
+                    CreateError::Storage(error) => storage(error),
                     CreateError::Random(error) => {
                         state.random_failures.failed(format);
-                        ApiError::random_unavailable(format, error)
+                        random_unavailable(format, error)
                     }
                 })?;
             for m in &mappings {
@@ -244,13 +170,16 @@ pub async fn map_ids(
                 .map(|m| format!("{} ({})", m.internal_id, type_name(&state.types, m.type_number)))
                 .collect();
             if !other.is_empty() {
-                return Err(ApiError::type_mismatch(format!(
-                    "the {} public IDs of these internal IDs exist with another type than {} (a mapping never \
+                return Err(ApiError::conflict(
+                    "type_mismatch",
+                    format!(
+                        "the {} public IDs of these internal IDs exist with another type than {} (a mapping never \
                      changes): {}",
-                    format.as_str(),
-                    type_name(&state.types, asked),
-                    other.join(", ")
-                )));
+                        format.as_str(),
+                        type_name(&state.types, asked),
+                        other.join(", ")
+                    ),
+                ));
             }
             Ok(mappings)
         }
@@ -287,28 +216,33 @@ fn mapping_json(types: &Types, m: &Mapping) -> Value {
 /// opaque).
 fn format_and_type(
     types: &Types,
-    format: Option<&Value>,
-    public_type: Option<&Value>,
+    format: Option<&str>,
+    public_type: Option<&str>,
 ) -> Result<(Format, Option<PublicType>), ApiError> {
     let public_type = match public_type {
         None => None,
-        Some(Value::String(name)) => Some(types.named(name).ok_or_else(|| match types.names()[..] {
-            [] => ApiError::bad(format!("unknown type {name:?}: this service has no types of public IDs")),
-            ref names => ApiError::bad(format!("unknown type {name:?}; this service's types: {}", names.join(", "))),
+        Some(name) => Some(types.named(name).ok_or_else(|| {
+            let message = match types.names()[..] {
+                [] => format!("unknown type {name:?}: this service has no types of public IDs"),
+                ref names => format!("unknown type {name:?}; this service's types: {}", names.join(", ")),
+            };
+            ApiError::bad_request("unknown_type", message)
         })?),
-        Some(other) => return Err(ApiError::bad(format!("type must be a string, not {other}"))),
     };
     match (format, public_type) {
         (None, Some(public_type)) => Ok((public_type.format, Some(public_type))),
         (format, public_type) => {
             let format = parse_format(format)?;
             if let Some(t) = public_type.filter(|t| t.format != format) {
-                return Err(ApiError::bad(format!(
-                    "the type's public IDs are {}, not {}: leave format out, or ask for {}",
-                    t.format.as_str(),
-                    format.as_str(),
-                    t.format.as_str()
-                )));
+                return Err(ApiError::bad_request(
+                    "type_format_mismatch",
+                    format!(
+                        "the type's public IDs are {}, not {}: leave format out, or ask for {}",
+                        t.format.as_str(),
+                        format.as_str(),
+                        t.format.as_str()
+                    ),
+                ));
             }
             Ok((format, public_type))
         }
@@ -317,13 +251,12 @@ fn format_and_type(
 
 pub async fn create(State(state): State<Arc<AppState>>, caller: Caller, body: Body) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
-    let body = json_object(body).await?;
-    only_fields(&body, &["internal_id", "format", "type"])?;
-    let (format, public_type) = format_and_type(&state.types, body.get("format"), body.get("type"))?;
+    let body: CreateBody = idgen_server::read_json(body, MAX_BODY_BYTES).await?;
+    let (format, public_type) = format_and_type(&state.types, body.format.as_deref(), body.public_type.as_deref())?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
-    state.access.check_create_answer(&caller, format).map_err(ApiError::forbidden)?;
+    state.access.check_create_answer(&caller, format).map_err(forbidden)?;
     admit(&state, &caller, 1)?;
-    let id = parse_internal_id(body.get("internal_id").ok_or_else(|| ApiError::bad("internal_id is required"))?)?;
+    let id = parse_internal_id(&body.internal_id)?;
     let mapping = map_ids(&state, &[id], format, public_type).await?.remove(0);
     // Encrypted IDs are computed, never created: always 200.
     let status = if mapping.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -336,17 +269,16 @@ pub async fn create_batch(
     body: Body,
 ) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
-    let body = json_object(body).await?;
-    only_fields(&body, &["internal_ids", "format", "type"])?;
-    let (format, public_type) = format_and_type(&state.types, body.get("format"), body.get("type"))?;
+    let body: BatchBody = idgen_server::read_json(body, MAX_BODY_BYTES).await?;
+    let (format, public_type) = format_and_type(&state.types, body.format.as_deref(), body.public_type.as_deref())?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
-    state.access.check_create_answer(&caller, format).map_err(ApiError::forbidden)?;
-    let ids = body
-        .get("internal_ids")
-        .and_then(Value::as_array)
-        .ok_or_else(|| ApiError::bad("internal_ids (an array of 1 to 1000 internal IDs) is required"))?;
+    state.access.check_create_answer(&caller, format).map_err(forbidden)?;
+    let ids = &body.internal_ids;
     if ids.is_empty() || ids.len() > MAX_BATCH {
-        return Err(ApiError::bad(format!("internal_ids must hold 1 to {MAX_BATCH} IDs, not {}", ids.len())));
+        return Err(ApiError::bad_request(
+            "invalid_count",
+            format!("internal_ids must hold 1 to {MAX_BATCH} IDs, not {}", ids.len()),
+        ));
     }
     let mut parsed: Vec<u64> = ids.iter().map(parse_internal_id).collect::<Result<_, _>>()?;
     admit(&state, &caller, ids.len() as u32)?;
@@ -421,18 +353,18 @@ pub async fn resolve_uri(state: &AppState, caller: &Caller, uri: &Uri) -> Result
         None => {}
     }
     admit(state, caller, 1)?;
-    let (Some(public_id), Some(parsed)) = (public_id, parsed) else { return Err(ApiError::not_found()) };
+    let (Some(public_id), Some(parsed)) = (public_id, parsed) else { return Err(no_such_public_id()) };
     let (internal, type_number) = match parsed {
         Parsed::Encrypted => match state.keyring.as_ref().and_then(|k| k.decrypt(&public_id)) {
             Some(internal) => (internal, None),
-            None => return Err(ApiError::not_found()),
+            None => return Err(no_such_public_id()),
         },
         Parsed::Stored { format, bytes, type_number } => {
             match resolve_stored(state, format, &bytes, type_number).await? {
                 // A typed ID resolves only with its own type's prefix, an untyped one only without
                 // any: anything else is the same 404 as an unknown ID.
                 Some((internal, found_type)) if found_type == type_number => (internal, type_number),
-                _ => return Err(ApiError::not_found()),
+                _ => return Err(no_such_public_id()),
             }
         }
     };
@@ -507,7 +439,7 @@ async fn resolve_stored(
     if state.gate.judge(format, public_id, type_number) == Verdict::Forged {
         return Ok(None);
     }
-    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(ApiError::resolve)?;
+    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(resolve_refused)?;
     if let Some((internal_id, type_number)) = found {
         state.cache.remember_resolved(internal_id, format, public_id, type_number);
     }
@@ -524,7 +456,7 @@ async fn lookup_stored(
     if let Some(found) = state.cache.lookup(internal_id, format) {
         return Ok(Some(found));
     }
-    let found = state.store.lookup(internal_id, format).await.map_err(ApiError::storage)?;
+    let found = state.store.lookup(internal_id, format).await.map_err(storage)?;
     if let Some((public_id, type_number)) = &found {
         state.cache.remember(internal_id, format, public_id, *type_number);
     }
@@ -545,22 +477,14 @@ pub async fn lookup(
     query: Result<Query<FormatQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &caller, Operation::Lookup, None)?;
-    let Path(text) = path.map_err(|_| ApiError::bad("the internal ID in the path is not valid UTF-8"))?;
-    let Query(query) = query.map_err(|e| ApiError::bad(e.body_text()))?;
-    let (format, public_type) = format_and_type(
-        &state.types,
-        query.format.map(Value::String).as_ref(),
-        query.public_type.map(Value::String).as_ref(),
-    )?;
+    let Path(text) = path
+        .map_err(|_| ApiError::bad_request("invalid_internal_id", "the internal ID in the path is not valid UTF-8"))?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let (format, public_type) = format_and_type(&state.types, query.format.as_deref(), query.public_type.as_deref())?;
     authorize(&state, &caller, Operation::Lookup, Some(format))?;
     admit(&state, &caller, 1)?;
     let id = parse_internal_id(&Value::String(text))?;
-    let none = |message: String| ApiError {
-        status: StatusCode::NOT_FOUND,
-        code: "not_found",
-        message,
-        retry_after_secs: None,
-    };
+    let none = |message: String| ApiError::not_found("not_found", message);
     let mapping = match format {
         Format::Encrypted => map_ids(&state, &[id], format, None).await?.remove(0),
         stored => {
@@ -595,12 +519,7 @@ pub async fn healthz(State(state): State<Arc<AppState>>) -> Json<Value> {
 }
 
 pub async fn not_found() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        code: "not_found",
-        message: "no such endpoint".into(),
-        retry_after_secs: None,
-    }
+    ApiError::not_found("not_found", "no such endpoint")
 }
 
 /// The service's OpenAPI 3.1 document, checked in as `docs/openapi/public-ids.json` (served by

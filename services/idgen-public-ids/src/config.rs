@@ -159,13 +159,9 @@ impl Default for PublicIdsConfig {
 }
 
 impl KmsSection {
-    pub fn settings(&self) -> idgen::lease::dynamodb::AwsSettings {
-        idgen::lease::dynamodb::AwsSettings {
-            region: self.region.clone(),
-            endpoint: self.endpoint.clone(),
-            ..Default::default()
-        }
-        .patient()
+    pub fn settings(&self) -> idgen_aws::AwsSettings {
+        idgen_aws::AwsSettings { region: self.region.clone(), endpoint: self.endpoint.clone(), ..Default::default() }
+            .patient()
     }
 }
 
@@ -371,6 +367,22 @@ impl PublicIdsConfig {
             },
             self.types()?.describe(),
         ])
+    }
+}
+
+impl idgen_server::ServiceConfig for PublicIdsConfig {
+    const SERVICE: &'static str = "public-ID service";
+
+    fn print() -> String {
+        PublicIdsConfig::print()
+    }
+
+    fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        PublicIdsConfig::load(file)
+    }
+
+    fn check(&self) -> anyhow::Result<Vec<String>> {
+        PublicIdsConfig::check(self)
     }
 }
 

@@ -1,33 +1,26 @@
 //! `idgen-public-ids --config public-ids.toml`. (`idgen public serve` is the same; `idgen public
 //! init` initializes its database.)
 
-use std::path::PathBuf;
-use std::process::ExitCode;
-
 use clap::Parser;
+use idgen_public_ids::PublicIdsConfig;
+use idgen_server::cli::{ServiceArgs, exit, init_tracing, shutdown_signal};
 
 #[derive(Parser)]
 #[command(about = "idgen public-ID service: opaque, UUIDv7 and KMS-encrypted public IDs")]
 struct Args {
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Print every key of the configuration file, with its default, unit and what it does, as
-    /// commented TOML, and exit.
-    #[arg(long, conflicts_with = "config")]
-    print_config: bool,
+    #[command(flatten)]
+    service: ServiceArgs,
 }
 
 #[tokio::main]
-async fn main() -> ExitCode {
-    idgen::init_tracing();
-    let Args { config: file, print_config } = Args::parse();
-    if print_config {
-        print!("{}", idgen_public_ids::PublicIdsConfig::print());
-        return ExitCode::SUCCESS;
-    }
+async fn main() -> std::process::ExitCode {
+    init_tracing();
+    let Args { service } = Args::parse();
     let result = async {
-        let config = idgen_public_ids::PublicIdsConfig::load(file.as_deref())?;
-        idgen_public_ids::serve(config, file, idgen::shutdown_signal()).await
+        match service.config::<PublicIdsConfig>()? {
+            Some(config) => idgen_public_ids::serve(config, service.config, shutdown_signal()).await,
+            None => Ok(()),
+        }
     };
-    idgen::config::exit("idgen-public-ids", result.await)
+    exit("idgen-public-ids", result.await)
 }

@@ -93,43 +93,40 @@ async fn batches_and_bad_input() {
     assert_eq!(body["public_ids"].as_array().unwrap().len(), 1000);
     assert_eq!(body["public_ids"][0]["internal_id"], "1");
     let too_many: Vec<u64> = (0..1001).collect();
-    for bad in [
-        json!({"internal_ids": too_many}).to_string(),
-        json!({"internal_ids": []}).to_string(),
-        json!({"internal_ids": ["-1"]}).to_string(),
-        json!({"internal_ids": "1"}).to_string(),
+    for (bad, code) in [
+        (json!({"internal_ids": too_many}).to_string(), "invalid_count"),
+        (json!({"internal_ids": []}).to_string(), "invalid_count"),
+        (json!({"internal_ids": ["-1"]}).to_string(), "invalid_internal_id"),
+        (json!({"internal_ids": "1"}).to_string(), "invalid_field"),
+        (json!({"internal_ids": ["1"], "type": null}).to_string(), "invalid_field"),
+        (json!({"internal_ids": ["1"], "type": "invoice"}).to_string(), "unknown_type"),
     ] {
         let (status, body) = call(&s, Method::POST, "/v1/public-ids:batch", &bad).await;
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (StatusCode::BAD_REQUEST, Some("invalid_request")),
-            "{bad}"
-        );
+        assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{bad}");
     }
-    for bad in [
-        "",
-        "garbage",
-        r#"{"internal_id": "9223372036854775808"}"#,
-        r#"{"internal_id": "-5"}"#,
-        r#"{"internal_id": 1.5}"#,
-        r#"{"internal_id": "abc"}"#,
-        r#"{"internal_id": "1", "format": "rot13"}"#,
-        r#"{"internal_id": "1", "extra": true}"#,
-        r#"{}"#,
+    for (bad, code) in [
+        ("", "invalid_json"),
+        ("garbage", "invalid_json"),
+        ("[1]", "invalid_body"),
+        (r#"{"internal_id": "9223372036854775808"}"#, "invalid_internal_id"),
+        (r#"{"internal_id": "-5"}"#, "invalid_internal_id"),
+        (r#"{"internal_id": 1.5}"#, "invalid_internal_id"),
+        (r#"{"internal_id": "abc"}"#, "invalid_internal_id"),
+        (r#"{"internal_id": null}"#, "invalid_internal_id"),
+        (r#"{"internal_id": "1", "format": "rot13"}"#, "unknown_format"),
+        (r#"{"internal_id": "1", "format": 5}"#, "invalid_field"),
+        (r#"{"internal_id": "1", "extra": true}"#, "unknown_field"),
+        (r#"{}"#, "missing_field"),
     ] {
         let (status, body) = call(&s, Method::POST, "/v1/public-ids", bad).await;
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (StatusCode::BAD_REQUEST, Some("invalid_request")),
-            "{bad}"
-        );
+        assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{bad}");
     }
     // No data key: the encrypted format is not on offer, and the caller is told (never a 5xx).
     let (status, body) =
         call(&s, Method::POST, "/v1/public-ids", r#"{"internal_id": "1", "format": "encrypted"}"#).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("format_unavailable")));
-    let (status, _) = call(&s, Method::GET, "/v1/internal-ids/abc/public-id", "").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = call(&s, Method::GET, "/v1/internal-ids/abc/public-id", "").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_internal_id")));
 
     // An ID sent as a JSON number above 2^53 - 1 was probably rounded by a JavaScript caller
     // (9007199254740993 arrives as ...992): refused with advice, and nothing is created.
@@ -142,7 +139,7 @@ async fn batches_and_bad_input() {
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert_eq!(
             (status, body["error"]["code"].as_str()),
-            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            (StatusCode::BAD_REQUEST, Some("unsafe_integer")),
             "{bad}"
         );
         assert!(message.contains("decimal strings"), "{bad}: {message}");

@@ -121,8 +121,13 @@ async fn a_mapping_keeps_its_type(db: Db) {
     assert_eq!(resolve_typed(&store, Format::Opaque, &typed[1].public_id).await, Some((2, Some(3))), "unchanged");
 }
 
-store_suite!(sqlite: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced, a_mapping_keeps_its_type);
-store_suite!(postgres: creates_are_idempotent_per_format, a_batch_of_a_thousand_in_one_call, concurrent_creates_of_one_internal_id_agree, a_random_collision_is_retried_not_surfaced, a_mapping_keeps_its_type);
+store_suite!(
+    creates_are_idempotent_per_format,
+    a_batch_of_a_thousand_in_one_call,
+    concurrent_creates_of_one_internal_id_agree,
+    a_random_collision_is_retried_not_surfaced,
+    a_mapping_keeps_its_type
+);
 
 /// `idgen public init --owner-url`: the migrations (and data keys) are written as the schema's
 /// owner, and the role the service runs as can add and read mappings and read the data keys, and

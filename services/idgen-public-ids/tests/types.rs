@@ -178,24 +178,45 @@ async fn untyped_ids_keep_their_texts_and_a_type_never_changes(db: Db) {
     ] {
         let (status, body) = get(&fresh, path).await;
         assert_eq!(status, expected, "{path}: {body}");
+        if status == StatusCode::BAD_REQUEST {
+            let code = body["error"]["code"].as_str();
+            assert!(matches!(code, Some("unknown_type" | "type_format_mismatch")), "{path}: {body}");
+        }
     }
 }
 
 async fn a_bad_type_is_refused_and_changes_nothing(db: Db) {
     let s = instance(&db, 0).await;
-    for (body, said) in [
+    for (body, code, said) in [
         (
             json!({"internal_id": "9", "type": "ghost"}),
+            "unknown_type",
             "unknown type \"ghost\"; this service's types: invoice, order, user",
         ),
-        (json!({"internal_id": "9", "type": 1}), "type must be a string"),
-        (json!({"internal_id": "9", "type": null}), "type must be a string"),
-        (json!({"internal_id": "9", "type": "order", "format": "uuidv7"}), "are opaque, not uuidv7"),
-        (json!({"internal_id": "9", "type": "order", "format": "encrypted"}), "are opaque, not encrypted"),
-        (json!({"internal_id": "9", "type": "Order"}), "unknown type"),
+        (
+            json!({"internal_id": "9", "type": 1}),
+            "invalid_field",
+            "\"type\": invalid type: integer `1`, expected a string",
+        ),
+        (json!({"internal_id": "9", "type": null}), "invalid_field", "\"type\": invalid type: null, expected a string"),
+        (
+            json!({"internal_id": "9", "type": "order", "format": "uuidv7"}),
+            "type_format_mismatch",
+            "are opaque, not uuidv7",
+        ),
+        (
+            json!({"internal_id": "9", "type": "order", "format": "encrypted"}),
+            "type_format_mismatch",
+            "are opaque, not encrypted",
+        ),
+        (json!({"internal_id": "9", "type": "Order"}), "unknown_type", "unknown type"),
     ] {
         let (status, refused) = post(&s, "/v1/public-ids", body.clone()).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {refused}");
+        assert_eq!(
+            (status, refused["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(code)),
+            "{body}: {refused}"
+        );
         assert!(refused["error"]["message"].as_str().unwrap().contains(said), "{body}: {refused}");
     }
     let (status, _) = get(&s, "/v1/internal-ids/9/public-id").await;
@@ -208,8 +229,11 @@ async fn a_bad_type_is_refused_and_changes_nothing(db: Db) {
     assert!(refused["error"]["message"].as_str().unwrap().contains("has no types"), "{refused}");
 }
 
-store_suite!(sqlite: typed_ids_resolve_only_with_their_own_type, untyped_ids_keep_their_texts_and_a_type_never_changes, a_bad_type_is_refused_and_changes_nothing);
-store_suite!(postgres: typed_ids_resolve_only_with_their_own_type, untyped_ids_keep_their_texts_and_a_type_never_changes, a_bad_type_is_refused_and_changes_nothing);
+store_suite!(
+    typed_ids_resolve_only_with_their_own_type,
+    untyped_ids_keep_their_texts_and_a_type_never_changes,
+    a_bad_type_is_refused_and_changes_nothing
+);
 
 /// An instance on `db` of `types` holding the mapping of internal ID `internal_id` to `bytes` of
 /// `type_number`, whose keyed check reads every untagged ID (as on a database from before check

@@ -145,6 +145,10 @@ fn label(method: &Method) -> &'static str {
     }
 }
 
+/// The route label of a request whose path no route matches, in every service: no caller's
+/// path becomes a label.
+pub const UNMATCHED: &str = "other";
+
 /// The families every service's `/metrics` carries, and the route names its router matches.
 #[derive(Clone)]
 pub struct ServiceMetrics {
@@ -175,10 +179,9 @@ impl ServiceMetrics {
     }
 
     /// The route axum serves `path` with, among the names given to [`Self::new`]: the label of a
-    /// request's metrics (`other` for a path none of them matches, so no caller's path becomes a
-    /// label).
+    /// request's metrics ([`UNMATCHED`] for a path none of them matches).
     pub fn route_of(&self, path: &str) -> &'static str {
-        self.routes.at(path).map_or("other", |matched| *matched.value)
+        self.routes.at(path).map_or(UNMATCHED, |matched| *matched.value)
     }
 
     /// The Prometheus text of every family, gauges refreshed first.
@@ -308,8 +311,7 @@ pub fn metrics_refused(caller: &crate::Caller) -> Option<axum::response::Respons
     }
     let message =
         format!("the caller {:?} may not read /metrics (tls.metrics_readers does not list it)", caller.name());
-    let body = serde_json::json!({"error": {"code": "forbidden", "message": message}});
-    Some((axum::http::StatusCode::FORBIDDEN, axum::Json(body)).into_response())
+    Some(crate::ApiError::forbidden("forbidden", message).into_response())
 }
 
 /// `router` with `GET /metrics`, and the request metrics around it.

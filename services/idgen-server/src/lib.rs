@@ -1,7 +1,10 @@
-//! What every idgen listener shares (the worker, the registry, the public-ID service): TLS and
-//! mutual TLS with reload on SIGHUP, the caller's identity taken once per connection at the
-//! handshake, per-caller quotas, the accept loop with its graceful shutdown, and the `[limits]`
-//! every listener holds its peers to (a connection cap and a deadline on every wait).
+//! What every idgen service shares (the worker, the registry, the public-ID service), its one
+//! home of plumbing: the one error and its body, and the reading of a request's body
+//! ([`error`]); the command line, log, stop signals and exit status of a service process
+//! ([`cli`]); TLS and mutual TLS with reload on SIGHUP, the caller's identity taken once per
+//! connection at the handshake, per-caller quotas, the accept loop with its graceful shutdown,
+//! and the `[limits]` every listener holds its peers to (a connection cap and a deadline on every
+//! wait).
 //!
 //! A certificate names its caller in one configured form (`[tls] identity`: the URI SAN, or in
 //! development the CN); reserved names are refused; only a certificate of the separate operator
@@ -11,9 +14,11 @@
 //! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
 //! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
 
+pub mod cli;
 mod connection;
 #[cfg(feature = "database")]
 pub mod database;
+pub mod error;
 pub mod http_metrics;
 pub mod identity;
 pub mod limits;
@@ -29,6 +34,8 @@ use std::task::{Context, Poll};
 use axum::extract::Request;
 use axum::response::Response;
 
+pub use cli::{ServiceArgs, ServiceConfig};
+pub use error::{ApiError, read_body, read_json};
 pub use http_metrics::ServiceMetrics;
 pub use identity::{ANONYMOUS, Caller, IdentityForm, NoCaller, RESERVED};
 pub use idgen::control::tls::ClientTlsSection;
@@ -44,8 +51,7 @@ pub fn method_not_allowed(allow: &'static str) -> Response {
     use axum::http::{HeaderValue, StatusCode, header};
     use axum::response::IntoResponse;
     let message = format!("this endpoint does not accept that method; it takes {allow}");
-    let body = serde_json::json!({"error": {"code": "method_not_allowed", "message": message}});
-    let mut response = (StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response();
+    let mut response = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message).into_response();
     response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     response
 }

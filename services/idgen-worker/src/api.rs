@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::body;
-use crate::error::ApiError;
+use idgen_server::ApiError;
 
 /// Request bodies are tiny (`{"count": 1000}`); anything bigger is refused unread.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
@@ -57,31 +57,19 @@ pub struct Shared {
     pub http_metrics: Arc<crate::http_metrics::HttpMetrics>,
 }
 
-/// The body, refused beyond `MAX_BODY_BYTES` (also when a client goes away mid-body: the body
-/// cannot be read either way). Read frame by frame: a small body is one frame, taken as it is.
-async fn body_bytes(mut body: Body) -> Result<Bytes, ApiError> {
-    use axum::body::HttpBody;
-    use http_body_util::BodyExt;
-    let too_large =
-        || ApiError::bad_request("body_too_large", format!("request body is larger than {MAX_BODY_BYTES} bytes"));
-    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
-        return Err(too_large());
-    }
-    let mut bytes = Bytes::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(chunk) = frame.map_err(|_| too_large())?.into_data() else {
-            continue; // trailers
-        };
-        // Bounded by the limit, so joining the rare second frame by copying is fine.
-        bytes = if bytes.is_empty() { chunk } else { [bytes.as_ref(), chunk.as_ref()].concat().into() };
-        if bytes.len() > MAX_BODY_BYTES {
-            return Err(too_large());
-        }
-        if body.is_end_stream() {
-            break; // all of it (no need to poll once more for the end)
-        }
-    }
-    Ok(bytes)
+/// The body, refused beyond `MAX_BODY_BYTES`.
+async fn body_bytes(body: Body) -> Result<Bytes, ApiError> {
+    idgen_server::read_body(body, MAX_BODY_BYTES).await
+}
+
+/// The generator refuses to issue: 503 with the reason as the code, and a `Retry-After` of the
+/// time the clock is behind (a second for every other reason).
+fn refused(refusal: &idgen::core::Refusal) -> ApiError {
+    let retry_after_secs = match refusal {
+        idgen::core::Refusal::ClockBehind { behind_ms } => (*behind_ms as u64).div_ceil(1000),
+        _ => 1,
+    };
+    ApiError::unavailable(refusal.reason(), format!("refusing to issue: {refusal}")).retry_after(retry_after_secs)
 }
 
 /// `POST /v1/ids` (any other method: 405), answered straight from the request.
@@ -102,7 +90,7 @@ async fn within_quota<T>(
     state.quotas.admit(caller, count).map_err(ApiError::over_quota)?;
     let issued = issue.await.map_err(|refusal| {
         tracing::warn!(caller = %caller, reason = refusal.reason(), "refusing to issue");
-        ApiError::refused(&refusal)
+        refused(&refusal)
     })?;
     state.quotas.served(caller, count);
     Ok(issued)
@@ -357,35 +345,18 @@ pub async fn metrics(State(state): State<AppState>, caller: Caller) -> Response 
 pub const OPENAPI: &str = include_str!("../../../docs/openapi/worker.json");
 
 pub async fn not_found() -> ApiError {
-    ApiError::not_found()
+    ApiError::not_found(
+        "not_found",
+        "no such endpoint; see GET /healthz, POST /v1/ids, POST /v1/ids:batch, GET /v1/ids/{id}/decode, POST /v1/uuids, \
+         GET /metrics, GET /openapi.json",
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use crate::body::{BodyError, accepts_no_fields, count_of, parse_count, parse_object};
-
-    /// What the handlers decided before the typed fast paths: the general reading alone.
-    fn general_count(bytes: &[u8], default: Option<u64>) -> Result<u32, BodyError> {
-        parse_count(parse_object(bytes)?, default)
-    }
-
-    fn general_no_fields(bytes: &[u8]) -> Result<(), BodyError> {
-        match parse_object(bytes)?.and_then(|body| body.keys().next().cloned()) {
-            Some(field) => {
-                Err(BodyError::new("invalid_body", format!("unknown field {field:?}; send {{}} or an empty body")))
-            }
-            None => Ok(()),
-        }
-    }
-
-    fn fast_no_fields(bytes: &[u8]) -> Result<(), BodyError> {
-        if !accepts_no_fields(bytes) {
-            return general_no_fields(bytes);
-        }
-        Ok(())
-    }
+    use crate::body::{check_single_body, count_of, read_count, read_no_fields};
 
     proptest::proptest! {
         /// The typed fast paths answer exactly as the general reading: the same count, or the
@@ -401,8 +372,8 @@ mod tests {
             default in proptest::option::of(1u64..=3),
         ) {
             let bytes = body.as_bytes();
-            proptest::prop_assert_eq!(count_of(bytes, default), general_count(bytes, default), "{}", body);
-            proptest::prop_assert_eq!(fast_no_fields(bytes), general_no_fields(bytes), "{}", body);
+            proptest::prop_assert_eq!(count_of(bytes, default), read_count(bytes, default), "{}", body);
+            proptest::prop_assert_eq!(check_single_body(bytes), read_no_fields(bytes), "{}", body);
         }
     }
 
@@ -413,12 +384,12 @@ mod tests {
         // Found by schemathesis: a body of only whitespace is not JSON (only no body at all is
         // "nothing").
         for bytes in [&b"\x0c{}\x0c"[..], b"\x0c", b"\x0b{}", b"{}\x0c", b"\n", b" \r\n"] {
-            let refused = crate::body::check_single_body(bytes).unwrap_err();
-            assert_eq!(refused.code, "invalid_body", "{bytes:?}");
-            assert_eq!(count_of(bytes, Some(1)).unwrap_err().code, "invalid_body", "{bytes:?}");
+            let refused = check_single_body(bytes).unwrap_err();
+            assert_eq!(refused.code, "invalid_json", "{bytes:?}");
+            assert_eq!(count_of(bytes, Some(1)).unwrap_err().code, "invalid_json", "{bytes:?}");
         }
         for bytes in [&b" \t\r\n{}\n"[..], b""] {
-            assert_eq!(crate::body::check_single_body(bytes), Ok(()), "{bytes:?}");
+            assert_eq!(check_single_body(bytes), Ok(()), "{bytes:?}");
         }
     }
 

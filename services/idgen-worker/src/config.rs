@@ -231,6 +231,22 @@ impl WorkerConfig {
     }
 }
 
+impl idgen_server::ServiceConfig for WorkerConfig {
+    const SERVICE: &'static str = "worker";
+
+    fn print() -> String {
+        WorkerConfig::print()
+    }
+
+    fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        WorkerConfig::load(file)
+    }
+
+    fn check(&self) -> anyhow::Result<Vec<String>> {
+        WorkerConfig::check(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

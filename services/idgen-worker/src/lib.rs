@@ -10,7 +10,6 @@
 pub mod api;
 pub mod body;
 pub mod config;
-pub mod error;
 pub use idgen_server::http_metrics;
 
 use std::future::Future;
@@ -29,25 +28,36 @@ use tokio::net::TcpListener;
 pub use api::AppState;
 pub use config::WorkerConfig;
 
+/// The worker's routes, by name.
+pub mod route {
+    pub const IDS: &str = "/v1/ids";
+    pub const BATCH: &str = "/v1/ids:batch";
+    pub const DECODE: &str = "/v1/ids/{id}/decode";
+    pub const UUIDS: &str = "/v1/uuids";
+    pub const HEALTHZ: &str = "/healthz";
+    pub const METRICS: &str = "/metrics";
+    pub const OPENAPI: &str = "/openapi.json";
+}
+
 /// Every route the worker serves (the HTTP metrics keep handles for each).
 pub const ROUTES: [&str; 7] =
-    ["/v1/ids", "/v1/ids:batch", "/v1/ids/{id}/decode", "/v1/uuids", "/healthz", "/metrics", "/openapi.json"];
+    [route::IDS, route::BATCH, route::DECODE, route::UUIDS, route::HEALTHZ, route::METRICS, route::OPENAPI];
 
-/// The route axum serves `path` with, `unmatched` for the fallback: the HTTP metrics' label,
-/// worked out outside the router so that no layer has to sit on every route (axum boxes each
-/// layered route again per request). A test holds it to axum's own `MatchedPath`.
+/// The route axum serves `path` with, `other` for the fallback (`http_metrics::UNMATCHED`, as
+/// every service labels it): the HTTP metrics' label, worked out outside the router so that no
+/// layer has to sit on every route (axum boxes each layered route again per request). A test
+/// holds it to axum's own `MatchedPath`.
 pub fn route_of(path: &str) -> &'static str {
-    let [ids, batch, decode, uuids, healthz, metrics, openapi] = ROUTES;
     match path {
-        "/v1/ids" => ids,
-        "/v1/ids:batch" => batch,
-        "/v1/uuids" => uuids,
-        "/healthz" => healthz,
-        "/metrics" => metrics,
-        "/openapi.json" => openapi,
+        route::IDS => route::IDS,
+        route::BATCH => route::BATCH,
+        route::UUIDS => route::UUIDS,
+        route::HEALTHZ => route::HEALTHZ,
+        route::METRICS => route::METRICS,
+        route::OPENAPI => route::OPENAPI,
         _ => match path.strip_prefix("/v1/ids/").and_then(|rest| rest.strip_suffix("/decode")) {
-            Some(id) if !id.contains('/') => decode,
-            _ => "unmatched",
+            Some(id) if !id.contains('/') => route::DECODE,
+            _ => http_metrics::UNMATCHED,
         },
     }
 }
@@ -87,16 +97,17 @@ impl tower::Service<axum::extract::Request> for App {
         let route = route_of(request.uri().path());
         let method = request.method().clone();
         let start = std::time::Instant::now();
+        // One clone of the state a request: the recording and the handler share it.
         let state = self.state.clone();
-        let record = move |response: &axum::response::Response| {
+        let record = move |state: &AppState, response: &axum::response::Response| {
             let elapsed = start.elapsed().as_secs_f64();
             state.http_metrics.record(route, &method, response.status().as_u16(), elapsed);
         };
-        if self.issues && route == ROUTES[0] {
-            let (state, caller) = (self.state.clone(), self.caller.clone());
+        if self.issues && route == route::IDS {
+            let caller = self.caller.clone();
             Box::pin(async move {
                 let response = api::single_id(&state, &caller, request).await;
-                record(&response);
+                record(&state, &response);
                 Ok(response)
             })
         } else {
@@ -105,7 +116,7 @@ impl tower::Service<axum::extract::Request> for App {
             let routed = tower::Service::call(&mut self.router, request);
             Box::pin(async move {
                 let Ok(response) = routed.await;
-                record(&response);
+                record(&state, &response);
                 Ok(response)
             })
         }
@@ -114,14 +125,14 @@ impl tower::Service<axum::extract::Request> for App {
 
 pub fn router(state: AppState) -> App {
     use idgen_server::not_allowed;
-    let [_, batch, decode, uuids, healthz, metrics, openapi] = ROUTES;
+    // `route::IDS` is answered by `App` itself, before the router.
     let router = Router::new()
-        .route(batch, post(api::create_batch).fallback(not_allowed("POST")))
-        .route(decode, get(api::decode).fallback(not_allowed("GET, HEAD")))
-        .route(uuids, post(api::create_uuids).fallback(not_allowed("POST")))
-        .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
-        .route(metrics, get(api::metrics).fallback(not_allowed("GET, HEAD")))
-        .route(openapi, idgen_server::openapi_route(api::OPENAPI))
+        .route(route::BATCH, post(api::create_batch).fallback(not_allowed("POST")))
+        .route(route::DECODE, get(api::decode).fallback(not_allowed("GET, HEAD")))
+        .route(route::UUIDS, post(api::create_uuids).fallback(not_allowed("POST")))
+        .route(route::HEALTHZ, get(api::healthz).fallback(not_allowed("GET, HEAD")))
+        .route(route::METRICS, get(api::metrics).fallback(not_allowed("GET, HEAD")))
+        .route(route::OPENAPI, idgen_server::openapi_route(api::OPENAPI))
         .fallback(api::not_found)
         .with_state(state.clone());
     App { state, router, caller: Caller::anonymous(), issues: true }
@@ -131,9 +142,8 @@ pub fn router(state: AppState) -> App {
 /// request metrics) and nothing else.
 pub fn health_router(state: AppState) -> App {
     use idgen_server::not_allowed;
-    let healthz = ROUTES[4];
     let router = Router::new()
-        .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
+        .route(route::HEALTHZ, get(api::healthz).fallback(not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state.clone());
     App { state, router, caller: Caller::anonymous(), issues: false }
@@ -252,8 +262,6 @@ impl Worker {
     }
 }
 
-pub use idgen::shutdown_signal;
-
 /// The worker's `main`: logs, builds, prints the address, serves until a signal. On SIGHUP the
 /// configuration file (and the environment) is read again and its `[tls]` files and `[quotas]`
 /// are applied; nothing else changes without a restart, and leases are never touched.
@@ -281,12 +289,10 @@ pub async fn main_with(config: WorkerConfig, config_file: Option<std::path::Path
         config.region(),
         worker.state.holder
     );
-    worker.serve(shutdown_signal()).await?;
+    worker.serve(idgen_server::cli::shutdown_signal()).await?;
     tracing::info!("worker stopped");
     Ok(())
 }
-
-pub use idgen::init_tracing;
 
 #[cfg(test)]
 mod tests {

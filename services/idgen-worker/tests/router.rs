@@ -98,9 +98,18 @@ async fn one_id_matches_the_spec_example() {
 #[tokio::test]
 async fn create_id_rejects_bad_bodies() {
     let f = fixture();
-    for bad in ["garbage", "[]", "null", "{\"count\": 5}", "{", "\"{}\""] {
+    let refused = [
+        ("garbage", "invalid_json"),
+        ("{", "invalid_json"),
+        (" ", "invalid_json"),
+        ("[]", "invalid_body"),
+        ("null", "invalid_body"),
+        ("\"{}\"", "invalid_body"),
+        ("{\"count\": 5}", "unknown_field"),
+    ];
+    for (bad, code) in refused {
         let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", bad).await;
-        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_body");
+        assert_error(status, &body, StatusCode::BAD_REQUEST, code);
     }
     let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", vec![b' '; 5000]).await;
     assert_error(status, &body, StatusCode::BAD_REQUEST, "body_too_large");
@@ -133,9 +142,11 @@ async fn batch_is_strictly_increasing_and_count_is_checked() {
         let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", bad).await;
         assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_count");
     }
-    for bad in ["garbage", r#"{"count": 5, "extra": 1}"#, "[5]"] {
+    for (bad, code) in
+        [("garbage", "invalid_json"), (r#"{"count": 5, "extra": 1}"#, "unknown_field"), ("[5]", "invalid_body")]
+    {
         let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", bad).await;
-        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_body");
+        assert_error(status, &body, StatusCode::BAD_REQUEST, code);
     }
     let huge = format!(r#"{{"count": 5, "pad": "{}"}}"#, "x".repeat(10_000));
     let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", huge).await;
@@ -231,7 +242,7 @@ async fn uuids_are_v7_increasing_and_decode() {
         assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_count");
     }
     let (status, _, body, _) = call(&f, Method::POST, "/v1/uuids", "nonsense").await;
-    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_body");
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");
 }
 
 #[tokio::test]
@@ -414,7 +425,7 @@ async fn unknown_routes_and_methods_are_json_errors() {
 }
 
 /// The HTTP metrics name a request's route themselves (no layer on every route): for any path,
-/// that must be the route axum matched, or `unmatched` where axum falls back.
+/// that must be the route axum matched, or `other` where axum falls back (as in every service).
 #[tokio::test]
 async fn the_metrics_route_label_is_the_route_axum_matches() {
     let paths = [
@@ -445,7 +456,7 @@ async fn the_metrics_route_label_is_the_route_axum_matches() {
     let segments = ["v1", "ids", "ids:batch", "uuids", "healthz", "metrics", "decode", "1", "", "x%20"];
     idgen_test_support::routes::assert_labels_are_axums(
         &idgen_worker::ROUTES,
-        "unmatched",
+        idgen_worker::http_metrics::UNMATCHED,
         &paths,
         &segments,
         |path| idgen_worker::route_of(path).to_owned(),

@@ -199,7 +199,8 @@ async fn a_region_retiring_in_the_registry_issues_through_the_grace_and_stops_at
     assert_eq!((status, body["reason"].as_str()), (503, Some("schedule")), "{body}");
     assert!(body.get("region_retires_at").is_none(), "{body}");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(state.generator.next_id().await.is_err(), "issuing again");
+    let refused = state.generator.next_id().await;
+    assert!(matches!(refused, Err(idgen::Refusal::RegionRetired { .. })), "issuing again: {refused:?}");
     let _ = stop.send(());
     serving_worker.await.unwrap().unwrap();
 

@@ -141,7 +141,7 @@ async fn bodies_in_pieces_chunked_pipelined_or_behind_expect_are_each_answered()
     let answers = read_responses(&mut stream, 3).await;
     assert_eq!((answers[0].0, answers[1].0), (200, 200), "{answers:?}");
     assert!(id_of(&answers[0].1) > batch[2] && id_of(&answers[1].1) > id_of(&answers[0].1));
-    assert_eq!((answers[2].0, answers[2].1["error"]["code"].as_str()), (400, Some("invalid_body")), "{answers:?}");
+    assert_eq!((answers[2].0, answers[2].1["error"]["code"].as_str()), (400, Some("unknown_field")), "{answers:?}");
 
     // Expect: 100-continue, the body sent only after the interim answer.
     let mut stream = connect(address).await;

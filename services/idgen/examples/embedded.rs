@@ -19,7 +19,9 @@ use prometheus_client::registry::Registry;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    idgen::init_tracing();
+    // The application's own log (idgen logs through `tracing`, into whatever subscriber it has).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let config = match std::env::args_os().nth(1) {
         Some(file) => GeneratorConfig::load(Some(std::path::Path::new(&file)), "IDGEN")?,
         None => {
@@ -39,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut orders = tokio::time::interval(Duration::from_millis(200));
     let mut health = tokio::time::interval(Duration::from_secs(1));
-    let stop = idgen::shutdown_signal();
+    let stop = stopped();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -65,4 +67,14 @@ async fn main() -> anyhow::Result<()> {
     ids.shutdown().await?;
     println!("lease released");
     Ok(())
+}
+
+/// Ctrl-C or SIGTERM, whichever comes first.
+async fn stopped() {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a process can listen for SIGTERM");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
 }

@@ -190,7 +190,8 @@ async fn release_writes_last_issued_plus_one_and_a_successor_starts_at_once() {
     let last = g.next_id().await.unwrap();
     k.release().await.unwrap();
     assert_eq!(f.store.get(4).await.unwrap().unwrap().lease_expiry, T0 + 43);
-    assert!(g.next_id().await.is_err(), "nothing is issued after release");
+    let refused = g.next_id().await;
+    assert!(matches!(refused, Err(Refusal::NoLease { .. })), "issued after release: {refused:?}");
 
     f.clock.advance(2); // T0 + 44 > stored expiry: the successor may claim immediately
     let g2 = generator(&f.clock);
@@ -245,7 +246,7 @@ fn lease_timing_leaves_room_for_one_failed_renewal() {
     timing(300_000, 10_000, 5_000).validate(&v1).unwrap();
     timing(idgen::MAX_LEASE_MS, 10_000, 5_000).validate(&v1).unwrap();
     assert!(
-        timing(idgen::MAX_LEASE_MS + 1, 10_000, 5_000).validate(&v1).is_err(),
+        matches!(timing(idgen::MAX_LEASE_MS + 1, 10_000, 5_000).validate(&v1), Err(LeaseConfigError::Timing { .. })),
         "longer than a quarantine lift allows for"
     );
     timing(3_000, 1_000, 500).validate(&v1).unwrap();
@@ -258,7 +259,8 @@ fn lease_timing_leaves_room_for_one_failed_renewal() {
         (3_000, 500, 3_000),
         (300_000, 10_000, 20_000),
     ] {
-        assert!(timing(lease, renew, fence).validate(&v1).is_err(), "lease {lease} renew {renew} fence {fence}");
+        let refused = timing(lease, renew, fence).validate(&v1);
+        assert!(matches!(refused, Err(LeaseConfigError::Timing { .. })), "lease {lease} renew {renew} fence {fence}");
     }
 }
 

@@ -33,8 +33,8 @@ pub fn sources(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<config::
 
 /// A start a production service refuses: a configuration that leaves out what production needs,
 /// or a database it must not start on. The binaries exit with status 2 for it (as for a usage
-/// error), and systemd units do not restart on it (`RestartPreventExitStatus=2`): the same
-/// configuration would be refused again.
+/// error: `idgen_server::cli::exit_status`), and systemd units do not restart on it
+/// (`RestartPreventExitStatus=2`): the same configuration would be refused again.
 #[derive(Debug)]
 pub struct Refused(pub String);
 
@@ -45,22 +45,6 @@ impl std::fmt::Display for Refused {
 }
 
 impl std::error::Error for Refused {}
-
-/// The exit status for an error a binary ends with: 2 for a [`Refused`] start, else 1.
-pub fn exit_status(error: &anyhow::Error) -> u8 {
-    if error.chain().any(|cause| cause.is::<Refused>()) { 2 } else { 1 }
-}
-
-/// How a service binary ends: 0, or the error on stderr after `program` and [`exit_status`].
-pub fn exit(program: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("{program}: {error:#}");
-            std::process::ExitCode::from(exit_status(&error))
-        }
-    }
-}
 
 /// One error naming everything a production generator was not told.
 pub fn refuse_missing(missing: Vec<String>) -> anyhow::Result<()> {
@@ -173,7 +157,7 @@ pub struct DynamoDbSection {
 
 impl Default for DynamoDbSection {
     fn default() -> Self {
-        let defaults = crate::lease::aws::DynamoDbSettings::default();
+        let defaults = crate::DynamoDbSettings::default();
         DynamoDbSection {
             region: None,
             endpoint: defaults.endpoint,
@@ -186,8 +170,8 @@ impl Default for DynamoDbSection {
 }
 
 impl DynamoDbSection {
-    pub fn settings(&self) -> crate::lease::aws::DynamoDbSettings {
-        crate::lease::aws::DynamoDbSettings {
+    pub fn settings(&self) -> crate::DynamoDbSettings {
+        crate::DynamoDbSettings {
             region: self.region.clone().unwrap_or_else(|| development_defaults::DYNAMODB_REGION.into()),
             endpoint: self.endpoint.clone(),
             attempt_timeout: std::time::Duration::from_millis(self.attempt_timeout_ms),

@@ -1,0 +1,197 @@
+//! The one error every service answers with: a status, a code, a message, and `Retry-After`
+//! where waiting helps. The body, `{"error": {"code": "…", "message": "…"}}` (SPEC §4.1), is
+//! written here and nowhere else; so is the reading of a request body, whose refusals are
+//! `idgen_json::body`'s codes.
+//!
+//! Every 503 carries `Retry-After` (one second unless the error says otherwise): a 503 is
+//! "not now", and a caller is told when to ask again. A 429 carries the limiter's.
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idgen_json::body::{BODY_TOO_LARGE, BodyError};
+use serde::Serialize;
+
+use crate::OverQuota;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    /// `status` with `code`; a 503 waits a second unless [`ApiError::retry_after`] says otherwise.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let retry_after_secs = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(1);
+        ApiError { status, code, message: message.into(), retry_after_secs }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, code, message)
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, code, message)
+    }
+
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::CONFLICT, code, message)
+    }
+
+    /// 503: not now; `Retry-After: 1` unless [`ApiError::retry_after`] says otherwise.
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+    }
+
+    /// Over the caller's quota: 429 `over_quota` with the limiter's `Retry-After`.
+    pub fn over_quota(over: OverQuota) -> Self {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "over_quota", over.message).retry_after(over.retry_after_secs)
+    }
+
+    /// A body past `limit` bytes: 400 `body_too_large` (SPEC §4.1 groups bad bodies under 400).
+    pub fn body_too_large(limit: usize) -> Self {
+        ApiError::bad_request(BODY_TOO_LARGE, format!("the request body is larger than {limit} bytes"))
+    }
+
+    /// The same error, to be asked again in `secs` seconds (whole, at least one).
+    pub fn retry_after(self, secs: u64) -> Self {
+        ApiError { retry_after_secs: Some(secs.max(1)), ..self }
+    }
+
+    /// The same error with its message added to.
+    pub fn map_message(self, more: impl FnOnce(String) -> String) -> Self {
+        ApiError { message: more(self.message), ..self }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after_secs
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(refused: BodyError) -> Self {
+        ApiError::bad_request(refused.code, refused.message)
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: Detail { code: self.code, message: &self.message } };
+        let bytes = serde_json::to_vec(&body).expect("two strings serialize");
+        let mut response = Response::new(Body::from(bytes));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(secs) = self.retry_after_secs {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// A request's body, refused past `limit` bytes (also when a client goes away mid-body: the
+/// body cannot be read either way). Read frame by frame: a small body is one frame, taken as it
+/// is.
+pub async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    use axum::body::HttpBody;
+    use http_body_util::BodyExt;
+    if body.size_hint().lower() > limit as u64 {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let mut bytes = Bytes::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(chunk) = frame.map_err(|_| ApiError::body_too_large(limit))?.into_data() else {
+            continue; // trailers
+        };
+        // Bounded by the limit, so joining the rare second frame by copying is fine.
+        bytes = if bytes.is_empty() { chunk } else { [bytes.as_ref(), chunk.as_ref()].concat().into() };
+        if bytes.len() > limit {
+            return Err(ApiError::body_too_large(limit));
+        }
+        if body.is_end_stream() {
+            break; // all of it (no need to poll once more for the end)
+        }
+    }
+    Ok(bytes)
+}
+
+/// A request's body, a JSON object of at most `limit` bytes, as `T` ([`idgen_json::body`]).
+pub async fn read_json<T: serde::de::DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+    Ok(idgen_json::body::read_object(&read_body(body, limit).await?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer(error: ApiError) -> (StatusCode, Option<String>, serde_json::Value) {
+        let response = error.into_response();
+        let retry = response.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap().to_owned());
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+        (status, retry, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn every_error_has_one_body_and_every_503_a_retry_after() {
+        let (status, retry, body) = answer(ApiError::bad_request("invalid_count", "no \"quotes\" lost")).await;
+        assert_eq!((status, retry), (StatusCode::BAD_REQUEST, None));
+        assert_eq!(body, serde_json::json!({"error": {"code": "invalid_count", "message": "no \"quotes\" lost"}}));
+        let (status, retry, _) = answer(ApiError::unavailable("storage_unavailable", "down")).await;
+        assert_eq!((status, retry.as_deref()), (StatusCode::SERVICE_UNAVAILABLE, Some("1")));
+        let (_, retry, _) = answer(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "lease", "none")).await;
+        assert_eq!(retry.as_deref(), Some("1"), "a 503 made any way waits");
+        let (_, retry, _) = answer(ApiError::unavailable("clock_behind", "behind").retry_after(7)).await;
+        assert_eq!(retry.as_deref(), Some("7"));
+        let over = OverQuota { caller: "a".into(), retry_after_secs: 3, message: "slow down".into() };
+        let (status, retry, body) = answer(ApiError::over_quota(over)).await;
+        assert_eq!(
+            (status, retry.as_deref(), body["error"]["code"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("3"), Some("over_quota"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_limit_is_refused_unread() {
+        assert_eq!(read_body(Body::from("x".repeat(11)), 10).await.unwrap_err().code(), BODY_TOO_LARGE);
+        assert_eq!(read_body(Body::from("x".repeat(10)), 10).await.unwrap().len(), 10);
+        let refused = read_json::<serde_json::Value>(Body::from("[1]"), 10).await.unwrap_err();
+        assert_eq!((refused.status(), refused.code()), (StatusCode::BAD_REQUEST, "invalid_body"));
+    }
+}
