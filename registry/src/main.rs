@@ -2,8 +2,8 @@
 //! `idgen registry init` initializes its database.)
 
 use clap::Parser;
-use idgen_registry::RegistryConfig;
-use idgen_server::cli::{ServiceArgs, exit, init_tracing, shutdown_signal};
+use idgen_server::ServiceArgs;
+use idgen_server::cli::shutdown_signal;
 
 #[derive(Parser)]
 #[command(about = "idgen region registry: never-reused region numbers and the layout schedule")]
@@ -14,13 +14,6 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    init_tracing();
-    let Args { service } = Args::parse();
-    let result = async {
-        match service.config::<RegistryConfig>()? {
-            Some(config) => idgen_registry::serve(config, service.config, shutdown_signal()).await,
-            None => Ok(()),
-        }
-    };
-    exit("idgen-registry", result.await)
+    let serve = |config, file| idgen_registry::serve(config, file, shutdown_signal());
+    idgen_server::cli::run("idgen-registry", Args::parse().service, serve).await
 }

@@ -2,8 +2,8 @@
 //! init` initializes its database.)
 
 use clap::Parser;
-use idgen_public_ids::PublicIdsConfig;
-use idgen_server::cli::{ServiceArgs, exit, init_tracing, shutdown_signal};
+use idgen_server::ServiceArgs;
+use idgen_server::cli::shutdown_signal;
 
 #[derive(Parser)]
 #[command(about = "idgen public-ID service: opaque, UUIDv7 and KMS-encrypted public IDs")]
@@ -14,13 +14,6 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    init_tracing();
-    let Args { service } = Args::parse();
-    let result = async {
-        match service.config::<PublicIdsConfig>()? {
-            Some(config) => idgen_public_ids::serve(config, service.config, shutdown_signal()).await,
-            None => Ok(()),
-        }
-    };
-    exit("idgen-public-ids", result.await)
+    let serve = |config, file| idgen_public_ids::serve(config, file, shutdown_signal());
+    idgen_server::cli::run("idgen-public-ids", Args::parse().service, serve).await
 }

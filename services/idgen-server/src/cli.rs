@@ -61,6 +61,23 @@ impl ServiceArgs {
     }
 }
 
+/// A service binary's `main`: the log set up, the flags done (`--print-config`,
+/// `--check-config`), or `serve` run with the configuration until it returns; then the exit
+/// status of [`exit`] for `program`.
+pub async fn run<C, F>(program: &str, args: ServiceArgs, serve: impl FnOnce(C, Option<PathBuf>) -> F) -> ExitCode
+where
+    C: ServiceConfig,
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    init_tracing();
+    let result = match args.config::<C>() {
+        Ok(Some(config)) => serve(config, args.config).await,
+        Ok(None) => Ok(()),
+        Err(error) => Err(error),
+    };
+    exit(program, result)
+}
+
 /// The exit status for an error a process ends with: 2 for a start refused for its
 /// configuration or database ([`idgen::config::Refused`]: systemd does not restart on it), else
 /// 1.

@@ -1,8 +1,7 @@
 //! `idgen-worker --config worker.toml`: one regional fleet worker. (`idgen worker` is the same.)
 
 use clap::Parser;
-use idgen_server::cli::{ServiceArgs, exit, init_tracing};
-use idgen_worker::{WorkerConfig, main_with};
+use idgen_server::ServiceArgs;
 
 #[derive(Parser)]
 #[command(about = "idgen fleet worker: hands out unique 64-bit IDs over HTTP")]
@@ -13,13 +12,5 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    init_tracing();
-    let Args { service } = Args::parse();
-    let result = async {
-        match service.config::<WorkerConfig>()? {
-            Some(config) => main_with(config, service.config).await,
-            None => Ok(()),
-        }
-    };
-    exit("idgen-worker", result.await)
+    idgen_server::cli::run("idgen-worker", Args::parse().service, idgen_worker::main_with).await
 }
