@@ -172,12 +172,12 @@ fn main() -> ExitCode {
             runtime().and_then(|rt| rt.block_on(registry_init(config, &owner, json)))
         }
         Command::Registry { command: Some(RegistryCommand::Token { name, json }), .. } => operator_token(&name, json),
-        Command::Worker { service, create_tables } => serve(&service, |mut config: WorkerConfig, file| {
+        Command::Worker { service, create_tables } => serve(service, |mut config: WorkerConfig, file| {
             config.lease.create_tables |= create_tables;
             idgen_worker::main_with(config, file)
         }),
         Command::Registry { service, command: None } => {
-            serve(&service, |config, file| idgen_registry::serve(config, file, idgen_server::cli::shutdown_signal()))
+            serve(service, |config, file| idgen_registry::serve(config, file, idgen_server::cli::shutdown_signal()))
         }
         Command::Ids(args) => {
             idgen_server::cli::init_tracing();
@@ -281,14 +281,13 @@ pub fn registry_url(text: &str) -> Result<String, String> {
 
 /// A service, run as its binary runs it: `--print-config` and `--check-config` answered, or
 /// the service served until a signal stops it.
-fn serve<C, F>(service: &ServiceArgs, run: impl FnOnce(C, Option<PathBuf>) -> F) -> anyhow::Result<()>
+fn serve<C, F>(service: ServiceArgs, run: impl FnOnce(C, Option<PathBuf>) -> F) -> anyhow::Result<()>
 where
     C: idgen_server::ServiceConfig,
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let Some(config) = service.config::<C>()? else { return Ok(()) };
     idgen_server::cli::init_tracing();
-    runtime()?.block_on(run(config, service.config.clone()))
+    runtime()?.block_on(service.serve(run))
 }
 
 /// `idgen registry token`: a new token and its hash for the configuration.

@@ -110,10 +110,11 @@ async fn call(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
 pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow::Result<()> {
     let http = tls.client()?;
     match command {
-        PublicCommand::Serve { service } => match service.config::<idgen_public_ids::PublicIdsConfig>()? {
-            Some(config) => idgen_public_ids::serve(config, service.config, idgen_server::cli::shutdown_signal()).await,
-            None => Ok(()),
-        },
+        PublicCommand::Serve { service } => {
+            service
+                .serve(|config, file| idgen_public_ids::serve(config, file, idgen_server::cli::shutdown_signal()))
+                .await
+        }
         PublicCommand::Create { internal_id, format, public_type, url, json } => {
             let mut body = json!({"internal_id": internal_id});
             if let Some(format) = format {

@@ -59,6 +59,19 @@ impl ServiceArgs {
         }
         Ok(None)
     }
+
+    /// Does what `--print-config` or `--check-config` asks; otherwise runs `serve` with the
+    /// configuration and the file it came from.
+    pub async fn serve<C, F>(self, serve: impl FnOnce(C, Option<PathBuf>) -> F) -> anyhow::Result<()>
+    where
+        C: ServiceConfig,
+        F: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        match self.config::<C>()? {
+            Some(config) => serve(config, self.config).await,
+            None => Ok(()),
+        }
+    }
 }
 
 /// A service binary's `main`: the log set up, the flags done (`--print-config`,
@@ -70,12 +83,7 @@ where
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
     init_tracing();
-    let result = match args.config::<C>() {
-        Ok(Some(config)) => serve(config, args.config).await,
-        Ok(None) => Ok(()),
-        Err(error) => Err(error),
-    };
-    exit(program, result)
+    exit(program, args.serve(serve).await)
 }
 
 /// The exit status for an error a process ends with: 2 for a start refused for its
