@@ -167,10 +167,10 @@ pub async fn drop_legacy_table(
     owner_url: Option<&str>,
 ) -> anyhow::Result<store::legacy::Dropped> {
     let url = owner_url.unwrap_or(config.database_url());
-    let connection = idgen_server::database::Connection::connect(url).await?;
+    let connection = idgen_server::database::Pool::connect_one(url).await?;
     let dropped = match &connection {
-        idgen_server::database::Connection::Postgres(pool) => store::legacy::drop_legacy_table(pool).await,
-        idgen_server::database::Connection::Sqlite(_) => Ok(store::legacy::Dropped::NothingToDrop),
+        idgen_server::database::Pool::Postgres(pool) => store::legacy::drop_legacy_table(pool).await,
+        idgen_server::database::Pool::Sqlite(_) => Ok(store::legacy::Dropped::NothingToDrop),
     };
     connection.close().await;
     dropped
@@ -180,8 +180,8 @@ pub async fn drop_legacy_table(
 /// ([`check`]).
 pub async fn seal_legacy(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<store::check::Sealed> {
     let url = owner_url.unwrap_or(config.database_url());
-    let connection = idgen_server::database::Connection::connect(url).await?;
-    let sealed = store::check::seal_legacy((&connection).into(), idgen::system_unix_ms()).await;
+    let connection = idgen_server::database::Pool::connect_one(url).await?;
+    let sealed = store::check::seal_legacy(&connection, idgen::system_unix_ms()).await;
     connection.close().await;
     sealed
 }
@@ -190,8 +190,8 @@ pub async fn seal_legacy(config: &PublicIdsConfig, owner_url: Option<&str>) -> a
 /// [`check::ROTATION_DELAY`] from now; `None` when all 255 are used.
 pub async fn rotate_check_key(config: &PublicIdsConfig, owner_url: Option<&str>) -> anyhow::Result<Option<u8>> {
     let url = owner_url.unwrap_or(config.database_url());
-    let connection = idgen_server::database::Connection::connect(url).await?;
-    let added = store::check::add_check_key((&connection).into(), idgen::system_unix_ms()).await;
+    let connection = idgen_server::database::Pool::connect_one(url).await?;
+    let added = store::check::add_check_key(&connection, idgen::system_unix_ms()).await;
     connection.close().await;
     added
 }

@@ -68,7 +68,7 @@ async fn read_as_before(connection: &mut PgConnection, internal_id: i64, format:
 }
 
 async fn tables(url: &str) -> Vec<String> {
-    let connection = idgen_server::database::Connection::connect(url).await.unwrap();
+    let connection = idgen_server::database::Pool::connect_one(url).await.unwrap();
     let tables = connection.tables().await.unwrap();
     connection.close().await;
     tables
@@ -216,8 +216,8 @@ async fn a_database_of_the_previous_version_migrates_in_place() {
     };
     assert_eq!(open.judge(Format::Opaque, &random_id(), None), Verdict::Legacy);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public_ids_opaque").fetch_one(&owner).await.unwrap();
-    let connection = idgen_server::database::Connection::connect(db.url()).await.unwrap();
-    let sealed = check::seal_legacy((&connection).into(), 0).await.unwrap();
+    let connection = idgen_server::database::Pool::connect_one(db.url()).await.unwrap();
+    let sealed = check::seal_legacy(&connection, 0).await.unwrap();
     connection.close().await;
     assert_eq!((sealed.read, sealed.untagged), (rows as u64, rows as u64), "every mapping here was made untagged");
     let gate = Gate::new(check::refreshed(store.db(), &open.state()).await.unwrap());

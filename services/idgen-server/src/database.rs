@@ -77,45 +77,130 @@ pub enum Found {
     Own { pending: Vec<i64> },
 }
 
-/// One connection in the database's own driver (`sqlite:` or `postgres:` URL), for the
-/// migrations and the checks around them.
-pub enum Connection {
+/// A service's database through that database's own driver: the one storage design of the
+/// registry's and the public-ID service's stores, and of the migrations and checks here.
+///
+/// Why native drivers and not sqlx's `Any`: the public-ID service binds what `Any` cannot (a
+/// public ID as a `uuid`, a batch as two arrays: one statement for a batch of any size), every
+/// `Any` row is copied into values of its own before it is read, and the migrations already ran
+/// on the native drivers. A store writes SQL that both databases accept once and runs it on
+/// either with [`on_pool!`](crate::on_pool) (the registry compiles its statements once per
+/// driver); where the two differ (the public IDs' tables) it matches the pool.
+#[derive(Clone, Debug)]
+pub enum Pool {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
 }
 
-impl Connection {
-    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+/// Runs `$body` with `$pool` bound to whichever driver's pool `$on` (a [`Pool`]) is: the same
+/// sqlx calls, compiled for each.
+#[macro_export]
+macro_rules! on_pool {
+    ($on:expr, |$pool:ident| $body:expr) => {
+        match $on {
+            $crate::database::Pool::Postgres($pool) => $body,
+            $crate::database::Pool::Sqlite($pool) => $body,
+        }
+    };
+}
+
+/// How a service's serving pool behaves under load: at most `connections` (SQLite: always one,
+/// which serializes its writers anyway and keeps read-then-write transactions from failing with
+/// `SQLITE_BUSY`), a request waits at most `acquire_timeout` for one, and a statement runs at
+/// most `statement_timeout` (PostgreSQL's own `statement_timeout`, set on every connection): an
+/// exhausted pool or a slow database answers 503 quickly, never hangs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub connections: u32,
+    pub acquire_timeout: Duration,
+    pub statement_timeout: Duration,
+}
+
+impl PoolSettings {
+    pub fn new(connections: u32, timeouts: RequestTimeouts) -> Self {
+        PoolSettings { connections, acquire_timeout: timeouts.acquire, statement_timeout: timeouts.statement }
+    }
+}
+
+impl Default for PoolSettings {
+    /// Sixteen connections, the default timeouts.
+    fn default() -> Self {
+        PoolSettings::new(16, RequestTimeouts::default())
+    }
+}
+
+/// A PostgreSQL URL's options with the statement timeout of `settings` on every connection.
+pub fn pg_options(url: &str, settings: PoolSettings) -> Result<sqlx::postgres::PgConnectOptions, sqlx::Error> {
+    let statement_timeout = settings.statement_timeout.as_millis().to_string();
+    Ok(sqlx::postgres::PgConnectOptions::from_str(url)?.options([("statement_timeout", statement_timeout)]))
+}
+
+/// A write refused by a unique index or primary key (another writer took it first).
+pub fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
+}
+
+impl Pool {
+    /// The pool a service serves from (`postgres://…` or `sqlite:…`), of `settings`. It checks
+    /// nothing: the service refuses a database that is not its own first
+    /// ([`Self::refusal`], on a [`Self::connect_one`]).
+    pub async fn open(url: &str, settings: PoolSettings) -> Result<Self, sqlx::Error> {
+        Ok(match url.starts_with("sqlite:") {
+            false => Pool::Postgres(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(settings.connections)
+                    .acquire_timeout(settings.acquire_timeout)
+                    .connect_with(pg_options(url, settings)?)
+                    .await?,
+            ),
+            true => Pool::Sqlite(
+                sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(settings.acquire_timeout)
+                    .connect_with(
+                        sqlx::sqlite::SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(5)),
+                    )
+                    .await?,
+            ),
+        })
+    }
+
+    /// One connection (the database made if it is a new SQLite file, in WAL mode), for the
+    /// migrations and the checks around them.
+    pub async fn connect_one(url: &str) -> Result<Self, sqlx::Error> {
         Ok(match url.starts_with("sqlite:") {
             true => {
                 let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
                     .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                    .busy_timeout(std::time::Duration::from_secs(5));
-                Connection::Sqlite(
-                    sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?,
-                )
+                    .busy_timeout(Duration::from_secs(5));
+                Pool::Sqlite(sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await?)
             }
-            false => Connection::Postgres(sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?),
+            false => Pool::Postgres(sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?),
         })
+    }
+
+    /// The pool's open connections and how many of them are idle (for `/metrics`).
+    pub fn connections(&self) -> (u32, usize) {
+        on_pool!(self, |pool| (pool.size(), pool.num_idle()))
     }
 
     pub async fn close(&self) {
         match self {
-            Connection::Sqlite(pool) => pool.close().await,
-            Connection::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(pool) => pool.close().await,
+            Pool::Postgres(pool) => pool.close().await,
         }
     }
 
     /// The database's tables (PostgreSQL: those of the connection's schema), sorted.
     pub async fn tables(&self) -> Result<Vec<String>, sqlx::Error> {
         let mut tables: Vec<String> = match self {
-            Connection::Sqlite(pool) => {
+            Pool::Sqlite(pool) => {
                 sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
                     .fetch_all(pool)
                     .await?
             }
-            Connection::Postgres(pool) => {
+            Pool::Postgres(pool) => {
                 sqlx::query_scalar("SELECT tablename::TEXT FROM pg_tables WHERE schemaname = current_schema()")
                     .fetch_all(pool)
                     .await?
@@ -141,8 +226,8 @@ impl Connection {
             true => {
                 let sql = "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
                 match self {
-                    Connection::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
-                    Connection::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
+                    Pool::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
+                    Pool::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
                 }
             }
         };
@@ -161,8 +246,8 @@ impl Connection {
             );
         }
         match self {
-            Connection::Sqlite(pool) => schema.sqlite.run(pool).await?,
-            Connection::Postgres(pool) => schema.postgres.run(pool).await?,
+            Pool::Sqlite(pool) => schema.sqlite.run(pool).await?,
+            Pool::Postgres(pool) => schema.postgres.run(pool).await?,
         }
         Ok(())
     }
@@ -200,7 +285,7 @@ impl Connection {
     /// With `password`, the role is made (`LOGIN`, nothing else) when it does not exist, and its
     /// password set to that, so a deployment keeps it in one secret and `init` applies it.
     pub async fn grant(&self, schema: &Schema, role: &str, password: Option<&str>) -> anyhow::Result<()> {
-        let Connection::Postgres(pool) = self else { return Ok(()) };
+        let Pool::Postgres(pool) = self else { return Ok(()) };
         let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
             .bind(role)
             .fetch_one(pool)
@@ -247,8 +332,8 @@ impl Connection {
 
     fn migrator(&self, schema: &Schema) -> &'static Migrator {
         match self {
-            Connection::Sqlite(_) => schema.sqlite,
-            Connection::Postgres(_) => schema.postgres,
+            Pool::Sqlite(_) => schema.sqlite,
+            Pool::Postgres(_) => schema.postgres,
         }
     }
 }

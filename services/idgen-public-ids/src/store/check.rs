@@ -3,54 +3,27 @@
 //! sealed by `seal-legacy`, all three under the role that owns the schema; read by the service at
 //! start-up and every [`crate::check::REFRESH`]. The same statements on SQLite and PostgreSQL.
 
-use sqlx::{PgPool, SqlitePool};
+use idgen_server::database::Pool;
+use idgen_server::on_pool;
 use zeroize::Zeroizing;
 
-use super::{Pool, PublicIdStore};
+use super::PublicIdStore;
 use crate::check::{self, CheckKeys, GateState, Legacy, LegacyFilter, StoredCheckKey, StoredFilter};
 use crate::format::{self, Format};
 
-/// One database, whichever it is: what these statements run on.
-#[derive(Clone, Copy)]
-pub enum Db<'a> {
-    Postgres(&'a PgPool),
-    Sqlite(&'a SqlitePool),
-}
-
-impl<'a> From<&'a idgen_server::database::Connection> for Db<'a> {
-    fn from(connection: &'a idgen_server::database::Connection) -> Self {
-        match connection {
-            idgen_server::database::Connection::Postgres(pool) => Db::Postgres(pool),
-            idgen_server::database::Connection::Sqlite(pool) => Db::Sqlite(pool),
-        }
-    }
-}
-
 impl PublicIdStore {
-    pub fn db(&self) -> Db<'_> {
-        match &self.pool {
-            Pool::Postgres(pool) => Db::Postgres(pool),
-            Pool::Sqlite(pool) => Db::Sqlite(pool),
-        }
+    /// The pool the check keys and the filter are read from.
+    pub fn db(&self) -> &Pool {
+        &self.pool
     }
-}
-
-/// Runs `$body` with `$pool` bound to whichever pool `$db` is (the same sqlx calls on both).
-macro_rules! on_db {
-    ($db:expr, |$pool:ident| $body:expr) => {
-        match $db {
-            Db::Postgres($pool) => $body,
-            Db::Sqlite($pool) => $body,
-        }
-    };
 }
 
 /// Rows read per page by [`seal_legacy`].
 const PAGE: i64 = 10_000;
 
-pub async fn check_keys(db: Db<'_>) -> Result<Vec<StoredCheckKey>, sqlx::Error> {
+pub async fn check_keys(db: &Pool) -> Result<Vec<StoredCheckKey>, sqlx::Error> {
     let sql = "SELECT version, check_key, created_at_ms FROM public_id_check_keys ORDER BY version";
-    let rows: Vec<(i64, Vec<u8>, i64)> = on_db!(db, |pool| sqlx::query_as(sql).fetch_all(pool).await)?;
+    let rows: Vec<(i64, Vec<u8>, i64)> = on_pool!(db, |pool| sqlx::query_as(sql).fetch_all(pool).await)?;
     Ok(rows
         .into_iter()
         .map(|(version, key, created_at_ms)| StoredCheckKey {
@@ -62,30 +35,30 @@ pub async fn check_keys(db: Db<'_>) -> Result<Vec<StoredCheckKey>, sqlx::Error> 
 }
 
 /// Adds the next check key version, made now; `None` when all 255 are used.
-pub async fn add_check_key(db: Db<'_>, now_ms: i64) -> anyhow::Result<Option<u8>> {
+pub async fn add_check_key(db: &Pool, now_ms: i64) -> anyhow::Result<Option<u8>> {
     let highest = check_keys(db).await?.iter().map(|k| k.version).max().unwrap_or(0);
     let Some(version) = highest.checked_add(1) else { return Ok(None) };
     let key = check::new_key()?;
     let sql = "INSERT INTO public_id_check_keys (version, check_key, created_at_ms) VALUES ($1, $2, $3)";
-    on_db!(db, |pool| {
+    on_pool!(db, |pool| {
         sqlx::query(sql).bind(i64::from(version)).bind(&key[..]).bind(now_ms).execute(pool).await.map(|_| ())
     })?;
     Ok(Some(version))
 }
 
 /// The stored filter's version (`built_at_ms`, sealed), without its bits; `None` before `init`.
-async fn filter_version(db: Db<'_>) -> Result<Option<(i64, bool)>, sqlx::Error> {
+async fn filter_version(db: &Pool) -> Result<Option<(i64, bool)>, sqlx::Error> {
     let sql = "SELECT built_at_ms, sealed FROM public_id_legacy_filter WHERE one = 1";
-    on_db!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)
+    on_pool!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)
 }
 
 /// The legacy filter's row: sealed, filter key, hashes, bits, entries, built at.
 type FilterRow = (bool, Vec<u8>, i64, Vec<u8>, i64, i64);
 
-pub async fn legacy_filter(db: Db<'_>) -> Result<Option<StoredFilter>, sqlx::Error> {
+pub async fn legacy_filter(db: &Pool) -> Result<Option<StoredFilter>, sqlx::Error> {
     let sql =
         "SELECT sealed, filter_key, hashes, bits, entries, built_at_ms FROM public_id_legacy_filter WHERE one = 1";
-    let row: Option<FilterRow> = on_db!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)?;
+    let row: Option<FilterRow> = on_pool!(db, |pool| sqlx::query_as(sql).fetch_optional(pool).await)?;
     Ok(row.map(|(sealed, filter_key, hashes, bits, entries, built_at_ms)| StoredFilter {
         sealed,
         filter_key: Zeroizing::new(filter_key),
@@ -96,12 +69,12 @@ pub async fn legacy_filter(db: Db<'_>) -> Result<Option<StoredFilter>, sqlx::Err
     }))
 }
 
-async fn store_filter(db: Db<'_>, filter: &StoredFilter) -> Result<(), sqlx::Error> {
+async fn store_filter(db: &Pool, filter: &StoredFilter) -> Result<(), sqlx::Error> {
     let sql = "INSERT INTO public_id_legacy_filter (one, sealed, filter_key, hashes, bits, entries, built_at_ms) \
                VALUES (1, $1, $2, $3, $4, $5, $6) ON CONFLICT (one) DO UPDATE SET sealed = excluded.sealed, \
                filter_key = excluded.filter_key, hashes = excluded.hashes, bits = excluded.bits, \
                entries = excluded.entries, built_at_ms = excluded.built_at_ms";
-    on_db!(db, |pool| {
+    on_pool!(db, |pool| {
         sqlx::query(sql)
             .bind(filter.sealed)
             .bind(&filter.filter_key[..])
@@ -118,7 +91,7 @@ async fn store_filter(db: Db<'_>, filter: &StoredFilter) -> Result<(), sqlx::Err
 /// `init`'s part: check key version 1 if there is none, and the legacy filter's row if there is
 /// none: sealed and empty for a database `init` made new (no instance of a version before can
 /// have made an untagged ID in it), open otherwise (until `seal-legacy`).
-pub async fn initialize(db: Db<'_>, new_database: bool, now_ms: i64) -> anyhow::Result<()> {
+pub async fn initialize(db: &Pool, new_database: bool, now_ms: i64) -> anyhow::Result<()> {
     if check_keys(db).await?.is_empty() {
         add_check_key(db, now_ms).await?;
     }
@@ -139,7 +112,7 @@ pub async fn initialize(db: Db<'_>, new_database: bool, now_ms: i64) -> anyhow::
 }
 
 /// What the check is, as stored: refused (saying what to run) when `init` has not made a key.
-pub async fn gate_state(db: Db<'_>) -> anyhow::Result<GateState> {
+pub async fn gate_state(db: &Pool) -> anyhow::Result<GateState> {
     let refused = || {
         idgen::config::Refused(
             "the database has no check keys for public IDs: run `idgen public init --config <this file>` (it \
@@ -162,7 +135,7 @@ fn legacy_of(stored: &StoredFilter) -> Legacy {
 }
 
 /// `state` brought up to date: the keys re-read, the filter re-read only if it changed.
-pub async fn refreshed(db: Db<'_>, state: &GateState) -> anyhow::Result<GateState> {
+pub async fn refreshed(db: &Pool, state: &GateState) -> anyhow::Result<GateState> {
     let keys = CheckKeys::new(&check_keys(db).await?).unwrap_or_else(|| state.keys.clone());
     let version = filter_version(db).await?.unwrap_or(state.filter_version);
     let legacy = match version == state.filter_version {
@@ -189,28 +162,28 @@ pub struct Sealed {
 /// Builds the filter of every untagged opaque public ID the database holds and seals it: from
 /// then on an untagged ID outside it is answered 404 without a read. Run once no instance of the
 /// version before check keys runs (they make untagged IDs).
-pub async fn seal_legacy(db: Db<'_>, now_ms: i64) -> anyhow::Result<Sealed> {
+pub async fn seal_legacy(db: &Pool, now_ms: i64) -> anyhow::Result<Sealed> {
     let keys = CheckKeys::new(&check_keys(db).await?)
         .ok_or_else(|| anyhow::anyhow!("no check keys: run `idgen public init` first"))?;
     let (count_sql, page_sql) = match db {
-        Db::Postgres(_) => (
+        Pool::Postgres(_) => (
             "SELECT count(*) FROM public_ids_opaque",
             "SELECT internal_id, public_id::TEXT, id_type::BIGINT FROM public_ids_opaque WHERE internal_id > $1 OR $2 \
              ORDER BY internal_id LIMIT $3",
         ),
-        Db::Sqlite(_) => (
+        Pool::Sqlite(_) => (
             "SELECT count(*) FROM public_ids WHERE format = 'opaque'",
             "SELECT internal_id, public_id, id_type FROM public_ids WHERE format = 'opaque' AND (internal_id > $1 \
              OR $2) ORDER BY internal_id LIMIT $3",
         ),
     };
-    let count: i64 = on_db!(db, |pool| sqlx::query_scalar(count_sql).fetch_one(pool).await)?;
+    let count: i64 = on_pool!(db, |pool| sqlx::query_scalar(count_sql).fetch_one(pool).await)?;
     let filter_key = check::new_key()?;
     let mut filter = LegacyFilter::sized(&filter_key, count as u64);
     let (mut read, mut untagged) = (0u64, 0u64);
     let mut after: Option<i64> = None;
     loop {
-        let rows: Vec<(i64, String, Option<i64>)> = on_db!(db, |pool| {
+        let rows: Vec<(i64, String, Option<i64>)> = on_pool!(db, |pool| {
             sqlx::query_as(page_sql)
                 .bind(after.unwrap_or(i64::MIN))
                 .bind(after.is_none())
@@ -220,8 +193,8 @@ pub async fn seal_legacy(db: Db<'_>, now_ms: i64) -> anyhow::Result<Sealed> {
         })?;
         for (_, text, type_number) in &rows {
             let bytes = match db {
-                Db::Postgres(_) => text.parse::<uuid::Uuid>().ok().map(|u| *u.as_bytes()),
-                Db::Sqlite(_) => format::stored_bytes(Format::Opaque, text),
+                Pool::Postgres(_) => text.parse::<uuid::Uuid>().ok().map(|u| *u.as_bytes()),
+                Pool::Sqlite(_) => format::stored_bytes(Format::Opaque, text),
             }
             .ok_or_else(|| anyhow::anyhow!("a stored opaque public ID is not 16 bytes: {text:?}"))?;
             read += 1;

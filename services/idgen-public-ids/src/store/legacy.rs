@@ -98,7 +98,11 @@ pub async fn copy(pool: &PgPool, batch: i64) -> anyhow::Result<Option<Copied>> {
                 internal_ids.push(*internal_id);
                 public_ids.push(uuid::Uuid::from_bytes(bytes));
             }
-            sqlx::query(super::statements(format).copy).bind(internal_ids).bind(public_ids).execute(&mut *tx).await?;
+            sqlx::query(super::mappings::statements(format).copy)
+                .bind(internal_ids)
+                .bind(public_ids)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
             match format {
                 Format::Uuidv7 => counts.uuidv7 += rows.len() as u64,
@@ -143,13 +147,14 @@ pub async fn drop_legacy_table(pool: &PgPool) -> anyhow::Result<Dropped> {
             let batch = old_rows(pool, format, after, BATCH).await?;
             let Some(&(last, _)) = batch.last() else { break };
             let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
-            let copies: std::collections::HashMap<i64, uuid::Uuid> = sqlx::query_as(super::statements(format).existing)
-                .bind(ids)
-                .fetch_all(pool)
-                .await?
-                .into_iter()
-                .map(|(id, public_id, _type): super::Row| (id, public_id))
-                .collect();
+            let copies: std::collections::HashMap<i64, uuid::Uuid> =
+                sqlx::query_as(super::mappings::statements(format).existing)
+                    .bind(ids)
+                    .fetch_all(pool)
+                    .await?
+                    .into_iter()
+                    .map(|(id, public_id, _type): super::mappings::Row| (id, public_id))
+                    .collect();
             for (id, text) in &batch {
                 rows += 1;
                 let copied = format::stored_bytes(format, text).map(uuid::Uuid::from_bytes);
