@@ -241,13 +241,17 @@ def dynamodb_calls(root):
     files = sorted(
         path for directory in ("services", "registry") for path in (root / directory).rglob("*.rs")
         if "tests" not in path.relative_to(root).parts and "examples" not in path.relative_to(root).parts
-        and "aws_sdk_dynamodb" in path.read_text()
+        and ("aws_sdk_dynamodb" in path.read_text() or path.parent.name == "dynamodb")
     )
     require(files, "no Rust file uses aws_sdk_dynamodb")
     everything, reach = set(), {}
+    # A module split into files (`lease/dynamodb/`) is read as one: its helpers call across them.
+    units = {}
     for path in files:
-        original = path.read_text()
-        code = strip_rust(original)
+        units.setdefault(path.parent if path.parent.name == "dynamodb" else path, []).append(path)
+    for unit, paths in units.items():
+        path = unit
+        code = strip_rust("\n".join(p.read_text() for p in paths))
         bodies = functions(code)
         direct = {}
         for name, texts in bodies.items():
@@ -292,9 +296,9 @@ def rust_number(text):
 
 def code_facts(root):
     facts = {}
-    dynamodb_rs = root / "services/idgen/src/lease/dynamodb.rs"
-    code = strip_rust(dynamodb_rs.read_text())
-    raw = dynamodb_rs.read_text()
+    # The DynamoDB lease store's files (`lease/dynamodb/`), read as one.
+    raw = "\n".join(path.read_text() for path in sorted((root / "services/idgen/src/lease/dynamodb").glob("*.rs")))
+    code = strip_rust(raw)
     facts["calls"], facts["reach"], facts["files"] = dynamodb_calls(root)
 
     suffix = re.search(r'format!\("\{table\}(-[a-z]+)"\)', raw)
