@@ -18,7 +18,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use tokio::net::TcpListener;
 
 pub use api::AppState;
 pub use config::RegistryConfig;
@@ -215,42 +214,25 @@ pub async fn serve(
         reload_operators.replace(operators);
         Ok(())
     });
-    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    let health = idgen_server::serve::bind_health(config.health_listen).await?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    println!(
-        "idgen-registry listening on {scheme}://{}{}",
-        listener.local_addr()?,
-        idgen_server::serve::health_suffix(health.as_ref())?
-    );
+    let listeners = idgen_server::Listeners::bind(config.listen, tls, config.health_listen).await?;
+    println!("idgen-registry listening on {}", listeners.describe()?);
     let store = state.store.clone();
     let refresh = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
     let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
     metrics.http.create_documented(api::OPENAPI, documented_route);
-    let health_routes = health_router(state.clone(), metrics.clone());
-    let router = idgen_server::http_metrics::with_metrics(with_quotas(router(state), quotas), metrics);
-    let make = move |caller| idgen_server::AddCaller { inner: router.clone(), caller };
+    let health = health_app(state.clone(), metrics.clone());
+    let app = idgen_server::App::new(with_quotas(router(state), quotas), metrics);
     let grace = std::time::Duration::from_secs(10);
-    let (shutdown, health_shutdown) = idgen_server::serve::shared_shutdown(shutdown);
-    let serving = idgen_server::serve(listener, tls, make, shutdown, grace, server_metrics.clone(), config.limits);
-    let Some(health) = health else { return serving.await };
-    let health_service = idgen_server::AddCaller { inner: health_routes, caller: idgen_server::Caller::anonymous() };
-    let checking =
-        idgen_server::serve_health(health, health_service, health_shutdown, grace, server_metrics, config.limits);
-    let (served, checked) = tokio::join!(serving, checking);
-    served.and(checked)
+    listeners.serve(app, health, shutdown, grace, server_metrics, config.limits).await
 }
 
 /// The health listener's routes: `GET /healthz` (the registry's own answer, counted in the same
 /// request metrics) and nothing else.
-pub fn health_router(
-    state: AppState,
-    metrics: idgen_server::ServiceMetrics,
-) -> idgen_server::http_metrics::Recorded<Router> {
+pub fn health_app(state: AppState, metrics: idgen_server::ServiceMetrics) -> idgen_server::App {
     let healthz = ROUTES[4];
     let router = Router::new()
         .route(healthz, get(api::healthz).fallback(idgen_server::not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state);
-    idgen_server::http_metrics::Recorded::new(router, metrics)
+    idgen_server::App::health(router, metrics)
 }

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use tokio::net::TcpListener;
 
 pub use api::AppState;
 pub use config::PublicIdsConfig;
@@ -59,55 +58,39 @@ fn routes(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// The service's HTTP service for one connection: every route of [`router`] with `/metrics`,
-/// each request counted and timed. `GET /v1/public-ids/{public_id}`, the busiest call any
-/// customer makes, is answered here without axum's router, its extractors and the caller's
-/// request extension (which cost a cache hit about as much as its own work); it answers exactly
-/// what the router's route does, which a test holds. Every other request (`HEAD` of a public ID
-/// included) goes through the router.
+/// The service's HTTP service ([`idgen_server::App`]): every route of [`router`] with
+/// `/metrics`, each request counted and timed, and `GET /v1/public-ids/{public_id}`, the busiest
+/// call any customer makes, answered before the router ([`Resolve`]).
+pub type App = idgen_server::App<Resolve>;
+
+/// [`App`] of `state`, counted in `metrics`.
+pub fn app(state: AppState, metrics: idgen_server::ServiceMetrics) -> App {
+    let state = Arc::new(state);
+    idgen_server::App::new(routes(state.clone()), metrics).answering(Resolve(state))
+}
+
+/// `GET /v1/public-ids/{public_id}` answered without axum's router, its extractors and the
+/// caller's request extension (which cost a cache hit about as much as its own work): exactly
+/// what the router's route answers, which a test holds. `HEAD` of a public ID goes through the
+/// router.
 #[derive(Clone)]
-pub struct App {
-    state: Arc<AppState>,
-    routed: idgen_server::http_metrics::Recorded<Router>,
-    /// The caller of the connection this service answers (`anonymous` over plain HTTP).
-    caller: idgen_server::Caller,
-}
+pub struct Resolve(Arc<AppState>);
 
-impl App {
-    pub fn new(state: AppState, metrics: idgen_server::ServiceMetrics) -> App {
-        let state = Arc::new(state);
-        let routed = idgen_server::http_metrics::with_metrics(routes(state.clone()), metrics);
-        App { state, routed, caller: idgen_server::Caller::anonymous() }
+impl idgen_server::FastRoute for Resolve {
+    fn route(&self, request: &axum::extract::Request) -> Option<&'static str> {
+        let resolve =
+            request.method() == axum::http::Method::GET && api::resolve_segment(request.uri().path()).is_some();
+        resolve.then_some(ROUTES[2])
     }
 
-    /// The service for one connection of `caller`.
-    pub fn for_caller(&self, caller: idgen_server::Caller) -> App {
-        App { caller, ..self.clone() }
-    }
-}
-
-impl tower::Service<axum::extract::Request> for App {
-    type Response = axum::response::Response;
-    type Error = std::convert::Infallible;
-    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: axum::extract::Request) -> Self::Future {
-        if request.method() == axum::http::Method::GET && api::resolve_segment(request.uri().path()).is_some() {
-            let (state, caller) = (self.state.clone(), self.caller.clone());
-            let uri = request.into_parts().0.uri;
-            let answer = async move {
-                let response = api::resolve_uri(&state, &caller, &uri).await;
-                Ok::<_, std::convert::Infallible>(axum::response::IntoResponse::into_response(response))
-            };
-            return Box::pin(self.routed.record_as(ROUTES[2], axum::http::Method::GET, answer));
-        }
-        let mut request = request;
-        request.extensions_mut().insert(self.caller.clone());
-        Box::pin(tower::Service::call(&mut self.routed, request))
+    fn answer(
+        &self,
+        caller: &idgen_server::Caller,
+        request: axum::extract::Request,
+    ) -> impl Future<Output = axum::response::Response> + Send + 'static {
+        let (state, caller) = (self.0.clone(), caller.clone());
+        let uri = request.into_parts().0.uri;
+        async move { axum::response::IntoResponse::into_response(api::resolve_uri(&state, &caller, &uri).await) }
     }
 }
 
@@ -386,14 +369,8 @@ pub async fn serve(
     let _probes =
         Probes::start(&config, state.store.clone(), state.gate.clone(), kms_probe.map(|probe| (probe, kms_metrics)))
             .await;
-    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    let health = idgen_server::serve::bind_health(config.health_listen).await?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    println!(
-        "idgen-public-ids listening on {scheme}://{}{}",
-        listener.local_addr()?,
-        idgen_server::serve::health_suffix(health.as_ref())?
-    );
+    let listeners = idgen_server::Listeners::bind(config.listen, tls, config.health_listen).await?;
+    println!("idgen-public-ids listening on {}", listeners.describe()?);
     let store = state.store.clone();
     let pool = idgen_server::http_metrics::pool_gauges(&mut registry, move || store.pool_connections());
     let cache = state.cache.clone();
@@ -403,30 +380,19 @@ pub async fn serve(
     };
     let metrics = idgen_server::ServiceMetrics::new(registry, &ROUTES, refresh);
     metrics.http.create_documented(api::OPENAPI, str::to_owned);
-    let health_routes = health_router(state.clone(), metrics.clone());
-    let app = App::new(state, metrics);
-    let make = move |caller| app.for_caller(caller);
+    let health = health_app(state.clone(), metrics.clone());
+    let app = app(state, metrics);
     let grace = std::time::Duration::from_secs(10);
-    let (shutdown, health_shutdown) = idgen_server::serve::shared_shutdown(shutdown);
-    let serving = idgen_server::serve(listener, tls, make, shutdown, grace, server_metrics.clone(), config.limits);
-    let Some(health) = health else { return serving.await };
-    let health_service = idgen_server::AddCaller { inner: health_routes, caller: idgen_server::Caller::anonymous() };
-    let checking =
-        idgen_server::serve_health(health, health_service, health_shutdown, grace, server_metrics, config.limits);
-    let (served, checked) = tokio::join!(serving, checking);
-    served.and(checked)
+    listeners.serve(app, health, shutdown, grace, server_metrics, config.limits).await
 }
 
 /// The health listener's routes: `GET /healthz` (the service's own answer, counted in the same
 /// request metrics) and nothing else.
-pub fn health_router(
-    state: AppState,
-    metrics: idgen_server::ServiceMetrics,
-) -> idgen_server::http_metrics::Recorded<Router> {
+pub fn health_app(state: AppState, metrics: idgen_server::ServiceMetrics) -> App {
     let healthz = ROUTES[4];
     let router = Router::new()
         .route(healthz, get(api::healthz).fallback(idgen_server::not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(Arc::new(state));
-    idgen_server::http_metrics::Recorded::new(router, metrics)
+    idgen_server::App::health(router, metrics)
 }

@@ -191,7 +191,7 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     use idgen_test_support::openapi;
     let (s, _dir) = state(true).await;
     let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
-    let app = idgen_public_ids::App::new(s.clone(), metrics);
+    let app = idgen_public_ids::app(s.clone(), metrics);
     let send = |method: Method, uri: String, body: &'static str| {
         let request = Request::builder().method(method).uri(uri).body(Body::from(body)).unwrap();
         let app = app.clone();
@@ -492,7 +492,7 @@ async fn the_services_own_resolve_answers_what_the_router_answers() {
     assert_eq!(answered, 2 * 2 * 7);
     // Counted under the route, as the router's requests are.
     let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
-    let app = idgen_public_ids::App::new(s.clone(), metrics.clone());
+    let app = idgen_public_ids::app(s.clone(), metrics.clone());
     for path in [&paths[0], &paths[0], &paths[5]] {
         app.clone().oneshot(Request::builder().uri(path).body(Body::empty()).unwrap()).await.unwrap();
     }

@@ -1,9 +1,9 @@
 //! Request counts by route and status, and a latency histogram by route.
 //!
 //! Every service records around its whole router, never as a layer on each route (axum boxes a
-//! layered route again, and clones those boxes, on every request). The worker's own service names
-//! the route; the registry and the public-ID service record through [`Recorded`], which finds
-//! the route of a request's path itself, with the router axum uses. Each
+//! layered route again, and clones those boxes, on every request): through [`Recorded`], which
+//! finds the route of a request's path itself, with the router axum uses, inside
+//! [`crate::App`] (whose route answered before the router names itself). Each
 //! route's histogram and its counters for the usual statuses are looked up in the families once,
 //! on first use, and kept. The series and their labels are exactly those of a plain `Family`
 //! lookup.

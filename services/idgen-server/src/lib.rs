@@ -11,9 +11,11 @@
 //! CA can make an operator; revoked certificates (`[tls] crl`) are refused at the handshake.
 //!
 //! A connection's caller reaches the service built for that connection ([`serve()`] calls a
-//! factory with it); handlers behind an axum router read it as an extractor ([`Caller`]) from
-//! the request extension [`AddCaller`] sets. Nothing re-reads a certificate per request.
+//! factory with it, [`App::for_caller`]); handlers behind an axum router read it as an extractor
+//! ([`Caller`]) from the request extension [`App`] sets. Nothing re-reads a certificate per
+//! request. [`app`] is the one way a service answers ([`App`]) and serves ([`Listeners`]).
 
+pub mod app;
 pub mod cli;
 mod connection;
 #[cfg(feature = "database")]
@@ -28,12 +30,9 @@ pub mod repoll;
 pub mod serve;
 pub mod tls;
 
-use std::convert::Infallible;
-use std::task::{Context, Poll};
-
-use axum::extract::Request;
 use axum::response::Response;
 
+pub use app::{App, FastRoute, Listeners, NoFastRoute};
 pub use cli::{ServiceArgs, ServiceConfig};
 pub use error::{ApiError, read_body, read_json};
 pub use http_metrics::ServiceMetrics;
@@ -75,32 +74,6 @@ where
         std::future::ready(([(axum::http::header::CONTENT_TYPE, "application/json")], document).into_response())
     };
     axum::routing::get(serve).fallback(not_allowed("GET, HEAD"))
-}
-
-/// A service that sets the connection's caller as a request extension, for handlers that read it
-/// with the [`Caller`] extractor.
-#[derive(Clone)]
-pub struct AddCaller<S> {
-    pub inner: S,
-    pub caller: Caller,
-}
-
-impl<S> tower::Service<Request> for AddCaller<S>
-where
-    S: tower::Service<Request, Response = Response, Error = Infallible>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request) -> S::Future {
-        request.extensions_mut().insert(self.caller.clone());
-        self.inner.call(request)
-    }
 }
 
 /// Refuses a reload whose file says `development` otherwise than the process started with: a

@@ -13,7 +13,6 @@ use axum::response::{IntoResponse, Response};
 use idgen::core::{Schedule, format_unix_ms, uuid};
 use idgen::{Health, IdGenerator, SyncStatus};
 use idgen_server::Caller;
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 use crate::body;
@@ -53,8 +52,8 @@ pub struct Shared {
     pub development: bool,
     /// IDs per second per caller.
     pub quotas: Arc<idgen_server::Quotas>,
-    pub registry: Arc<Registry>,
-    pub http_metrics: Arc<crate::http_metrics::HttpMetrics>,
+    /// What `/metrics` shows, and where every request is counted.
+    pub metrics: idgen_server::ServiceMetrics,
 }
 
 /// The body, refused beyond `MAX_BODY_BYTES`.
@@ -325,19 +324,6 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Response 
         response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1u64));
     }
     response
-}
-
-pub async fn metrics(State(state): State<AppState>, caller: Caller) -> Response {
-    if let Some(refused) = idgen_server::http_metrics::metrics_refused(&caller) {
-        return refused;
-    }
-    state.generator.refresh_gauges();
-    let mut text = String::new();
-    if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
-        tracing::error!(%error, "encoding metrics");
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    }
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
 /// The worker's OpenAPI 3.1 document, checked in as `docs/openapi/worker.json` (served by

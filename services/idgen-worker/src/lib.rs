@@ -2,7 +2,7 @@
 //! [`EmbeddedGenerator`], exactly as any embedder runs it (registry, schedule copy, lease
 //! keepers, pre-claim all live there). The request path touches memory only.
 //!
-//! `router(state)` is what tests use in-process;
+//! `app(state)` is what tests use in-process;
 //! [`Worker`] is what `idgen worker` and `idgen-worker` run: built from a validated
 //! [`WorkerConfig`], it serves until shutdown, lets in-flight requests finish, then shuts the
 //! generator down, which releases the leases.
@@ -21,9 +21,8 @@ use axum::Router;
 use axum::routing::{get, post};
 use idgen::control::supervisor::StoreOpener;
 use idgen::embedded::{EmbeddedGenerator, StartOptions};
-use idgen_server::{Caller, QuotaMetrics, Quotas, ServerMetrics, Tls};
+use idgen_server::{Caller, Listeners, QuotaMetrics, Quotas, ServerMetrics, ServiceMetrics, Tls};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 pub use api::AppState;
 pub use config::WorkerConfig;
@@ -43,119 +42,66 @@ pub mod route {
 pub const ROUTES: [&str; 7] =
     [route::IDS, route::BATCH, route::DECODE, route::UUIDS, route::HEALTHZ, route::METRICS, route::OPENAPI];
 
-/// The route axum serves `path` with, `other` for the fallback (`http_metrics::UNMATCHED`, as
-/// every service labels it): the HTTP metrics' label, worked out outside the router so that no
-/// layer has to sit on every route (axum boxes each layered route again per request). A test
-/// holds it to axum's own `MatchedPath`.
-pub fn route_of(path: &str) -> &'static str {
-    match path {
-        route::IDS => route::IDS,
-        route::BATCH => route::BATCH,
-        route::UUIDS => route::UUIDS,
-        route::HEALTHZ => route::HEALTHZ,
-        route::METRICS => route::METRICS,
-        route::OPENAPI => route::OPENAPI,
-        _ => match path.strip_prefix("/v1/ids/").and_then(|rest| rest.strip_suffix("/decode")) {
-            Some(id) if !id.contains('/') => route::DECODE,
-            _ => http_metrics::UNMATCHED,
-        },
-    }
-}
+/// The worker's HTTP service ([`idgen_server::App`]): the routes of SPEC §4.1, each request
+/// counted and timed in the HTTP metrics, and `POST /v1/ids`, the route nearly every request is
+/// for, answered before the router ([`SingleId`]).
+pub type App = idgen_server::App<SingleId>;
 
-/// The worker's HTTP service: the routes of SPEC §4.1, each request counted and timed in the
-/// HTTP metrics. `POST /v1/ids`, the route nearly every request is for, is answered without
-/// axum's router and extractors, which cost a single ID more than all of its own work; every
-/// other route goes through the router.
+/// `POST /v1/ids` answered without axum's router and extractors, which cost a single ID more
+/// than all of its own work. Any method of that path is answered here (`api::single_id` answers
+/// another method 405, as the router would).
 #[derive(Clone)]
-pub struct App {
-    state: AppState,
-    router: Router,
-    /// The caller of the connection this service answers (`anonymous` over plain HTTP).
-    caller: Caller,
-    /// Whether `POST /v1/ids` is answered here (not on the health port, which routes
-    /// `GET /healthz` alone).
-    issues: bool,
-}
+pub struct SingleId(AppState);
 
-impl App {
-    /// The service for one connection of `caller`.
-    pub fn for_caller(&self, caller: Caller) -> App {
-        App { caller, ..self.clone() }
+impl idgen_server::FastRoute for SingleId {
+    fn route(&self, request: &axum::extract::Request) -> Option<&'static str> {
+        (request.uri().path() == route::IDS).then_some(route::IDS)
+    }
+
+    fn answer(
+        &self,
+        caller: &Caller,
+        request: axum::extract::Request,
+    ) -> impl Future<Output = axum::response::Response> + Send + 'static {
+        let (state, caller) = (self.0.clone(), caller.clone());
+        async move { api::single_id(&state, &caller, request).await }
     }
 }
 
-impl tower::Service<axum::extract::Request> for App {
-    type Response = axum::response::Response;
-    type Error = std::convert::Infallible;
-    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: axum::extract::Request) -> Self::Future {
-        let route = route_of(request.uri().path());
-        let method = request.method().clone();
-        let start = std::time::Instant::now();
-        // One clone of the state a request: the recording and the handler share it.
-        let state = self.state.clone();
-        let record = move |state: &AppState, response: &axum::response::Response| {
-            let elapsed = start.elapsed().as_secs_f64();
-            state.http_metrics.record(route, &method, response.status().as_u16(), elapsed);
-        };
-        if self.issues && route == route::IDS {
-            let caller = self.caller.clone();
-            Box::pin(async move {
-                let response = api::single_id(&state, &caller, request).await;
-                record(&state, &response);
-                Ok(response)
-            })
-        } else {
-            let mut request = request;
-            request.extensions_mut().insert(self.caller.clone());
-            let routed = tower::Service::call(&mut self.router, request);
-            Box::pin(async move {
-                let Ok(response) = routed.await;
-                record(&state, &response);
-                Ok(response)
-            })
-        }
-    }
-}
-
-pub fn router(state: AppState) -> App {
+/// The worker's service port: every route, `POST /v1/ids` answered by [`SingleId`].
+pub fn app(state: AppState) -> App {
     use idgen_server::not_allowed;
-    // `route::IDS` is answered by `App` itself, before the router.
+    // `route::IDS` is answered by `SingleId`, before the router; `/metrics` is `App`'s.
     let router = Router::new()
         .route(route::BATCH, post(api::create_batch).fallback(not_allowed("POST")))
         .route(route::DECODE, get(api::decode).fallback(not_allowed("GET, HEAD")))
         .route(route::UUIDS, post(api::create_uuids).fallback(not_allowed("POST")))
         .route(route::HEALTHZ, get(api::healthz).fallback(not_allowed("GET, HEAD")))
-        .route(route::METRICS, get(api::metrics).fallback(not_allowed("GET, HEAD")))
         .route(route::OPENAPI, idgen_server::openapi_route(api::OPENAPI))
         .fallback(api::not_found)
         .with_state(state.clone());
-    App { state, router, caller: Caller::anonymous(), issues: true }
+    idgen_server::App::new(router, state.metrics.clone()).answering(SingleId(state))
 }
 
 /// The worker's health listener: `GET /healthz` (the worker's own answer, counted in the same
 /// request metrics) and nothing else.
-pub fn health_router(state: AppState) -> App {
+pub fn health_app(state: AppState) -> App {
     use idgen_server::not_allowed;
     let router = Router::new()
         .route(route::HEALTHZ, get(api::healthz).fallback(not_allowed("GET, HEAD")))
         .fallback(api::not_found)
         .with_state(state.clone());
-    App { state, router, caller: Caller::anonymous(), issues: false }
+    idgen_server::App::health(router, state.metrics.clone())
 }
 
 pub use idgen::open_lease_store;
 
-/// The request counters and latency of [`ROUTES`], registered in `registry`, with the series of
-/// every operation the OpenAPI document names at 0.
-pub fn request_metrics(registry: &mut Registry) -> Arc<http_metrics::HttpMetrics> {
-    let metrics = http_metrics::HttpMetrics::register(registry, &ROUTES);
-    metrics.create_documented(api::OPENAPI, str::to_owned);
+/// `/metrics` of `registry`: the request counters and latency of [`ROUTES`] (the series of every
+/// operation the OpenAPI document names at 0), and the generator's gauges, refreshed at every
+/// scrape.
+pub fn service_metrics(registry: Registry, generator: Arc<idgen::issuing::IdGenerator>) -> ServiceMetrics {
+    let metrics = ServiceMetrics::new(registry, &ROUTES, move || generator.refresh_gauges());
+    metrics.http.create_documented(api::OPENAPI, str::to_owned);
     metrics
 }
 
@@ -164,11 +110,9 @@ pub struct Worker {
     pub state: AppState,
     /// The generator the worker serves: the library's, exactly as an embedder runs it.
     pub embedded: EmbeddedGenerator,
-    pub listener: TcpListener,
-    /// The TLS configuration in force (re-read on SIGHUP), if the listener uses TLS.
-    pub tls: Option<Arc<Tls>>,
-    /// The plain health listener (`health_listen`), bound.
-    pub health: Option<TcpListener>,
+    /// The service port with its TLS (re-read on SIGHUP) and the plain health port
+    /// (`health_listen`), bound.
+    pub listeners: Listeners,
     server_metrics: Arc<ServerMetrics>,
     limits: idgen_server::LimitsSection,
     grace: Duration,
@@ -187,7 +131,6 @@ impl Worker {
     ) -> anyhow::Result<Worker> {
         config.validate()?;
         let mut registry = Registry::default();
-        let http_metrics = request_metrics(&mut registry);
         let quota_metrics = Arc::new(QuotaMetrics::default());
         quota_metrics.register(&mut registry);
         let quotas = Arc::new(Quotas::new(&config.quotas, quota_metrics)?);
@@ -198,8 +141,7 @@ impl Worker {
             false => None,
         };
         // The port first: a worker that cannot serve must not take a machine number with it.
-        let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        let health = idgen_server::serve::bind_health(config.health_listen).await?;
+        let listeners = Listeners::bind(config.listen, tls, config.health_listen).await?;
         let options = StartOptions {
             process_start_unix_ms: Some(process_start_unix_ms),
             stores,
@@ -215,15 +157,12 @@ impl Worker {
             holder: embedded.holder().into(),
             development: embedded.development(),
             quotas,
-            registry: Arc::new(registry),
-            http_metrics,
+            metrics: service_metrics(registry, embedded.generator().clone()),
         });
         Ok(Worker {
             state,
             embedded,
-            listener,
-            tls,
-            health,
+            listeners,
             server_metrics,
             limits: config.limits,
             grace: Duration::from_millis(config.shutdown_grace_ms),
@@ -235,26 +174,9 @@ impl Worker {
     /// With `[tls]`, every connection handshakes first and its caller is the one its client
     /// certificate names.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let Worker { state, embedded, listener, tls, health, server_metrics, limits, grace } = self;
-        let app = router(state.clone());
-        let (shutdown, health_shutdown) = idgen_server::serve::shared_shutdown(shutdown);
-        let make = move |caller| app.for_caller(caller);
-        let serving = idgen_server::serve(listener, tls, make, shutdown, grace, server_metrics.clone(), limits);
-        let served = match health {
-            None => serving.await,
-            Some(health) => {
-                let checking = idgen_server::serve_health(
-                    health,
-                    health_router(state),
-                    health_shutdown,
-                    grace,
-                    server_metrics,
-                    limits,
-                );
-                let (served, checked) = tokio::join!(serving, checking);
-                served.and(checked)
-            }
-        };
+        let Worker { state, embedded, listeners, server_metrics, limits, grace } = self;
+        let (app, health) = (app(state.clone()), health_app(state));
+        let served = listeners.serve(app, health, shutdown, grace, server_metrics, limits).await;
         if let Err(error) = embedded.shutdown().await {
             tracing::error!(error = format!("{error:#}"), "releasing the leases");
         }
@@ -268,8 +190,7 @@ impl Worker {
 pub async fn main_with(config: WorkerConfig, config_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let process_start_unix_ms = idgen::system_unix_ms();
     let worker = Worker::build(&config, process_start_unix_ms).await?;
-    let address = worker.listener.local_addr()?;
-    let (tls, quotas, development) = (worker.tls.clone(), worker.state.quotas.clone(), config.development);
+    let (tls, quotas, development) = (worker.listeners.tls.clone(), worker.state.quotas.clone(), config.development);
     idgen_server::reload_on_sighup(move || {
         let fresh = WorkerConfig::load(config_file.as_deref())?;
         idgen_server::refuse_mode_change(development, fresh.development)?;
@@ -281,14 +202,9 @@ pub async fn main_with(config: WorkerConfig, config_file: Option<std::path::Path
         quotas.reload(&fresh.quotas).context("[quotas]")
     });
     // One line on stdout that scripts and tests read to find the port.
-    let scheme = if worker.tls.is_some() { "https" } else { "http" };
     let mode = if config.development { " mode=development" } else { "" };
-    let health = idgen_server::serve::health_suffix(worker.health.as_ref())?;
-    println!(
-        "idgen-worker listening on {scheme}://{address} region={} holder={}{mode}{health}",
-        config.region(),
-        worker.state.holder
-    );
+    let listening = worker.listeners.describe()?;
+    println!("idgen-worker listening on {listening} region={} holder={}{mode}", config.region(), worker.state.holder);
     worker.serve(idgen_server::cli::shutdown_signal()).await?;
     tracing::info!("worker stopped");
     Ok(())

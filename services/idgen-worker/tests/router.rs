@@ -8,7 +8,7 @@ use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use idgen::core::{Generator, GeneratorConfig, Lease, OPEN_HORIZON, Schedule};
 use idgen::{Clock, GeneratorMetrics, IdGenerator, ManualClock, SyncStatus};
-use idgen_worker::{AppState, router};
+use idgen_worker::{AppState, app};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -42,18 +42,16 @@ fn fixture_in(home: bool) -> Fixture {
     let mut registry = Registry::default();
     let metrics = Arc::new(GeneratorMetrics::default());
     metrics.register(&mut registry);
-    let http_metrics = idgen_worker::request_metrics(&mut registry);
     let generator = Arc::new(IdGenerator::new(core, clock.clone(), metrics));
     let state = AppState::new(idgen_worker::api::Shared {
-        generator,
+        generator: generator.clone(),
         region_names: Arc::new(std::sync::RwLock::new(HashMap::from([(2, "eu-west-1".to_owned())]))),
         region: "eu-west-1".into(),
         region_number: 2,
         holder: "test/pid-1/1".into(),
         development: false,
         quotas: Arc::new(idgen_server::Quotas::new(&Default::default(), Arc::default()).unwrap()),
-        registry: Arc::new(registry),
-        http_metrics,
+        metrics: idgen_worker::service_metrics(registry, generator.clone()),
     });
     Fixture { state, clock }
 }
@@ -65,7 +63,7 @@ async fn call(
     body: impl Into<Body>,
 ) -> (StatusCode, axum::http::HeaderMap, Value, String) {
     let request = Request::builder().method(method).uri(uri).body(body.into()).unwrap();
-    let response = router(f.state.clone()).oneshot(request).await.unwrap();
+    let response = app(f.state.clone()).oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -454,12 +452,13 @@ async fn the_metrics_route_label_is_the_route_axum_matches() {
         "/v1/ids/*/decode",
     ];
     let segments = ["v1", "ids", "ids:batch", "uuids", "healthz", "metrics", "decode", "1", "", "x%20"];
+    let f = fixture();
     idgen_test_support::routes::assert_labels_are_axums(
         &idgen_worker::ROUTES,
         idgen_worker::http_metrics::UNMATCHED,
         &paths,
         &segments,
-        |path| idgen_worker::route_of(path).to_owned(),
+        |path| f.state.metrics.route_of(path).to_owned(),
     )
     .await;
 }

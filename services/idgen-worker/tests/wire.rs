@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 /// A development worker on a free port; its address once it issues.
 async fn worker(dir: &std::path::Path) -> std::net::SocketAddr {
     let worker = Worker::build(&common::config_in(dir), 1).await.unwrap();
-    let address = worker.listener.local_addr().unwrap();
+    let address = worker.listeners.service.local_addr().unwrap();
     tokio::spawn(worker.serve(std::future::pending()));
     // The keeper claims in a task of its own: wait until an ID comes.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -37,7 +37,7 @@ pub async fn instance(store: PublicIdStore, max_entries: u64) -> AppState {
 /// The service for a connection of `caller` (`anonymous`: plain HTTP), as it serves one.
 pub fn app(state: &AppState, caller: &str) -> App {
     let metrics = idgen_server::ServiceMetrics::new(Default::default(), &idgen_public_ids::ROUTES, || {});
-    App::new(state.clone(), metrics).for_caller(idgen_server::Caller::named(caller))
+    idgen_public_ids::app(state.clone(), metrics).for_caller(idgen_server::Caller::named(caller))
 }
 
 /// One request: the status, the headers and the body as JSON (`null` if it is not).
