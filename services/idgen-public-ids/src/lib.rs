@@ -87,10 +87,15 @@ impl idgen_server::FastRoute for Resolve {
         &self,
         caller: &idgen_server::Caller,
         request: axum::extract::Request,
-    ) -> impl Future<Output = axum::response::Response> + Send + 'static {
+        recording: idgen_server::app::Recording,
+    ) -> idgen_server::app::Answer {
         let (state, caller) = (self.0.clone(), caller.clone());
         let uri = request.into_parts().0.uri;
-        async move { axum::response::IntoResponse::into_response(api::resolve_uri(&state, &caller, &uri).await) }
+        Box::pin(async move {
+            let response = axum::response::IntoResponse::into_response(api::resolve_uri(&state, &caller, &uri).await);
+            recording.record(&response);
+            Ok(response)
+        })
     }
 }
 

@@ -223,6 +223,11 @@ impl<S> Recorded<S> {
         Recorded { inner, metrics }
     }
 
+    /// Where its requests are counted.
+    pub fn metrics(&self) -> &ServiceMetrics {
+        &self.metrics
+    }
+
     /// `answer`, recorded as a request for `route` with `method`, as this router records its
     /// own: for a service that answers one route itself, beside the router.
     pub fn record_as<F>(&self, route: &'static str, method: Method, answer: F) -> RecordedFuture<F> {

@@ -62,9 +62,14 @@ impl idgen_server::FastRoute for SingleId {
         &self,
         caller: &Caller,
         request: axum::extract::Request,
-    ) -> impl Future<Output = axum::response::Response> + Send + 'static {
+        recording: idgen_server::app::Recording,
+    ) -> idgen_server::app::Answer {
         let (state, caller) = (self.0.clone(), caller.clone());
-        async move { api::single_id(&state, &caller, request).await }
+        Box::pin(async move {
+            let response = api::single_id(&state, &caller, request).await;
+            recording.record(&response);
+            Ok(response)
+        })
     }
 }
 
