@@ -22,6 +22,7 @@ use axum::extract::Request;
 use axum::response::Response;
 use tokio::net::TcpListener;
 
+pub use crate::http_metrics::Recording;
 use crate::http_metrics::{Recorded, ServiceMetrics, with_metrics};
 use crate::{Caller, LimitsSection, ServerMetrics, Tls};
 
@@ -43,23 +44,6 @@ pub trait FastRoute: Clone + Send + Sync + 'static {
 
 /// A [`FastRoute`]'s answer: the request's whole future, in its box.
 pub type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
-
-/// What a [`FastRoute`]'s answer records once answered, as the router's requests are recorded:
-/// its route, method, status and time.
-pub struct Recording {
-    http: Arc<crate::http_metrics::HttpMetrics>,
-    route: &'static str,
-    method: axum::http::Method,
-    start: std::time::Instant,
-}
-
-impl Recording {
-    /// Counts the request answered `response` and observes its time since it began.
-    pub fn record(self, response: &Response) {
-        let elapsed = self.start.elapsed().as_secs_f64();
-        self.http.record(self.route, &self.method, response.status().as_u16(), elapsed);
-    }
-}
 
 /// No route answered before the router (the registry).
 #[derive(Clone, Copy, Debug)]
@@ -123,12 +107,7 @@ impl<F: FastRoute> tower::Service<Request> for App<F> {
         if let Some(fast) = &self.fast
             && let Some(route) = fast.route(&request)
         {
-            let recording = Recording {
-                http: self.routed.metrics().http.clone(),
-                route,
-                method: request.method().clone(),
-                start: std::time::Instant::now(),
-            };
+            let recording = self.routed.recording(route, request.method().clone());
             return fast.answer(&self.caller, request, recording);
         }
         request.extensions_mut().insert(self.caller.clone());

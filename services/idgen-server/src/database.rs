@@ -186,10 +186,7 @@ impl Pool {
     }
 
     pub async fn close(&self) {
-        match self {
-            Pool::Sqlite(pool) => pool.close().await,
-            Pool::Postgres(pool) => pool.close().await,
-        }
+        on_pool!(self, |pool| pool.close().await)
     }
 
     /// The database's tables (PostgreSQL: those of the connection's schema), sorted.
@@ -225,10 +222,7 @@ impl Pool {
             false => Vec::new(),
             true => {
                 let sql = "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
-                match self {
-                    Pool::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
-                    Pool::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await?,
-                }
+                on_pool!(self, |pool| sqlx::query_scalar(sql).fetch_all(pool).await?)
             }
         };
         let pending = self.migrator(schema).iter().map(|m| m.version).filter(|v| !applied.contains(v)).collect();

@@ -210,7 +210,7 @@ impl ServiceMetrics {
 /// A service of its own rather than `axum::middleware::from_fn`: that boxes the inner service's
 /// future and its own for every request, and on a cache hit of the public-ID service moving those
 /// futures was a measurable part of the request's CPU. [`RecordedFuture`] is the inner future
-/// with the start time beside it.
+/// with its [`Recording`] beside it.
 #[derive(Clone)]
 pub struct Recorded<S> {
     inner: S,
@@ -223,21 +223,26 @@ impl<S> Recorded<S> {
         Recorded { inner, metrics }
     }
 
-    /// Where its requests are counted.
-    pub fn metrics(&self) -> &ServiceMetrics {
-        &self.metrics
+    /// A request for `route` with `method`, beginning now, to be recorded as this router records
+    /// its own: for a service that answers one route itself, beside the router.
+    pub fn recording(&self, route: &'static str, method: Method) -> Recording {
+        Recording { http: self.metrics.http.clone(), route, method, start: std::time::Instant::now() }
     }
+}
 
-    /// `answer`, recorded as a request for `route` with `method`, as this router records its
-    /// own: for a service that answers one route itself, beside the router.
-    pub fn record_as<F>(&self, route: &'static str, method: Method, answer: F) -> RecordedFuture<F> {
-        RecordedFuture {
-            inner: answer,
-            http: self.metrics.http.clone(),
-            route,
-            method,
-            start: std::time::Instant::now(),
-        }
+/// One request being answered: the route and method it is counted under, and when it began.
+pub struct Recording {
+    http: Arc<HttpMetrics>,
+    route: &'static str,
+    method: Method,
+    start: std::time::Instant,
+}
+
+impl Recording {
+    /// Counts the request answered `response` and observes its time since it began.
+    pub fn record(self, response: &axum::response::Response) {
+        let elapsed = self.start.elapsed().as_secs_f64();
+        self.http.record(self.route, &self.method, response.status().as_u16(), elapsed);
     }
 }
 
@@ -254,10 +259,8 @@ where
     }
 
     fn call(&mut self, request: axum::extract::Request) -> Self::Future {
-        let route = self.metrics.route_of(request.uri().path());
-        let method = request.method().clone();
-        let answer = self.inner.call(request);
-        self.record_as(route, method, answer)
+        let recording = self.recording(self.metrics.route_of(request.uri().path()), request.method().clone());
+        RecordedFuture { inner: self.inner.call(request), recording: Some(recording) }
     }
 }
 
@@ -266,10 +269,8 @@ pin_project_lite::pin_project! {
     pub struct RecordedFuture<F> {
         #[pin]
         inner: F,
-        http: Arc<HttpMetrics>,
-        route: &'static str,
-        method: Method,
-        start: std::time::Instant,
+        // Taken when the answer is recorded.
+        recording: Option<Recording>,
     }
 }
 
@@ -282,9 +283,8 @@ where
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
         let this = self.project();
         let answered = std::task::ready!(this.inner.poll(cx));
-        if let Ok(response) = &answered {
-            let elapsed = this.start.elapsed().as_secs_f64();
-            this.http.record(this.route, this.method, response.status().as_u16(), elapsed);
+        if let (Ok(response), Some(recording)) = (&answered, this.recording.take()) {
+            recording.record(response);
         }
         std::task::Poll::Ready(answered)
     }
