@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::store::{Region, RegistryError, RegistryStore, ScheduleView, ScheduledLayout};
+use crate::store::{Region, RegistryError, RegistryStore, Reported, ScheduleView, ScheduledLayout};
 
 const MAX_BODY_BYTES: usize = 4 * 1024;
 
@@ -37,6 +37,10 @@ pub struct AppState {
     pub horizon_lead_ms: i64,
     /// A retirement takes effect this long after it is asked for, at the earliest (ms).
     pub retire_grace_ms: i64,
+    /// `regions add` hands out no number this long after the database's `init` (ms).
+    pub new_registry_quiet_ms: i64,
+    /// Callers that may record a lease table's identity the first time (the fleet's hosts).
+    pub lease_table_recorders: Arc<std::collections::BTreeSet<String>>,
     pub now: fn() -> i64,
 }
 
@@ -60,7 +64,13 @@ impl From<RegistryError> for ApiError {
             RegistryError::UnknownLayout(_) => E::bad_request("unknown_layout", error.to_string()),
             RegistryError::LeaseTableMoved { .. } => E::conflict("lease_table_moved", error.to_string()),
             RegistryError::LeaseTableInUse { .. } => E::conflict("lease_table_in_use", error.to_string()),
+            RegistryError::LeaseTableIdentity { .. } => E::conflict("lease_table_identity", error.to_string()),
             RegistryError::ScheduleConflict { .. } => E::conflict("schedule_conflict", error.to_string()),
+            RegistryError::NumbersInUse { .. } => E::conflict("numbers_in_use", error.to_string()),
+            RegistryError::NewRegistryQuiet { until_ms, .. } => {
+                let wait = until_ms.saturating_sub(idgen::system_unix_ms()).max(0) / 1000 + 1;
+                E::unavailable("registry_quiet", error.to_string()).retry_after(wait as u64)
+            }
             RegistryError::Storage(_) | RegistryError::Invalid(_) | RegistryError::NotARegistry(_) => {
                 tracing::error!(%error, "registry storage");
                 storage_unavailable()
@@ -211,6 +221,33 @@ struct MoveLeaseTableBody {
     layout: String,
     from: String,
     to: String,
+    /// The adopted table's genesis (`table_id`); without it, its next `idgen leases init` records it.
+    #[serde(default, deserialize_with = "not_null")]
+    table_id: Option<String>,
+}
+
+/// `POST /v1/regions/{name}:record-lease-table`: which table the region's table is, by its
+/// genesis (`idgen leases init` sends it).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordLeaseTableBody {
+    #[serde(default, deserialize_with = "not_null")]
+    confirm: Option<String>,
+    layout: String,
+    table: String,
+    table_id: String,
+}
+
+/// A genesis `table_id`: 16 to 64 lowercase hexadecimal digits (`leases init` draws 32).
+fn table_id(id: &str) -> Result<&str, ApiError> {
+    if (16..=64).contains(&id.len()) && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Ok(id);
+    }
+    Err(ApiError::bad_request(
+        "invalid_table_id",
+        "\"table_id\" must be a lease table's genesis id: 16-64 lowercase hexadecimal digits (`idgen leases init` \
+         prints it)",
+    ))
 }
 
 /// `POST /v1/layouts`: the bits and `from_ms` read by `idgen-json` (a whole number however
@@ -256,6 +293,9 @@ fn region_json(region: &Region) -> Value {
                 let mut entry = json!({ "table": table.table });
                 if let Some(from) = &table.moved_from {
                     entry["moved_from"] = json!(from);
+                }
+                if let Some(id) = &table.table_id {
+                    entry["table_id"] = json!(id);
                 }
                 (layout.clone(), entry)
             })
@@ -317,13 +357,102 @@ pub async fn list_regions(State(state): State<AppState>) -> Result<Json<Value>, 
     let now = (state.now)();
     let regions = state.store.regions(now).await?;
     let view = state.store.schedule(now, state.horizon_lead_ms).await?;
+    let in_use = state.store.numbers_in_use(now).await?;
     let total = view.region_capacity(now);
     let left = (0..total).filter(|n| !regions.iter().any(|r| r.number == *n)).count();
+    let in_use: Vec<Value> = in_use
+        .iter()
+        .map(|held| {
+            json!({
+                "number": held.number, "region": held.region, "registry_id": held.registry_id,
+                "until": format_unix_ms(held.until_ms), "reporter": held.reporter,
+                "last_reported": format_unix_ms(held.last_at_ms),
+            })
+        })
+        .collect();
     Ok(Json(json!({
         "regions": regions.iter().map(region_json).collect::<Vec<_>>(),
         "numbers_left": left,
         "numbers_total": total,
+        "numbers_in_use_elsewhere": in_use,
     })))
+}
+
+/// `POST /v1/numbers-in-use`: what a generator following another registry reports at each
+/// refresh whose answer it refuses.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NumberInUseBody {
+    registry_id: String,
+    region: String,
+    region_number: Value,
+    issues_until_ms: Value,
+}
+
+/// `POST /v1/numbers-in-use` (open to every caller, as reads are: the generators that report hold
+/// no operator credential; each request counts against the caller's quota). A report withholds a
+/// number that is not handed out yet, for no longer than the horizon lead: the most a hostile
+/// caller can do is delay `regions add` of one number by one lead, and every report is logged
+/// with its caller.
+pub async fn report_number_in_use(
+    State(state): State<AppState>,
+    caller: Caller,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body: NumberInUseBody = read_json(body, MAX_BODY_BYTES).await?;
+    let now = (state.now)();
+    let region = body.region.as_str();
+    if !valid_region_name(region) {
+        return Err(ApiError::bad_request("invalid_region_name", format!("{region:?} is not a region name")));
+    }
+    let registry_id = body.registry_id.as_str();
+    if !(1..=64).contains(&registry_id.len()) || !registry_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ApiError::bad_request("invalid_registry_id", "\"registry_id\" must be 1-64 letters and digits"));
+    }
+    let view = state.store.schedule(now, state.horizon_lead_ms).await?;
+    let numbers = view.layouts.iter().map(|l| 1u64 << l.layout.region_bits()).max().unwrap_or(1);
+    let number = idgen_json::whole_number(&body.region_number).ok().filter(|n| *n < numbers).ok_or_else(|| {
+        ApiError::bad_request(
+            "invalid_region_number",
+            format!("\"region_number\" must be a region number, 0 to {}", numbers - 1),
+        )
+    })? as u32;
+    let until = idgen_json::whole_number(&body.issues_until_ms)
+        .ok()
+        .and_then(|ms| i64::try_from(ms).ok())
+        .ok_or_else(|| ApiError::bad_request("invalid_time", "\"issues_until_ms\" must be a time in Unix ms"))?;
+    let reported = state
+        .store
+        .report_number_in_use(number, region, registry_id, until, caller.name(), now, state.horizon_lead_ms)
+        .await?;
+    let answer = match reported {
+        Reported::Withheld { until_ms } => {
+            tracing::error!(
+                reporter = caller.name(),
+                region,
+                number,
+                registry_id,
+                until = %format_unix_ms(until_ms),
+                "a generator following another registry issues under this region number: withheld from `regions add` \
+                 (this registry was started over or restored; runbooks/registry-started-over.md)"
+            );
+            json!({"withheld": true, "number": number, "until": format_unix_ms(until_ms), "until_ms": until_ms})
+        }
+        Reported::Conflict { region: holder } => {
+            tracing::error!(
+                reporter = caller.name(),
+                region,
+                number,
+                holder,
+                registry_id,
+                "TWO REGIONS ISSUE UNDER ONE NUMBER: a generator following another registry issues under {number} as \
+                 {region}, and this registry handed it to {holder} (runbooks/registry-started-over.md)"
+            );
+            json!({"withheld": false, "number": number, "conflict": holder})
+        }
+        Reported::Nothing { why } => json!({"withheld": false, "number": number, "why": why}),
+    };
+    Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
 
 pub async fn add_region(
@@ -347,7 +476,8 @@ pub async fn add_region(
     }
     let now = (state.now)();
     let capacity = state.store.schedule(now, state.horizon_lead_ms).await?.region_capacity(now);
-    let region = state.store.add_region_with_tables(name, capacity, &tables, &actor, now).await?;
+    let quiet = state.new_registry_quiet_ms;
+    let region = state.store.add_region_quietly(name, capacity, &tables, quiet, &actor, now).await?;
     tracing::info!(%actor, name, number = region.number, "region added");
     Ok((StatusCode::CREATED, Json(region_json(&region))).into_response())
 }
@@ -364,16 +494,27 @@ pub async fn region_action(
     let Path(segment) = path
         .map_err(|_| ApiError::bad_request("invalid_region_name", "the region name in the path is not valid UTF-8"))?;
     let (name, action) = match segment.rsplit_once(':') {
-        Some((name, action @ ("retire" | "cancel-retire" | "move-lease-table"))) => (name, action),
+        Some((name, action @ ("retire" | "cancel-retire" | "move-lease-table" | "record-lease-table"))) => {
+            (name, action)
+        }
         _ => {
             return Err(ApiError::not_found(
                 "not_found",
-                "the region actions are POST /v1/regions/{name}:retire, POST /v1/regions/{name}:cancel-retire and \
-                 POST /v1/regions/{name}:move-lease-table",
+                "the region actions are POST /v1/regions/{name}:retire, POST /v1/regions/{name}:cancel-retire, \
+                 POST /v1/regions/{name}:move-lease-table and POST /v1/regions/{name}:record-lease-table",
             ));
         }
     };
-    let actor = operator(&state, &headers, &caller)?;
+    // The fleet's hosts record their table's identity at their first boot with their own
+    // certificate (`lease_table_recorders`), where an operator may do anything.
+    let recorder = action == "record-lease-table"
+        && !cross_site(&headers)
+        && headers.get(header::AUTHORIZATION).is_none()
+        && state.lease_table_recorders.contains(caller.name());
+    let actor = match recorder {
+        true => format!("{} (lease_table_recorders)", caller.name()),
+        false => operator(&state, &headers, &caller)?,
+    };
     if !valid_region_name(name) {
         return Err(ApiError::bad_request("invalid_region_name", format!("{name:?} is not a region name")));
     }
@@ -398,9 +539,27 @@ pub async fn region_action(
             ));
         }
         let layout = body.layout.as_str();
-        let region = state.store.move_lease_table(name, layout, from, to, &actor, now).await?;
+        let id = body.table_id.as_deref().map(table_id).transpose()?;
+        let region = state.store.move_lease_table(name, layout, from, to, id, &actor, now).await?;
         tracing::warn!(%actor, name, layout, from, to, "lease table moved: the region's generators claim in it once it is adopted");
         return Ok(Json(region_json(&region)).into_response());
+    }
+    if action == "record-lease-table" {
+        let body: RecordLeaseTableBody = read_object(&bytes).map_err(shaped)?;
+        confirmed(body.confirm.as_deref(), name)?;
+        if body.layout.is_empty() {
+            return Err(ApiError::bad_request("unknown_layout", "\"layout\" names a layout, like \"v2\""));
+        }
+        let table = table_name(&body.table, "table")?;
+        let id = table_id(&body.table_id)?;
+        let layout = body.layout.as_str();
+        let (region, recorded) = state.store.record_lease_table(name, layout, table, id, &actor, now).await?;
+        if recorded {
+            tracing::info!(%actor, name, layout, table, table_id = id, "lease table identity recorded");
+        }
+        let mut answer = region_json(&region);
+        answer["recorded"] = json!(recorded);
+        return Ok(Json(answer).into_response());
     }
     if action == "cancel-retire" {
         let body: CancelRetireBody = read_object(&bytes).map_err(shaped)?;

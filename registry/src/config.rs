@@ -72,6 +72,17 @@ pub struct RegistryConfig {
     pub certificate_operators: std::collections::BTreeSet<String>,
     /// What a peer may hold of each listener: a connection cap and the deadlines.
     pub limits: idgen_server::LimitsSection,
+    /// For this long after `idgen registry init` made the database, `regions add` hands out no
+    /// number (ms; default 120,000, four of a generator's default refreshes; 0 in development). A
+    /// registry started over (a database made again, a backup restored) learns the numbers that
+    /// generators still following the registry it replaced issue under from their reports at
+    /// their next refresh, and withholds them: this is the time for them to report.
+    pub new_registry_quiet_ms: Option<i64>,
+    /// Callers (client-certificate identities of the callers' CA) that may record which table a
+    /// region's lease table is, the first time only (`POST /v1/regions/{name}:record-lease-table`):
+    /// the fleet's hosts, whose first boot runs `idgen leases init` with their own certificate. A
+    /// recorded identity is changed only by an operator's move (`move-lease-table`).
+    pub lease_table_recorders: std::collections::BTreeSet<String>,
 }
 
 impl Default for RegistryConfig {
@@ -94,6 +105,8 @@ impl Default for RegistryConfig {
             quotas: idgen_server::QuotaSection::default(),
             certificate_operators: std::collections::BTreeSet::new(),
             limits: idgen_server::LimitsSection::default(),
+            new_registry_quiet_ms: None,
+            lease_table_recorders: std::collections::BTreeSet::new(),
         }
     }
 }
@@ -148,6 +161,11 @@ impl RegistryConfig {
     /// A registry in development mode with every default (tests, `idgen up`).
     pub fn development() -> Self {
         RegistryConfig { development: true, ..Default::default() }
+    }
+
+    /// [`Self::new_registry_quiet_ms`], or its default for the mode.
+    pub fn new_registry_quiet_ms(&self) -> i64 {
+        self.new_registry_quiet_ms.unwrap_or(if self.development { 0 } else { 120_000 })
     }
 
     pub fn database_url(&self) -> &str {
@@ -226,6 +244,17 @@ impl RegistryConfig {
                 "retire_grace_ms must be from 1000 (1 s) to {MAX_RETIRE_GRACE_MS} (a year), not {}",
                 self.retire_grace_ms
             );
+        }
+        for name in &self.lease_table_recorders {
+            if idgen_server::Caller::is_reserved(name) {
+                bail!(
+                    "lease_table_recorders: {name:?} is reserved ({:?}); no certificate may name it",
+                    idgen_server::RESERVED
+                );
+            }
+        }
+        if !(0..=86_400_000).contains(&self.new_registry_quiet_ms()) {
+            bail!("new_registry_quiet_ms must be from 0 to 86400000 (a day), not {}", self.new_registry_quiet_ms());
         }
         OperatorTokens::new(self.operator_hashes()?)?;
         Ok(())

@@ -25,9 +25,10 @@ pub use config::RegistryConfig;
 /// The registry's routes, as `/metrics` labels them (anything else is `other`).
 /// `/v1/regions/{action}` is `POST /v1/regions/{name}:retire` and `…:cancel-retire` (a capture
 /// cannot share its path segment with a literal suffix here: the handler takes the suffix off).
-pub const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 11] = [
     "/v1/regions",
     "/v1/regions/{action}",
+    "/v1/numbers-in-use",
     "/v1/layouts",
     "/v1/audit",
     "/healthz",
@@ -45,10 +46,11 @@ pub fn documented_route(path: &str) -> String {
 
 pub fn router(state: AppState) -> Router {
     use idgen_server::not_allowed;
-    let [regions, region_action, layouts, audit, healthz, _, openapi, page, script, style] = ROUTES;
+    let [regions, region_action, numbers_in_use, layouts, audit, healthz, _, openapi, page, script, style] = ROUTES;
     Router::new()
         .route(regions, get(api::list_regions).post(api::add_region).fallback(not_allowed("GET, HEAD, POST")))
         .route(region_action, post(api::region_action).fallback(not_allowed("POST")))
+        .route(numbers_in_use, post(api::report_number_in_use).fallback(not_allowed("POST")))
         .route(layouts, get(api::get_layouts).post(api::add_layout).fallback(not_allowed("GET, HEAD, POST")))
         .route(audit, get(api::audit).fallback(not_allowed("GET, HEAD")))
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
@@ -187,6 +189,8 @@ pub async fn serve(
         health: Arc::default(),
         horizon_lead_ms: config.horizon_lead_ms,
         retire_grace_ms: config.retire_grace_ms,
+        new_registry_quiet_ms: config.new_registry_quiet_ms(),
+        lease_table_recorders: Arc::new(config.lease_table_recorders.clone()),
         now: idgen::system_unix_ms,
     };
     let tls = match config.tls.enabled() {
@@ -229,7 +233,7 @@ pub async fn serve(
 /// The health listener's routes: `GET /healthz` (the registry's own answer, counted in the same
 /// request metrics) and nothing else.
 pub fn health_app(state: AppState, metrics: idgen_server::ServiceMetrics) -> idgen_server::App {
-    let healthz = ROUTES[4];
+    let healthz = ROUTES[5];
     let router = Router::new()
         .route(healthz, get(api::healthz).fallback(idgen_server::not_allowed("GET, HEAD")))
         .fallback(api::not_found)

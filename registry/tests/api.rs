@@ -32,6 +32,8 @@ async fn state() -> (AppState, tempfile::TempDir) {
         health: Arc::default(),
         horizon_lead_ms: 30 * DAY,
         retire_grace_ms: DAY,
+        new_registry_quiet_ms: 0,
+        lease_table_recorders: Arc::default(),
         now: fixed_now,
     };
     (state, dir)
@@ -443,6 +445,7 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
         path.replace("{name}:cancel-retire", "{action}")
             .replace("{name}:retire", "{action}")
             .replace("{name}:move-lease-table", "{action}")
+            .replace("{name}:record-lease-table", "{action}")
     });
     for (path, item) in served["paths"].as_object().unwrap() {
         let methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
@@ -540,4 +543,83 @@ async fn operator_requests_from_another_sites_page_are_refused() {
     assert_eq!(post(same_origin).await.0, StatusCode::CREATED);
     let old_browser = &[("origin", "http://registry.internal:8700"), ("host", "registry.internal:8700")][..];
     assert_error(post(old_browser).await, StatusCode::CONFLICT, "name_exists");
+}
+
+#[tokio::test]
+async fn a_regions_lease_table_identity_is_recorded_once_and_another_refused() {
+    let (s, _dir) = state().await;
+    call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await;
+    let body = |id: &str| {
+        format!(r#"{{"confirm": "us-east-1", "layout": "v1", "table": "idgen-leases", "table_id": "{id}"}}"#)
+    };
+    let path = "/v1/regions/us-east-1:record-lease-table";
+    // An operator's write.
+    assert_error(
+        call(&s, Method::POST, path, None, &body("0123456789abcdef0123")).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    let (status, first) = call(&s, Method::POST, path, Some(TOKEN), &body("0123456789abcdef0123")).await;
+    assert_eq!((status, first["recorded"].clone()), (StatusCode::OK, json!(true)), "{first}");
+    assert_eq!(first["lease_tables"]["v1"]["table_id"], "0123456789abcdef0123");
+    let (status, again) = call(&s, Method::POST, path, Some(TOKEN), &body("0123456789abcdef0123")).await;
+    assert_eq!((status, again["recorded"].clone()), (StatusCode::OK, json!(false)));
+    let second = call(&s, Method::POST, path, Some(TOKEN), &body("fedcba98765432100000")).await;
+    assert_error(second.clone(), StatusCode::CONFLICT, "lease_table_identity");
+    assert!(second.1["error"]["message"].as_str().unwrap().contains("move-lease-table"), "{}", second.1);
+    assert_error(
+        call(&s, Method::POST, path, Some(TOKEN), &body("NOT-HEX")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_table_id",
+    );
+    let unconfirmed = r#"{"layout": "v1", "table": "idgen-leases", "table_id": "0123456789abcdef0123"}"#;
+    assert_error(call(&s, Method::POST, path, Some(TOKEN), unconfirmed).await, StatusCode::BAD_REQUEST, "unconfirmed");
+    // The list shows it; a move may name the adopted table's.
+    let (_, list) = call(&s, Method::GET, "/v1/regions", None, "").await;
+    assert_eq!(list["regions"][0]["lease_tables"]["v1"]["table_id"], "0123456789abcdef0123");
+    let moved = r#"{"confirm": "us-east-1", "layout": "v1", "from": "idgen-leases", "to": "idgen-leases-2", "table_id": "aaaaaaaaaaaaaaaaaaaa"}"#;
+    let (status, body) = call(&s, Method::POST, "/v1/regions/us-east-1:move-lease-table", Some(TOKEN), moved).await;
+    assert_eq!(
+        (status, body["lease_tables"]["v1"]["table_id"].clone()),
+        (StatusCode::OK, json!("aaaaaaaaaaaaaaaaaaaa"))
+    );
+}
+
+#[tokio::test]
+async fn a_number_reported_in_use_elsewhere_is_withheld_from_regions_add() {
+    let (s, _dir) = state().await;
+    call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await;
+    let until = fixed_now() + DAY;
+    let report = |number: u32| {
+        format!(
+            r#"{{"registry_id": "0ldregistry", "region": "eu-west-1", "region_number": {number}, "issues_until_ms": {until}}}"#
+        )
+    };
+    // Open, as reads are: the generators that report hold no operator credential.
+    let (status, body) = call(&s, Method::POST, "/v1/numbers-in-use", None, &report(1)).await;
+    assert_eq!((status, body["withheld"].clone()), (StatusCode::ACCEPTED, json!(true)), "{body}");
+    let (_, list) = call(&s, Method::GET, "/v1/regions", None, "").await;
+    assert_eq!(list["numbers_in_use_elsewhere"][0]["number"], 1, "{list}");
+    let (status, added) = call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "ap-south-1"}"#).await;
+    assert_eq!((status, added["number"].clone()), (StatusCode::CREATED, json!(2)), "{added}");
+    // Bad reports change nothing.
+    for bad in [
+        report(8).replace("\"region_number\": 8", "\"region_number\": 99"),
+        report(1).replace("0ldregistry", "no/thing"),
+        report(1).replace("eu-west-1", "EU"),
+        report(1).replace(&until.to_string(), "\"soon\""),
+    ] {
+        let (status, body) = call(&s, Method::POST, "/v1/numbers-in-use", None, &bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn a_new_registry_refuses_regions_add_while_generators_may_still_report() {
+    let (mut s, _dir) = state().await;
+    // `state` opened a registry made now (by this machine's clock): quiet for a minute.
+    s.new_registry_quiet_ms = 3_600_000;
+    s.now = idgen::system_unix_ms;
+    let quiet = call(&s, Method::POST, "/v1/regions", Some(TOKEN), r#"{"name": "us-east-1"}"#).await;
+    assert_error(quiet, StatusCode::SERVICE_UNAVAILABLE, "registry_quiet");
 }

@@ -25,6 +25,8 @@ async fn a_flood_of_reads_is_held_to_the_callers_quota() {
         health: Arc::default(),
         horizon_lead_ms: 30 * 86_400_000,
         retire_grace_ms: 86_400_000,
+        new_registry_quiet_ms: 0,
+        lease_table_recorders: Arc::default(),
         now: || 1_795_000_000_000,
     };
     let section = QuotaSection {

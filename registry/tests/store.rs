@@ -344,19 +344,22 @@ async fn each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one
 
     // A move names the table it replaces; a move from a table that is no longer the region's is
     // refused (two operators, or a typo), and changes nothing.
-    let moved = store.move_lease_table("eu-west-1", "v2", "eu-leases-v2", "eu-leases-v2-restored", "bob", NOW).await;
+    let moved =
+        store.move_lease_table("eu-west-1", "v2", "eu-leases-v2", "eu-leases-v2-restored", None, "bob", NOW).await;
     let moved = moved.unwrap();
     assert_eq!(tables(&moved)[1], ("v2".into(), "eu-leases-v2-restored".into(), Some("eu-leases-v2".into())));
-    let stale = store.move_lease_table("eu-west-1", "v2", "eu-leases-v2", "eu-leases-v2-again", "carol", NOW).await;
+    let stale =
+        store.move_lease_table("eu-west-1", "v2", "eu-leases-v2", "eu-leases-v2-again", None, "carol", NOW).await;
     assert!(matches!(stale, Err(RegistryError::LeaseTableMoved { .. })), "{stale:?}");
-    let clash = store.move_lease_table("eu-west-1", "v1", "idgen-leases", "eu-leases-v2-restored", "bob", NOW).await;
+    let clash =
+        store.move_lease_table("eu-west-1", "v1", "idgen-leases", "eu-leases-v2-restored", None, "bob", NOW).await;
     assert!(matches!(clash, Err(RegistryError::LeaseTableInUse { .. })), "{clash:?}");
     assert!(matches!(
-        store.move_lease_table("eu-west-1", "v9", "a-table", "b-table", "bob", NOW).await,
+        store.move_lease_table("eu-west-1", "v9", "a-table", "b-table", None, "bob", NOW).await,
         Err(RegistryError::UnknownLayout(_))
     ));
     assert!(matches!(
-        store.move_lease_table("nowhere", "v1", "a-table", "b-table", "bob", NOW).await,
+        store.move_lease_table("nowhere", "v1", "a-table", "b-table", None, "bob", NOW).await,
         Err(RegistryError::UnknownRegion(_))
     ));
     let listed = store.regions(NOW).await.unwrap();
@@ -374,7 +377,109 @@ async fn each_region_names_its_lease_tables_and_only_a_compare_and_set_moves_one
     }
 }
 
+async fn a_regions_lease_table_is_recorded_by_its_first_init_and_no_other_table_of_its_name(db: Db) {
+    let store = open(&db).await;
+    store.add_region("us-east-1", 8, "alice", NOW).await.unwrap();
+    let id = |region: &idgen_registry::store::Region, layout: &str| region.lease_tables[layout].table_id.clone();
+    assert_eq!(id(&store.regions(NOW).await.unwrap()[0], "v1"), None, "nothing recorded before the first init");
+    let (region, recorded) = store
+        .record_lease_table("us-east-1", "v1", "idgen-leases", "aaaaaaaaaaaaaaaa1111", "alice", NOW)
+        .await
+        .unwrap();
+    assert!(recorded);
+    assert_eq!(id(&region, "v1").as_deref(), Some("aaaaaaaaaaaaaaaa1111"));
+    // The same table again (init is idempotent): nothing more.
+    let (_, again) =
+        store.record_lease_table("us-east-1", "v1", "idgen-leases", "aaaaaaaaaaaaaaaa1111", "bob", NOW).await.unwrap();
+    assert!(!again);
+    // A second table of the same name: refused, nothing changed.
+    let other = store.record_lease_table("us-east-1", "v1", "idgen-leases", "bbbbbbbbbbbbbbbb2222", "bob", NOW).await;
+    assert!(matches!(other, Err(RegistryError::LeaseTableIdentity { .. })), "{other:?}");
+    // A table the region does not name, a layout it has none for, a region that is not there.
+    let unnamed = store.record_lease_table("us-east-1", "v1", "other-leases", "bbbbbbbbbbbbbbbb2222", "bob", NOW).await;
+    assert!(matches!(unnamed, Err(RegistryError::LeaseTableMoved { .. })), "{unnamed:?}");
+    let v9 = store.record_lease_table("us-east-1", "v9", "idgen-leases", "bbbbbbbbbbbbbbbb2222", "bob", NOW).await;
+    assert!(matches!(v9, Err(RegistryError::UnknownLayout(_))), "{v9:?}");
+    let nowhere = store.record_lease_table("nowhere", "v1", "idgen-leases", "bbbbbbbbbbbbbbbb2222", "bob", NOW).await;
+    assert!(matches!(nowhere, Err(RegistryError::UnknownRegion(_))), "{nowhere:?}");
+    let listed = store.regions(NOW).await.unwrap();
+    assert_eq!(id(&listed[0], "v1").as_deref(), Some("aaaaaaaaaaaaaaaa1111"));
+    assert_eq!(id(&listed[0], "v2"), None, "each layout's table is its own");
+    // A move names the adopted table's identity, or none (its next init records it).
+    let moved = store
+        .move_lease_table(
+            "us-east-1",
+            "v1",
+            "idgen-leases",
+            "idgen-leases-adopted",
+            Some("cccccccccccccccc3333"),
+            "bob",
+            NOW,
+        )
+        .await
+        .unwrap();
+    assert_eq!(id(&moved, "v1").as_deref(), Some("cccccccccccccccc3333"));
+    let moved =
+        store.move_lease_table("us-east-1", "v2", "idgen-leases-v2", "idgen-leases-v2-b", None, "bob", NOW).await;
+    assert_eq!(id(&moved.unwrap(), "v2"), None);
+    let audit = store.audit_log(10).await.unwrap();
+    assert!(audit.iter().any(|a| a.action == "record_lease_table" && a.detail.contains("aaaaaaaaaaaaaaaa1111")));
+}
+
+async fn numbers_reported_in_use_elsewhere_are_never_handed_out_before_their_time(db: Db) {
+    use idgen_registry::store::Reported;
+    let store = open(&db).await;
+    let ours = store.schedule(NOW, LEAD).await.unwrap().registry_id;
+    store.add_region("us-east-1", 8, "alice", NOW).await.unwrap();
+    // A generator of another registry (this one started over) issues as eu-west-1 under 1, and
+    // another as ap-south-1 under 3, until a day from now.
+    let until = NOW + DAY;
+    let reported = store.report_number_in_use(1, "eu-west-1", "old-registry", until, "w1", NOW, LEAD).await.unwrap();
+    assert_eq!(reported, Reported::Withheld { until_ms: until });
+    store.report_number_in_use(3, "ap-south-1", "old-registry", until, "w2", NOW, LEAD).await.unwrap();
+    // Reports that withhold nothing: this registry's own generators, a time past, the number under
+    // the same region here, a number handed to another region here (two regions on one number).
+    let nothing = |reported| matches!(reported, Reported::Nothing { .. });
+    assert!(nothing(store.report_number_in_use(2, "x", &ours, until, "w", NOW, LEAD).await.unwrap()));
+    assert!(nothing(store.report_number_in_use(2, "x", "old-registry", NOW - 1, "w", NOW, LEAD).await.unwrap()));
+    assert!(nothing(store.report_number_in_use(0, "us-east-1", "old-registry", until, "w", NOW, LEAD).await.unwrap()));
+    let conflict = store.report_number_in_use(0, "sa-east-1", "old-registry", until, "w", NOW, LEAD).await.unwrap();
+    assert_eq!(conflict, Reported::Conflict { region: "us-east-1".into() });
+    // The most a report withholds a number for is one lead.
+    let capped = store.report_number_in_use(5, "x", "old-registry", NOW + 400 * DAY, "w", NOW, LEAD).await.unwrap();
+    assert_eq!(capped, Reported::Withheld { until_ms: NOW + LEAD });
+    let held: Vec<u32> = store.numbers_in_use(NOW).await.unwrap().iter().map(|n| n.number).collect();
+    assert_eq!(held, vec![1, 3, 5]);
+
+    // New regions get the numbers nobody issues under: 2, 4, 6, 7; then none is left but the
+    // withheld ones, and the refusal says so.
+    for expected in [2, 4, 6, 7] {
+        let name = format!("r{expected}");
+        assert_eq!(store.add_region(&name, 8, "alice", NOW).await.unwrap().number, expected);
+    }
+    let refused = store.add_region("r8", 8, "alice", NOW).await;
+    assert!(
+        matches!(&refused, Err(RegistryError::NumbersInUse { numbers, .. }) if *numbers == vec![1, 3, 5]),
+        "{refused:?}"
+    );
+    // Their time over, they are handed out as any other.
+    assert!(store.numbers_in_use(until).await.unwrap().iter().all(|n| n.number == 5));
+    assert_eq!(store.add_region("r8", 8, "alice", until).await.unwrap().number, 1);
+}
+
+async fn a_new_registry_hands_out_no_number_while_it_is_quiet(db: Db) {
+    let store = open(&db).await;
+    let now = idgen::system_unix_ms();
+    let quiet = store.add_region_quietly("us-east-1", 8, &Default::default(), 60_000, "alice", now).await;
+    assert!(matches!(quiet, Err(RegistryError::NewRegistryQuiet { .. })), "{quiet:?}");
+    let later = store.add_region_quietly("us-east-1", 8, &Default::default(), 60_000, "alice", now + 61_000).await;
+    assert_eq!(later.unwrap().number, 0);
+}
+
 store_suite!(
+    a_regions_lease_table_is_recorded_by_its_first_init_and_no_other_table_of_its_name,
+    numbers_reported_in_use_elsewhere_are_never_handed_out_before_their_time,
+    a_new_registry_hands_out_no_number_while_it_is_quiet,
     default_schedule_reproduces_the_spec_vectors,
     region_numbers_are_never_reused,
     concurrent_adds_never_share_a_number,

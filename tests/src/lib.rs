@@ -342,6 +342,12 @@ impl RegistryProcess {
 
     /// A registry on `database_url` (development mode initializes it), or on a fresh SQLite file.
     pub async fn start_on(database_url: Option<&str>, extra: &str) -> anyhow::Result<RegistryProcess> {
+        Self::start_at("127.0.0.1:0", database_url, extra).await
+    }
+
+    /// [`Self::start_on`], listening on `listen` (a registry started again at the URL its
+    /// generators follow).
+    pub async fn start_at(listen: &str, database_url: Option<&str>, extra: &str) -> anyhow::Result<RegistryProcess> {
         let dir = tempfile::tempdir()?;
         let database_url = database_url
             .map_or_else(|| format!("sqlite://{}", dir.path().join("registry.db").display()), str::to_owned);
@@ -354,7 +360,7 @@ impl RegistryProcess {
         std::fs::write(
             config.path(),
             format!(
-                "development = true\nlisten = \"127.0.0.1:0\"\ndatabase_url = \"{database_url}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\n{line}\n",
+                "development = true\nlisten = \"{listen}\"\ndatabase_url = \"{database_url}\"\nhome_region = \"us-east-1\"\n{extra}\n[operators]\n{line}\n",
             ),
         )?;
         let (child, line) = start_idgen_line(

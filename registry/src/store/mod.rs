@@ -75,6 +75,9 @@ pub struct LeaseTable {
     pub table: String,
     /// The table it replaced, when an operator moved the region to this one.
     pub moved_from: Option<String>,
+    /// Which table of that name it is: the `table_id` of its genesis, recorded by its first
+    /// `idgen leases init` (or given with the move that named it). `None` until then.
+    pub table_id: Option<String>,
 }
 
 /// A scheduled layout: in force from `from_ms` (ms since the idgen epoch) on.
@@ -125,6 +128,36 @@ fn since_epoch(unix_ms: i64) -> u64 {
     (unix_ms - idgen_core::EPOCH_UNIX_MS).max(0) as u64
 }
 
+/// A region number that generators following another registry report issuing under
+/// (`POST /v1/numbers-in-use`): `regions add` hands it out to no one until `until_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumberInUse {
+    pub number: u32,
+    /// The region the reporter issues as.
+    pub region: String,
+    /// The registry the reporter follows (not this one).
+    pub registry_id: String,
+    /// Unix ms: the reporter's copy lets it issue until then (capped at the report's time plus
+    /// this registry's horizon lead).
+    pub until_ms: i64,
+    /// Who reported it last (the connection's caller).
+    pub reporter: String,
+    pub last_at_ms: i64,
+}
+
+/// What a report of a number in use did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reported {
+    /// Withheld from `regions add` until then (Unix ms).
+    Withheld { until_ms: i64 },
+    /// Nothing to withhold: the reporter follows this registry, or this registry has the number
+    /// under the reporter's own region name, or the reported time is past.
+    Nothing { why: String },
+    /// This registry has already handed the number to another region: two regions issue under
+    /// it now. Nothing can be withheld; an operator must act (runbooks/registry-started-over.md).
+    Conflict { region: String },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditRow {
     pub at_ms: i64,
@@ -157,10 +190,35 @@ pub enum RegistryError {
          the command names the wrong table; nothing was changed"
     )]
     LeaseTableMoved { name: String, layout: String, from: String, current: String },
+    #[error(
+        "region {name}'s lease table {table} for layout {layout} is recorded as table {recorded} (its genesis when it \
+         was first initialized), and this one's genesis is {offered}: it is another table of the same name (another \
+         AWS region's, another host's SQLite file), whose generators would hand out numbers the recorded table's \
+         holders hold. Nothing was recorded. To move the region to it, adopt it (`idgen leases adopt --from-table \
+         <the recorded table>`) and move the region (`idgen regions move-lease-table`, runbooks/lease-table-restore.md)"
+    )]
+    LeaseTableIdentity { name: String, layout: String, table: String, recorded: String, offered: String },
     #[error("region {name} already uses {table} for layout {other}: every layout has a table of its own")]
     LeaseTableInUse { name: String, table: String, other: String },
     #[error("a layout named {0:?} is already scheduled")]
     LayoutExists(String),
+    /// Every number left is reported in use by generators of a registry this one replaced.
+    #[error(
+        "no region number can be handed out now: the numbers left ({numbers:?}) are reported in use by generators \
+         still following another registry (this one was started over, or restored from a backup), until {}. \
+         Handing one out would make two regions issue the same IDs (runbooks/registry-started-over.md)",
+        idgen_core::format_unix_ms(*until_ms)
+    )]
+    NumbersInUse { numbers: Vec<u32>, until_ms: i64 },
+    /// A registry made moments ago: generators of a registry it replaced may not have reported yet.
+    #[error(
+        "this registry's database was initialized at {}: until {} it hands out no region number, so that every \
+         generator still following a registry this one replaced (a database made again, a backup restored) has \
+         refreshed and reported the number it issues under (new_registry_quiet_ms; runbooks/registry-started-over.md)",
+        idgen_core::format_unix_ms(*initialized_at_ms),
+        idgen_core::format_unix_ms(*until_ms)
+    )]
+    NewRegistryQuiet { initialized_at_ms: i64, until_ms: i64 },
     #[error("{what}")]
     ScheduleConflict { what: String },
     /// The database is not a registry's to serve from (empty, half-made, another service's, or
@@ -324,7 +382,48 @@ impl RegistryStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<Region, RegistryError> {
-        on_driver!(&self.pool, regions::add_region(name, capacity, tables, actor, now_ms))
+        self.add_region_quietly(name, capacity, tables, 0, actor, now_ms).await
+    }
+
+    /// [`Self::add_region_with_tables`], refused ([`RegistryError::NewRegistryQuiet`]) within
+    /// `quiet_ms` of the database's `init`. A number reported in use ([`Self::numbers_in_use`]) is
+    /// never handed out before its time.
+    pub async fn add_region_quietly(
+        &self,
+        name: &str,
+        capacity: u32,
+        tables: &BTreeMap<String, String>,
+        quiet_ms: i64,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<Region, RegistryError> {
+        on_driver!(&self.pool, regions::add_region(name, capacity, tables, quiet_ms, actor, now_ms))
+    }
+
+    /// A generator following another registry issues under region `number` as `region` until
+    /// `issues_until_ms` (its copy's horizon): withheld from `regions add` until then, capped at
+    /// `now_ms + lead_ms`. Reports naming this registry, or this registry's own number for the
+    /// region, withhold nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn report_number_in_use(
+        &self,
+        number: u32,
+        region: &str,
+        registry_id: &str,
+        issues_until_ms: i64,
+        reporter: &str,
+        now_ms: i64,
+        lead_ms: i64,
+    ) -> Result<Reported, RegistryError> {
+        on_driver!(
+            &self.pool,
+            regions::report_number_in_use(number, region, registry_id, issues_until_ms, reporter, now_ms, lead_ms)
+        )
+    }
+
+    /// The numbers withheld at `now_ms` (reported in use, their time ahead).
+    pub async fn numbers_in_use(&self, now_ms: i64) -> Result<Vec<NumberInUse>, RegistryError> {
+        on_driver!(&self.pool, regions::numbers_in_use(now_ms))
     }
 
     /// Retires the active region of that name: at once (`at_ms` `None`, for a region that is
@@ -352,17 +451,36 @@ impl RegistryStore {
     /// Moves region `name`'s lease table for `layout` from `from` (which must be the one named
     /// now: a compare-and-set, so two operators cannot both move it) to `to`, recording `from`
     /// as what it replaced: its generators then claim in `to` only once it was adopted from `from`
-    /// (`idgen leases adopt`), which they check on the table's genesis.
+    /// (`idgen leases adopt`), which they check on the table's genesis. `to_table_id` is the
+    /// adopted table's genesis (`None`: recorded by its next `idgen leases init`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn move_lease_table(
         &self,
         name: &str,
         layout: &str,
         from: &str,
         to: &str,
+        to_table_id: Option<&str>,
         actor: &str,
         now_ms: i64,
     ) -> Result<Region, RegistryError> {
-        on_driver!(&self.pool, regions::move_lease_table(name, layout, from, to, actor, now_ms))
+        on_driver!(&self.pool, regions::move_lease_table(name, layout, from, to, to_table_id, actor, now_ms))
+    }
+
+    /// Records which table region `name`'s lease table for `layout` is (`table_id`, from its
+    /// genesis), the first time it is initialized: `table` must be the table the region names, and
+    /// an identity recorded before must be this one ([`RegistryError::LeaseTableIdentity`]
+    /// otherwise: a second table of the same name). `true` when it was recorded now.
+    pub async fn record_lease_table(
+        &self,
+        name: &str,
+        layout: &str,
+        table: &str,
+        table_id: &str,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<(Region, bool), RegistryError> {
+        on_driver!(&self.pool, regions::record_lease_table(name, layout, table, table_id, actor, now_ms))
     }
 
     /// The schedule, as published. A read, which writes nothing while the stored horizon is at
@@ -423,6 +541,7 @@ const SCHEMA: Schema = Schema {
         ("layouts", "SELECT, INSERT"),
         ("schedule_state", "SELECT, UPDATE"),
         ("region_lease_tables", "SELECT, INSERT, UPDATE"),
+        ("numbers_in_use", "SELECT, INSERT, UPDATE"),
         ("registry_audit", "SELECT, INSERT"),
     ],
     sequences: &["registry_audit_seq_seq"],

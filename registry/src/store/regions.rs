@@ -12,7 +12,10 @@ use sqlx::Row;
 use super::Db;
 use super::audit::audit;
 use super::schedule::{read_layouts, read_schedule};
-use crate::store::{LeaseTable, REGION_COLUMNS, Region, RegionStatus, RegistryError, distinct_tables, since_epoch};
+use crate::store::{
+    LeaseTable, NumberInUse, REGION_COLUMNS, Region, RegionStatus, RegistryError, Reported, distinct_tables,
+    since_epoch,
+};
 
 /// A region row as of `now_ms`. A retirement whose time has come reads as done (retired at that
 /// time) whatever `status` still says: reads never write, and the next write makes it permanent
@@ -60,11 +63,23 @@ pub async fn add_region(
     name: &str,
     capacity: u32,
     tables: &BTreeMap<String, String>,
+    quiet_ms: i64,
     actor: &str,
     now_ms: i64,
 ) -> Result<Region, RegistryError> {
     for _ in 0..50 {
         let mut tx = pool.begin().await?;
+        if quiet_ms > 0 {
+            let initialized: Option<i64> = sqlx::query("SELECT initialized_at_ms FROM schedule_state WHERE id = 1")
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("initialized_at_ms")?;
+            if let Some(at) = initialized
+                && now_ms < at.saturating_add(quiet_ms)
+            {
+                return Err(RegistryError::NewRegistryQuiet { initialized_at_ms: at, until_ms: at + quiet_ms });
+            }
+        }
         let layouts = read_layouts(&mut *tx).await?;
         if let Some(unknown) = tables.keys().find(|name| !layouts.iter().any(|l| l.layout.name() == *name)) {
             return Err(RegistryError::UnknownLayout(unknown.clone()));
@@ -74,7 +89,7 @@ pub async fn add_region(
             .map(|l| {
                 let layout = l.layout.name().to_owned();
                 let table = tables.get(&layout).cloned().unwrap_or_else(|| idgen::lease::default_table(&layout));
-                (layout, LeaseTable { table, moved_from: None })
+                (layout, LeaseTable { table, moved_from: None, table_id: None })
             })
             .collect();
         distinct_tables(name, &lease_tables)?;
@@ -94,8 +109,17 @@ pub async fn add_region(
             .iter()
             .map(|row| row.try_get("number"))
             .collect::<Result<_, _>>()?;
-        let Some(number) = (0..i64::from(capacity)).find(|n| !used.contains(n)) else {
-            return Err(RegistryError::NoNumberLeft { capacity });
+        // Numbers generators of a registry this one replaced still issue under: never handed out
+        // before their time.
+        let in_use = numbers_in_use(&mut *tx, now_ms).await?;
+        let withheld = |n: &i64| in_use.iter().any(|held| i64::from(held.number) == *n);
+        let Some(number) = (0..i64::from(capacity)).find(|n| !used.contains(n) && !withheld(n)) else {
+            let free: Vec<u32> = (0..capacity).filter(|n| !used.contains(&i64::from(*n))).collect();
+            if free.is_empty() {
+                return Err(RegistryError::NoNumberLeft { capacity });
+            }
+            let until_ms = in_use.iter().map(|held| held.until_ms).min().unwrap_or(now_ms);
+            return Err(RegistryError::NumbersInUse { numbers: free, until_ms });
         };
         let inserted =
             sqlx::query("INSERT INTO regions (number, name, status, created_at_ms) VALUES ($1, $2, 'active', $3)")
@@ -237,12 +261,14 @@ pub async fn cancel_retire(
 }
 
 /// [`RegistryStore::move_lease_table`](crate::store::RegistryStore::move_lease_table) on this driver.
+#[allow(clippy::too_many_arguments)]
 pub async fn move_lease_table(
     pool: &sqlx::Pool<Db>,
     name: &str,
     layout: &str,
     from: &str,
     to: &str,
+    to_table_id: Option<&str>,
     actor: &str,
     now_ms: i64,
 ) -> Result<Region, RegistryError> {
@@ -260,10 +286,15 @@ pub async fn move_lease_table(
             current: current.table.clone(),
         });
     }
-    tables.insert(layout.to_owned(), LeaseTable { table: to.to_owned(), moved_from: Some(from.to_owned()) });
+    let moved = LeaseTable {
+        table: to.to_owned(),
+        moved_from: Some(from.to_owned()),
+        table_id: to_table_id.map(str::to_owned),
+    };
+    tables.insert(layout.to_owned(), moved);
     distinct_tables(name, &tables)?;
     sqlx::query(
-        "UPDATE region_lease_tables SET table_name = $1, moved_from = $2, set_at_ms = $3 \
+        "UPDATE region_lease_tables SET table_name = $1, moved_from = $2, set_at_ms = $3, table_id = $6 \
          WHERE region_number = $4 AND layout = $5",
     )
     .bind(to)
@@ -271,11 +302,164 @@ pub async fn move_lease_table(
     .bind(now_ms)
     .bind(number)
     .bind(layout)
+    .bind(to_table_id)
     .execute(&mut *tx)
     .await?;
-    audit(&mut tx, now_ms, actor, "move_lease_table", &format!("{name} {layout}: {from} -> {to}")).await?;
+    let identity = to_table_id.map_or_else(|| " (identity recorded at its init)".to_owned(), |id| format!(" = {id}"));
+    audit(&mut tx, now_ms, actor, "move_lease_table", &format!("{name} {layout}: {from} -> {to}{identity}")).await?;
     tx.commit().await?;
     Ok(Region { lease_tables: tables, ..region })
+}
+
+/// [`RegistryStore::record_lease_table`](crate::store::RegistryStore::record_lease_table) on this driver.
+pub async fn record_lease_table(
+    pool: &sqlx::Pool<Db>,
+    name: &str,
+    layout: &str,
+    table: &str,
+    table_id: &str,
+    actor: &str,
+    now_ms: i64,
+) -> Result<(Region, bool), RegistryError> {
+    let mut tx = pool.begin().await?;
+    settle_retirements(&mut tx, now_ms).await?;
+    let region = lock_active_region(&mut tx, name, now_ms).await?;
+    let number = i64::from(region.number);
+    let mut tables = read_lease_tables(&mut *tx, Some(number)).await?.remove(&region.number).unwrap_or_default();
+    let current = tables.get_mut(layout).ok_or_else(|| RegistryError::UnknownLayout(layout.to_owned()))?;
+    if current.table != table {
+        return Err(RegistryError::LeaseTableMoved {
+            name: name.to_owned(),
+            layout: layout.to_owned(),
+            from: table.to_owned(),
+            current: current.table.clone(),
+        });
+    }
+    match current.table_id.clone() {
+        Some(recorded) if recorded == table_id => return Ok((Region { lease_tables: tables, ..region }, false)),
+        Some(recorded) => {
+            return Err(RegistryError::LeaseTableIdentity {
+                name: name.to_owned(),
+                layout: layout.to_owned(),
+                table: table.to_owned(),
+                recorded,
+                offered: table_id.to_owned(),
+            });
+        }
+        None => current.table_id = Some(table_id.to_owned()),
+    }
+    // Only over no identity: two first inits at once, of two tables, record one.
+    let done = sqlx::query(
+        "UPDATE region_lease_tables SET table_id = $1 \
+         WHERE region_number = $2 AND layout = $3 AND table_name = $4 AND table_id IS NULL",
+    )
+    .bind(table_id)
+    .bind(number)
+    .bind(layout)
+    .bind(table)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Err(RegistryError::ScheduleConflict {
+            what: format!("region {name}'s {layout} lease table changed while its identity was recorded; try again"),
+        });
+    }
+    audit(&mut tx, now_ms, actor, "record_lease_table", &format!("{name} {layout}: {table} = {table_id}")).await?;
+    tx.commit().await?;
+    Ok((Region { lease_tables: tables, ..region }, true))
+}
+
+/// [`RegistryStore::report_number_in_use`](crate::store::RegistryStore::report_number_in_use) on this driver.
+#[allow(clippy::too_many_arguments)]
+pub async fn report_number_in_use(
+    pool: &sqlx::Pool<Db>,
+    number: u32,
+    region: &str,
+    registry_id: &str,
+    issues_until_ms: i64,
+    reporter: &str,
+    now_ms: i64,
+    lead_ms: i64,
+) -> Result<Reported, RegistryError> {
+    let mut tx = pool.begin().await?;
+    let ours: Option<String> = sqlx::query("SELECT registry_id FROM schedule_state WHERE id = 1")
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|row| row.try_get("registry_id"))
+        .transpose()?
+        .flatten();
+    if ours.as_deref() == Some(registry_id) {
+        return Ok(Reported::Nothing { why: "the reporter follows this registry".into() });
+    }
+    let until_ms = issues_until_ms.min(now_ms.saturating_add(lead_ms));
+    if until_ms <= now_ms {
+        return Ok(Reported::Nothing { why: "the reporter's copy lets it issue until a time already past".into() });
+    }
+    let holder = sqlx::query("SELECT name, status FROM regions WHERE number = $1")
+        .bind(i64::from(number))
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(row) = holder {
+        let (name, status): (String, String) = (row.try_get("name")?, row.try_get("status")?);
+        if name == region && status == "active" {
+            return Ok(Reported::Nothing { why: format!("this registry has number {number} as {region} too") });
+        }
+        if status == "active" {
+            return Ok(Reported::Conflict { region: name });
+        }
+        // A retired number is handed out to no one anyway.
+        return Ok(Reported::Nothing { why: format!("number {number} is retired here, never handed out again") });
+    }
+    sqlx::query(
+        "INSERT INTO numbers_in_use (number, region_name, registry_id, issues_until_ms, reporter, first_at_ms, \
+         last_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $6) \
+         ON CONFLICT (number) DO UPDATE SET region_name = excluded.region_name, registry_id = excluded.registry_id, \
+         issues_until_ms = CASE WHEN numbers_in_use.issues_until_ms > excluded.issues_until_ms \
+         THEN numbers_in_use.issues_until_ms ELSE excluded.issues_until_ms END, \
+         reporter = excluded.reporter, last_at_ms = excluded.last_at_ms",
+    )
+    .bind(i64::from(number))
+    .bind(region)
+    .bind(registry_id)
+    .bind(until_ms)
+    .bind(reporter)
+    .bind(now_ms)
+    .execute(&mut *tx)
+    .await?;
+    let until_ms: i64 = sqlx::query("SELECT issues_until_ms FROM numbers_in_use WHERE number = $1")
+        .bind(i64::from(number))
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("issues_until_ms")?;
+    tx.commit().await?;
+    Ok(Reported::Withheld { until_ms })
+}
+
+/// [`RegistryStore::numbers_in_use`](crate::store::RegistryStore::numbers_in_use) on this driver.
+pub async fn numbers_in_use<'c>(
+    executor: impl sqlx::Executor<'c, Database = Db>,
+    now_ms: i64,
+) -> Result<Vec<NumberInUse>, RegistryError> {
+    let rows = sqlx::query(
+        "SELECT number, region_name, registry_id, issues_until_ms, reporter, last_at_ms FROM numbers_in_use \
+         WHERE issues_until_ms > $1 ORDER BY number",
+    )
+    .bind(now_ms)
+    .fetch_all(executor)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let number: i64 = row.try_get("number")?;
+            Ok(NumberInUse {
+                number: u32::try_from(number).map_err(|_| RegistryError::Invalid(format!("number in use {number}")))?,
+                region: row.try_get("region_name")?,
+                registry_id: row.try_get("registry_id")?,
+                until_ms: row.try_get("issues_until_ms")?,
+                reporter: row.try_get("reporter")?,
+                last_at_ms: row.try_get("last_at_ms")?,
+            })
+        })
+        .collect()
 }
 
 /// Makes every retirement whose time has come permanent (`status = 'retired'`), so that a write's
@@ -314,7 +498,7 @@ async fn read_lease_tables<'c>(
     executor: impl sqlx::Executor<'c, Database = Db>,
     region_number: Option<i64>,
 ) -> Result<BTreeMap<u32, BTreeMap<String, LeaseTable>>, RegistryError> {
-    const SELECT: &str = "SELECT region_number, layout, table_name, moved_from FROM region_lease_tables";
+    const SELECT: &str = "SELECT region_number, layout, table_name, moved_from, table_id FROM region_lease_tables";
     let rows = match region_number {
         Some(number) => {
             sqlx::query(&format!("{SELECT} WHERE region_number = $1")).bind(number).fetch_all(executor).await?
@@ -327,7 +511,11 @@ async fn read_lease_tables<'c>(
         let number = u32::try_from(number).map_err(|_| RegistryError::Invalid(format!("region number {number}")))?;
         tables.entry(number).or_default().insert(
             row.try_get("layout")?,
-            LeaseTable { table: row.try_get("table_name")?, moved_from: row.try_get("moved_from")? },
+            LeaseTable {
+                table: row.try_get("table_name")?,
+                moved_from: row.try_get("moved_from")?,
+                table_id: row.try_get("table_id")?,
+            },
         );
     }
     Ok(tables)
@@ -341,14 +529,15 @@ async fn insert_lease_table(
     now_ms: i64,
 ) -> Result<(), RegistryError> {
     sqlx::query(
-        "INSERT INTO region_lease_tables (region_number, layout, table_name, moved_from, set_at_ms) \
-         VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO region_lease_tables (region_number, layout, table_name, moved_from, set_at_ms, table_id) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(region_number)
     .bind(layout)
     .bind(&table.table)
     .bind(&table.moved_from)
     .bind(now_ms)
+    .bind(&table.table_id)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -22,11 +22,15 @@ pub async fn seed(pool: &sqlx::Pool<Db>, initial: &InitialSchedule) -> Result<In
         sqlx::query("SELECT COUNT(*) AS n FROM schedule_state").fetch_one(&mut *tx).await?.try_get("n")?;
     if seeded == 0 {
         // The registry's identity: made here, once, and never again for this database.
-        sqlx::query("INSERT INTO schedule_state (id, horizon_ms, home_region, registry_id) VALUES (1, 0, $1, $2)")
-            .bind(&initial.home_region)
-            .bind(format!("{:032x}", rand::random::<u128>()))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO schedule_state (id, horizon_ms, home_region, registry_id, initialized_at_ms) \
+             VALUES (1, 0, $1, $2, $3)",
+        )
+        .bind(&initial.home_region)
+        .bind(format!("{:032x}", rand::random::<u128>()))
+        .bind(idgen::system_unix_ms())
+        .execute(&mut *tx)
+        .await?;
         for entry in &initial.layouts {
             insert_layout(&mut tx, entry, 0).await?;
         }

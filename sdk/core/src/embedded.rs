@@ -46,9 +46,14 @@ impl Embedded {
             .map_err(|e| Error::invalid("invalid_config", format!("{e:#}")))?;
         let held = Held::new()?;
         let mut metrics = Registry::default();
-        let embedded = held
-            .block_on(EmbeddedGenerator::start(&config, &mut metrics))?
-            .map_err(|e| Error::Failed(format!("starting the embedded generator: {e:#}")))?;
+        let embedded = held.block_on(EmbeddedGenerator::start(&config, &mut metrics))?.map_err(|e| {
+            // A lease file this process's parent had open when it forked: the same refusal as a
+            // handle carried across the fork, with what to do instead.
+            match e.chain().find_map(|cause| cause.downcast_ref::<idgen::StoreError>()) {
+                Some(idgen::StoreError::Forked(why)) => Error::refusal("forked", why.clone(), None),
+                _ => Error::Failed(format!("starting the embedded generator: {e:#}")),
+            }
+        })?;
         if let Some(timeout) = ready_timeout
             && let Err(refusal) = held.block_on(embedded.ready(timeout))?
         {

@@ -114,6 +114,9 @@ def test_a_closed_generator_refuses(config: pathlib.Path) -> None:
 
 
 def test_a_forked_child_never_issues_under_its_parents_lease(config: pathlib.Path) -> None:
+    """The parent's handle refuses in the child, and so does a generator the child starts on the
+    parent's open SQLite lease file (its SQLite would take no real lock there); the child may
+    start a client, or a generator on another store, and the parent issues on."""
     with idgen.EmbeddedGenerator.start(config) as generator:
         parent_ids = [generator.next_id() for _ in range(1000)]
         read, write = os.pipe()
@@ -131,11 +134,12 @@ def test_a_forked_child_never_issues_under_its_parents_lease(config: pathlib.Pat
                 report.append("issued")
             except idgen.Refused as refused:
                 report.append(f"refused:{refused.reason}")
-            # Its own generator claims its own machine number.
-            with idgen.EmbeddedGenerator.start(config) as own:
-                ids = own.next_ids(1000)
-                report.append(f"holder:{own.holder}")
-                report.append(" ".join(map(str, ids)))
+            try:
+                with idgen.EmbeddedGenerator.start(config) as own:
+                    report.append(f"started:{own.next_id()}")
+            except idgen.Refused as refused:
+                report.append(f"refused:{refused.reason}:{refused.retry_after}")
+                report.append(str(refused).replace("\n", " "))
             os.write(write, "\n".join(report).encode())
             os._exit(0)
         os.close(write)
@@ -145,11 +149,101 @@ def test_a_forked_child_never_issues_under_its_parents_lease(config: pathlib.Pat
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, report
         assert report[0] == "refused:forked:None" and report[1] == "refused:forked", report
-        assert report[2] != f"holder:{generator.holder}"
-        child_ids = [int(i) for i in report[3].split()]
-        assert len(child_ids) == 1000 and not set(child_ids) & set(parent_ids)
-        assert generator.decode(child_ids[0]).machine != generator.decode(parent_ids[0]).machine
+        assert report[2] == "refused:forked:None", report
+        assert "post-fork" in report[3] and "spawn" in report[3] and "client" in report[3], report[3]
+        assert all(a < b for a, b in zip(parent_ids, parent_ids[1:]))
         assert generator.next_id() > parent_ids[-1], "the parent issues on after the fork"
+
+
+SPLIT_CHILD = """
+import json, os, sys, time, idgen
+config, out = sys.argv[1], sys.argv[2]
+parent = idgen.EmbeddedGenerator.start(config, ready_timeout=30)
+parent_ids = parent.next_ids(1000)
+pid = os.fork()
+if pid == 0:
+    # The child starts its own generator on the same file, as a forked worker is told to, and
+    # takes IDs for 14 s.
+    ids, refusal = [], None
+    try:
+        own = idgen.EmbeddedGenerator.start(config, ready_timeout=30)
+        deadline = time.monotonic() + 14
+        while time.monotonic() < deadline:
+            try:
+                ids += own.next_ids(100)
+            except idgen.Refused:
+                pass
+            time.sleep(0.002)
+    except idgen.Refused as refused:
+        refusal = f"{refused.reason}: {refused}"
+    with open(out + ".child", "w") as f:
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        json.dump({"ids": ids, "refusal": refusal, "fds": sorted(fd for fd in fds if "leases.db" in fd)}, f)
+    os._exit(0)
+# The parent closes after 1.5 s (its last connection: SQLite checkpoints and may delete the WAL).
+time.sleep(1.5)
+parent_ids += parent.next_ids(1000)
+parent.close()
+with open(out + ".parent", "w") as f:
+    json.dump({"ids": parent_ids, "child": pid}, f)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_cannot_split_the_lease_file_its_parent_had_open(tmp_path: pathlib.Path) -> None:
+    """Issue 55's pattern, as a new user would write it: the parent starts a generator (machine
+    numbers 64 and 65, a 3 s lease), forks; the child starts its own on the same file and takes
+    IDs for 14 s; the parent closes after 1.5 s; two fresh processes then start on the same file.
+    Before the fix the child's connections took no real lock: the parent's close deleted the WAL
+    it renewed in, and a fresh process claimed the child's number while the child issued (some
+    10^5 IDs twice). Now the child is refused the file, and no ID repeats."""
+    config = tmp_path / "generator.toml"
+    config.write_text(
+        "development = true\n"
+        "[lease]\n"
+        'store = "sqlite"\n'
+        f'sqlite_path = "{tmp_path / "leases.db"}"\n'
+        "create_tables = true\n"
+        "lease_ms = 3000\nrenew_interval_ms = 1000\nfence_ms = 500\n"
+        "first_machine = 64\nlast_machine = 65\n"
+        "max_backoff_ms = 200\n"
+        "[clock]\nrequire_sync = false\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "ids"
+    forking = subprocess.Popen([sys.executable, "-c", SPLIT_CHILD, str(config), str(out)])
+    # The fresh processes start once the parent has closed (2 s in), beside the child's 14 s.
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ids.parent").exists():
+        assert time.monotonic() < deadline and forking.poll() is None, "the forking process did not get as far"
+        time.sleep(0.05)
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(config), str(tmp_path / f"fresh-{n}"), "12"],
+                         stdout=subprocess.PIPE, text=True)
+        for n in range(2)
+    ]
+    for writer in writers:
+        assert writer.wait(timeout=60) == 0
+    assert forking.wait(timeout=60) == 0
+    parent = json.loads((tmp_path / "ids.parent").read_text())
+    child = json.loads((tmp_path / "ids.child").read_text())
+    everyone: List[int] = list(parent["ids"]) + list(child["ids"])
+    for n in range(2):
+        fresh = [int(line) for line in (tmp_path / f"fresh-{n}").read_text().split()]
+        assert fresh and all(a < b for a, b in zip(fresh, fresh[1:]))
+        everyone += fresh
+    wal = [name for name in child["fds"] if "(deleted)" in name]
+    assert len(everyone) == len(set(everyone)), (
+        f"{len(everyone) - len(set(everyone))} of {len(everyone)} IDs issued twice (the child's: {len(child['ids'])})"
+    )
+    assert child["refusal"] and child["refusal"].startswith("forked:"), child["refusal"]
+    assert child["ids"] == [], "the child issued on a file its parent had open"
+    assert not wal, wal
 
 
 WRITER = """

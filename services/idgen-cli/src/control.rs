@@ -57,6 +57,10 @@ pub enum RegionsCommand {
         /// The adopted table it moves to.
         #[arg(long)]
         to: String,
+        /// The adopted table's genesis id (`idgen leases adopt` prints it); without it, the
+        /// table's next `idgen leases init` records it.
+        #[arg(long)]
+        table_id: Option<String>,
     },
     /// Retire a region: its workers stop issuing at a time no earlier than the registry's grace
     /// from now (24 h in production), cancellable until then; its number is never handed out
@@ -163,8 +167,11 @@ impl Registry {
                 }
                 self.call(reqwest::Method::POST, "/v1/regions", Some(request)).await?
             }
-            RegionsCommand::MoveLeaseTable { name, confirm, layout, from, to } => {
-                let request = json!({ "confirm": confirm, "layout": layout, "from": from, "to": to });
+            RegionsCommand::MoveLeaseTable { name, confirm, layout, from, to, table_id } => {
+                let mut request = json!({ "confirm": confirm, "layout": layout, "from": from, "to": to });
+                if let Some(id) = table_id {
+                    request["table_id"] = json!(id);
+                }
                 self.call(reqwest::Method::POST, &format!("/v1/regions/{name}:move-lease-table"), Some(request)).await?
             }
             RegionsCommand::Retire { name, confirm, at, now } => {

@@ -32,8 +32,83 @@ pub struct LeasesArgs {
     /// JSON instead of human-readable output.
     #[arg(long, global = true)]
     json: bool,
+    /// `init` with a registry: the operator token its record of the table's identity is written
+    /// with (default: IDGEN_OPERATOR_TOKEN, then --token-file).
+    #[arg(long, global = true, env = "IDGEN_OPERATOR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long, global = true, default_value = ".idgen/operator-token")]
+    token_file: PathBuf,
+    /// An operator's client certificate for that write (instead of a token), with the CA to trust.
+    #[command(flatten)]
+    tls: crate::tls::ClientTls,
     #[command(subcommand)]
     command: LeasesCommand,
+}
+
+/// An operator's write to the registry: `init`'s record of which table the region's lease table
+/// is (`POST /v1/regions/{name}:record-lease-table`).
+pub struct RegistryWriter {
+    pub http: reqwest::Client,
+    /// An operator token; `None` when the client presents an operator's certificate.
+    pub token: Option<String>,
+}
+
+impl RegistryWriter {
+    /// The writer `args` describe: an operator's certificate where given, else the
+    /// configuration's registry TLS (the host's own certificate: the registry's
+    /// `lease_table_recorders` lets a fleet host record its table the first time); and the token
+    /// from the flag, the environment or the file, where there is one.
+    fn from_args(args: &LeasesArgs, config: &WorkerConfig) -> anyhow::Result<Self> {
+        let http = match args.tls.cert {
+            Some(_) => args.tls.client()?,
+            None => idgen::control::supervisor::registry_http(config)?,
+        };
+        let token = match &args.token {
+            Some(token) => Some(token.clone()),
+            None => std::fs::read_to_string(&args.token_file).ok().map(|text| text.trim().to_owned()),
+        };
+        Ok(RegistryWriter { http, token })
+    }
+
+    /// Records `table_id` as region `region`'s `layout` table (its first init), or finds it
+    /// recorded already (`false`). A second table of the same name is refused by the registry.
+    pub async fn record_lease_table(
+        &self,
+        registry_url: &str,
+        region: &str,
+        layout: &str,
+        table: &str,
+        table_id: &str,
+    ) -> anyhow::Result<bool> {
+        let url = format!("{}/v1/regions/{region}:record-lease-table", registry_url.trim_end_matches('/'));
+        let mut request = self
+            .http
+            .post(url)
+            .json(&json!({"confirm": region, "layout": layout, "table": table, "table_id": table_id}));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.with_context(|| format!("reaching the registry at {registry_url}"))?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
+            bail!(
+                "the registry refused to record lease table {table} (genesis {table_id}) as region {region}'s {layout} \
+                 table: {status} {}. Recording it is an operator's write (--token, IDGEN_OPERATOR_TOKEN, \
+                 --token-file, or an operator's --cert and --key), or a fleet host's whose certificate the \
+                 registry lists in lease_table_recorders",
+                body["error"]["message"].as_str().unwrap_or("(no message)")
+            );
+        }
+        if !status.is_success() {
+            bail!(
+                "the registry refused to record lease table {table} (genesis {table_id}) as region {region}'s {layout} \
+                 table: {status} {}",
+                body["error"]["message"].as_str().unwrap_or("(no message)")
+            );
+        }
+        Ok(body["recorded"].as_bool().unwrap_or(false))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -98,11 +173,15 @@ enum LeasesCommand {
         #[arg(long, required_unless_present = "source_gone", conflicts_with = "source_gone")]
         from_table: Option<String>,
         /// The old table is gone (deleted, or unreachable for good): nobody can renew there,
-        /// and nothing says until when its holders may issue, so this waits out a lease.
+        /// and nothing says until when its holders may issue, so this waits out the longest lease
+        /// any generator may hold (one hour). Refused for a restored copy whose source table
+        /// still exists: adopt it --from-table that table.
         #[arg(long)]
         source_gone: bool,
         /// With --source-gone: the longest lease any generator on the old table held, ms
-        /// (default: this configuration's lease_ms).
+        /// (default: the longest any generator may hold, 3600000: embedded generators share the
+        /// table and may hold longer leases than the fleet). Give less only if you know every
+        /// holder's configuration.
         #[arg(long, requires = "source_gone")]
         lease_ms: Option<i64>,
         #[arg(long, env = "USER", default_value = "operator")]
@@ -186,7 +265,7 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
     };
     // The registry is asked only when the table is not named: an explicit --layout and machine
     // number work while the registry is down and no copy is at hand.
-    let layout = match (args.layout, id) {
+    let layout = match (args.layout.clone(), id) {
         (Some(layout), None) => layout,
         (layout, Some((id, operator))) => {
             let (of_id, machine) = machine_of(&id, &issuing(&config).await?, &config)?;
@@ -205,7 +284,11 @@ async fn run_command(args: LeasesArgs) -> anyhow::Result<()> {
         }
     };
     if let LeasesCommand::Init { operator } = &args.command {
-        return init(&config, &layout, operator, args.json).await;
+        let writer = match config.registry_url {
+            Some(_) => Some(RegistryWriter::from_args(&args, &config)?),
+            None => None,
+        };
+        return init(&config, &layout, operator, writer.as_ref(), args.json).await;
     }
     if let LeasesCommand::Adopt { from_table, lease_ms, operator, .. } = &args.command {
         return adopt(&config, &layout, from_table.as_deref(), *lease_ms, operator, args.json).await;
@@ -291,19 +374,30 @@ pub struct Initialized {
     pub rows: usize,
     /// Its genesis; none for a restored copy, which becomes the fleet's by adoption.
     pub genesis: Option<idgen::Genesis>,
+    /// With a registry: whether this init recorded the table's identity there (`false`: it held
+    /// this one already).
+    pub recorded: Option<bool>,
 }
 
-/// `idgen leases init` for one layout, without printing: the tables made where missing, and the
-/// genesis recorded (bound to the registry, which must name the table for the region). `idgen up`
-/// runs it for every region and layout before it starts a worker.
-pub async fn initialize(config: &WorkerConfig, layout: &str, operator: &str) -> anyhow::Result<Initialized> {
+/// `idgen leases init` for one layout, without printing: the tables made where missing, the
+/// genesis recorded (bound to the registry, which must name the table for the region), and, with a
+/// registry, the table's identity recorded there by `writer` (the first init of the region's table
+/// records it; a second table of the same name is refused). `idgen up` runs it for every region
+/// and layout before it starts a worker.
+pub async fn initialize(
+    config: &WorkerConfig,
+    layout: &str,
+    operator: &str,
+    writer: Option<&RegistryWriter>,
+) -> anyhow::Result<Initialized> {
     // A layout the registry added later has the default table, as the worker uses it.
     let table = config.table_for(layout)?;
     let audit = format!("{table}-audit");
     let registry = issuing(config).await?.registry;
     // The registry names the region's table: init makes no other table the fleet's.
     if let Some(snapshot) = &registry {
-        snapshot.check_lease_table(config.region(), layout, &table, None).map_err(anyhow::Error::msg)?;
+        let development = config.development;
+        snapshot.check_lease_table(config.region(), layout, &table, None, development).map_err(anyhow::Error::msg)?;
     }
     let store: Arc<dyn LeaseStore> = match config.store_kind() {
         StoreKind::Dynamodb => {
@@ -317,7 +411,13 @@ pub async fn initialize(config: &WorkerConfig, layout: &str, operator: &str) -> 
             let (created, restored) = store.origin().await?;
             let adopted = store.adoption().await?.is_some_and(|adoption| adoption.table_created_unix_ms == created);
             if restored.is_some() && !adopted {
-                return Ok(Initialized { table, audit, rows: store.list().await?.len(), genesis: None });
+                return Ok(Initialized {
+                    table,
+                    audit,
+                    rows: store.list().await?.len(),
+                    genesis: None,
+                    recorded: None,
+                });
             }
             Arc::new(store)
         }
@@ -330,14 +430,31 @@ pub async fn initialize(config: &WorkerConfig, layout: &str, operator: &str) -> 
         registry_id: registry.as_ref().and_then(|snapshot| snapshot.registry_id.clone()),
     };
     let genesis = store.record_genesis(&request, idgen::system_unix_ms()).await?;
-    if let Some(snapshot) = &registry {
-        snapshot.check_lease_table(config.region(), layout, &table, Some(&genesis)).map_err(anyhow::Error::msg)?;
-    }
-    Ok(Initialized { table, audit, rows, genesis: Some(genesis) })
+    store.close().await;
+    let Some(snapshot) = &registry else {
+        return Ok(Initialized { table, audit, rows, genesis: Some(genesis), recorded: None });
+    };
+    // Which table of its name this is: recorded by the first init, refused for a second table.
+    let url = config.registry_url.as_deref().unwrap_or_default();
+    let writer = writer.context("a registry is configured: init records the table's identity there")?;
+    let recorded = writer.record_lease_table(url, config.region(), layout, &table, &genesis.table_id).await?;
+    // The registry's answer now holds it: the generators' check, as they will make it.
+    let snapshot = match idgen::control::supervisor::registry_answer(config, url).await {
+        Ok((fresh, true)) => fresh,
+        _ => snapshot.clone(),
+    };
+    snapshot.check_lease_table(config.region(), layout, &table, Some(&genesis), true).map_err(anyhow::Error::msg)?;
+    Ok(Initialized { table, audit, rows, genesis: Some(genesis), recorded: Some(recorded) })
 }
 
-async fn init(config: &WorkerConfig, layout: &str, operator: &str, json: bool) -> anyhow::Result<()> {
-    let Initialized { table, audit, rows, genesis } = initialize(config, layout, operator).await?;
+async fn init(
+    config: &WorkerConfig,
+    layout: &str,
+    operator: &str,
+    writer: Option<&RegistryWriter>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let Initialized { table, audit, rows, genesis, recorded } = initialize(config, layout, operator, writer).await?;
     if json {
         let genesis = genesis.map(|genesis| {
             json!({
@@ -347,7 +464,10 @@ async fn init(config: &WorkerConfig, layout: &str, operator: &str, json: bool) -
         });
         println!(
             "{}",
-            json!({"layout": layout, "table": table, "audit_table": audit, "ready": true, "rows": rows, "genesis": genesis})
+            json!({
+                "layout": layout, "table": table, "audit_table": audit, "ready": true, "rows": rows, "genesis": genesis,
+                "identity_recorded": recorded,
+            })
         );
         return Ok(());
     }
@@ -358,9 +478,12 @@ async fn init(config: &WorkerConfig, layout: &str, operator: &str, json: bool) -
         );
         return Ok(());
     };
-    let bound = match &genesis.registry_id {
-        Some(id) => format!("region {} of registry {id}", config.region()),
-        None => "no registry (development, one host)".to_owned(),
+    let bound = match (&genesis.registry_id, recorded) {
+        (Some(id), Some(true)) => {
+            format!("region {} of registry {id}, which now holds this table as the region's", config.region())
+        }
+        (Some(id), _) => format!("region {} of registry {id}, which holds this table as the region's", config.region()),
+        (None, _) => "no registry (development, one host)".to_owned(),
     };
     println!(
         "lease table {table} and audit table {audit} are ready (layout {layout}); genesis {} by {} at {}, for \
@@ -413,7 +536,22 @@ async fn adopt(
         ))
         .into());
     }
-    let wait_ms = lease_ms.unwrap_or(config.lease.lease_ms).max(0);
+    // Gone means gone: a restored copy names its source, and a source that still exists has
+    // holders that may renew there (adopt it --from-table, which quarantines them).
+    if from_table.is_none()
+        && let Some(source) = restored.as_ref().and_then(|r| r.source_table.as_deref())
+        && new.table_exists(source).await.with_context(|| format!("asking whether {source} still exists"))?
+    {
+        return Err(crate::Usage(format!(
+            "{table} is a restored copy of {source}, which still exists: its holders may still renew there, and \
+             --source-gone would only wait out their leases while they renew. Adopt it --from-table {source} (which \
+             quarantines every number in {source}); nothing was changed"
+        ))
+        .into());
+    }
+    // Embedders share the table and may hold leases up to MAX_LEASE_MS: this configuration's own
+    // lease says nothing of theirs.
+    let wait_ms = lease_ms.unwrap_or(MAX_LEASE_MS).max(0);
     let mut quarantined = 0usize;
     let mut held = 0usize;
     let mut expiries_carried = 0usize;
@@ -458,11 +596,14 @@ async fn adopt(
         }
         // A holder renewed last before its row was quarantined (the quarantine writes only over
         // the row it read), so it stops issuing before the expiry the row had: the new table's
-        // row gets that expiry, and the lease rule does the rest, as for any takeover.
+        // row gets that expiry, and the lease rule does the rest, as for any takeover. Every kept
+        // expiry is carried, as it was: not only those later than this host's clock, which may run
+        // ahead of the holders' (invariant 15: the operator's clock never moves a floor back), and
+        // not capped by it either.
         let now = idgen::system_unix_ms();
         let carried_from = format!("carried-from:{old}");
-        for &(machine, expiry, epoch) in kept.iter().filter(|(_, expiry, _)| *expiry > now) {
-            if new.carry_expiry(machine, &carried_from, expiry.min(now + MAX_LEASE_MS), epoch).await? {
+        for &(machine, expiry, epoch) in kept.iter().filter(|(_, expiry, _)| *expiry > 0) {
+            if new.carry_expiry(machine, &carried_from, expiry, epoch).await? {
                 expiries_carried += 1;
             }
         }
@@ -508,8 +649,9 @@ async fn adopt(
     let move_command = named.as_ref().map(|named| {
         format!(
             "idgen regions --registry {} move-lease-table {region} --confirm {region} --layout {layout} --from {named} \
-             --to {table}",
-            config.registry_url.as_deref().unwrap_or_default()
+             --to {table} --table-id {}",
+            config.registry_url.as_deref().unwrap_or_default(),
+            genesis.table_id
         )
     });
     if json {

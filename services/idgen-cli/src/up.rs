@@ -362,8 +362,9 @@ async fn start_all(
                 // made the region's (`idgen leases init`), as the registry names them.
                 let config = idgen_worker::config::WorkerConfig::load(Some(&config_path))?;
                 let layouts = idgen::control::supervisor::registry_answer(&config, &registry_url).await?.0.layouts;
+                let writer = crate::leases::RegistryWriter { http: http.clone(), token: Some(token.to_owned()) };
                 for layout in layouts {
-                    crate::leases::initialize(&config, &layout.name, "idgen-up")
+                    crate::leases::initialize(&config, &layout.name, "idgen-up", Some(&writer))
                         .await
                         .with_context(|| format!("making region {region}'s {} lease table", layout.name))?;
                 }

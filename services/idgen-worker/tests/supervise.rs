@@ -241,11 +241,11 @@ impl LeaseStore for PanicsOnRenew {
     async fn claim_as(&self, m: u32, h: &str, t: &ClaimToken, now: i64, e: i64) -> Result<ClaimOutcome, StoreError> {
         self.inner.claim_as(m, h, t, now, e).await
     }
-    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
+    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, live: i64, now: i64) -> Result<Conditional, StoreError> {
         if self.armed.swap(false, Ordering::SeqCst) {
             panic!("a bug in a lease store");
         }
-        self.inner.renew(m, h, e, exp, now).await
+        self.inner.renew(m, h, e, exp, live, now).await
     }
     async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, StoreError> {
         self.inner.release(m, h, e, exp, now).await

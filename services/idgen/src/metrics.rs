@@ -65,11 +65,15 @@ pub struct GeneratorMetrics {
     /// 1 while the region is on standby (not the home region, before its first layout with a
     /// region field: every ID refused by design), else 0.
     pub region_standby: Gauge,
+    /// 1 while the registry's latest answer was refused as contradicting the copy held (another
+    /// registry identity, a schedule that goes back, the region renumbered): the generator
+    /// issues on its copy until that copy's horizon, and pages. Else 0.
+    pub registry_answer_refused: Gauge,
 }
 
 /// Every lease keeper event ([`GeneratorMetrics::lease_event`]), so each layout's series exist at
 /// 0 from the start: an alert's `increase()` then sees a first event as it sees any other.
-pub const LEASE_EVENTS: [&str; 13] = [
+pub const LEASE_EVENTS: [&str; 14] = [
     "claim",
     "claim_adopted",
     "claim_all_taken",
@@ -83,6 +87,7 @@ pub const LEASE_EVENTS: [&str; 13] = [
     "keeper_restarted",
     "table_refused",
     "table_went_back",
+    "row_vanished",
 ];
 
 impl GeneratorMetrics {
@@ -105,7 +110,7 @@ impl GeneratorMetrics {
         );
         registry.register(
             "idgen_lease_events",
-            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, lease_lapsed, store_unavailable, release, keeper_restarted, table_refused, table_went_back",
+            "Lease keeper events: claim, claim_adopted, claim_all_taken, claim_unusable, renew, renew_lost, renew_not_forward, lease_lapsed, store_unavailable, release, keeper_restarted, table_refused, table_went_back, row_vanished (a claim made a row whose number the audit log shows held: parked for the longest lease)",
             self.lease_events.clone(),
         );
         registry.register(
@@ -142,6 +147,11 @@ impl GeneratorMetrics {
             "idgen_region_standby",
             "1 while this region is on standby: not the home region, before its first layout with a region field (every ID refused by design); else 0",
             self.region_standby.clone(),
+        );
+        registry.register(
+            "idgen_registry_answer_refused",
+            "1 while the registry's latest answer contradicts the copy this generator holds (another registry identity: started over; a schedule that goes back: restored from a backup; the region renumbered): it issues on its copy until that copy's horizon, and reports its region number to that registry; else 0",
+            self.registry_answer_refused.clone(),
         );
         let spool = audit_spool();
         registry.register(

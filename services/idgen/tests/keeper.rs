@@ -743,3 +743,192 @@ async fn a_keeper_claims_nothing_in_a_table_nobody_made_the_fleets() {
         assert!(matches!(k.tick(now).await, Outcome::Claimed { .. }));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_makes_the_row_of_a_number_held_before_parks_it() {
+    // Issue 55, 4: rows emptied by hand (the genesis left behind). Before, a new claimant made the
+    // row afresh and issued at once, while the number's holder went on until its next renewal.
+    for backend in BACKENDS {
+        let now = Instant::now();
+        let f = fixture_on(backend).await;
+        let ga = generator(&f.clock);
+        let mut ka = keeper(&f, &ga, 5..=5, "a");
+        let Outcome::Claimed { machine: 5, .. } = ka.tick(now).await else { panic!("{backend:?}: A claims 5") };
+        ga.next_id().await.unwrap();
+        delete_row_by_hand(&f, 5).await;
+
+        // B (5 only) makes the row again: the audit log shows 5 held, so B parks it.
+        let gb = generator(&f.clock);
+        let mut kb = keeper(&f, &gb, 5..=5, "b");
+        let outcome = kb.tick(now).await;
+        assert!(matches!(outcome, Outcome::AllTaken { .. }), "{backend:?}: B used a vanished row: {outcome:?}");
+        assert!(matches!(gb.next_id().await, Err(Refusal::NoLease { .. })));
+        let parked = f.store.get(5).await.unwrap().unwrap();
+        assert_eq!((parked.holder.as_str(), parked.lease_epoch), ("b", 1), "{backend:?}");
+        assert_eq!(parked.lease_expiry, T0 + idgen::MAX_LEASE_MS, "{backend:?}: parked for the longest lease");
+        assert!(metrics_text(&gb).contains(r#"event="row_vanished"} 1"#), "{backend:?}");
+        // A number nobody ever held is claimed as always (the audit log shows only our claim).
+        let gc = generator(&f.clock);
+        let mut kc = keeper(&f, &gc, 9..=9, "c");
+        assert!(matches!(kc.tick(now).await, Outcome::Claimed { machine: 9, epoch: 1, .. }), "{backend:?}");
+        // A's next renewal finds its row gone (another holder at its epoch): it stops.
+        f.clock.advance(1_000);
+        let outcome = ka.tick(now + Duration::from_secs(1)).await;
+        assert!(matches!(outcome, Outcome::Lost { .. }), "{backend:?}: {outcome:?}");
+        assert!(matches!(ga.next_id().await, Err(Refusal::NoLease { .. })));
+    }
+}
+
+#[tokio::test]
+async fn a_renewal_answered_after_its_fence_extends_nothing() {
+    // Issue 55, 4: the lapse check and the renewal's write are separate steps. A renewal sent in
+    // time whose answer comes back after the held lease's fence (a freeze meanwhile, in which a
+    // successor may have claimed and the table been put back) must not extend the lease.
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let store = switchable(&f);
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(0..=63), "a".into()).unwrap();
+    let Outcome::Claimed { machine, .. } = k.tick(now).await else { panic!() };
+    // The renewal applies; the process freezes past the fence before it reads the answer.
+    let clock = f.clock.clone();
+    store.faults.set_after_renew(Some(Arc::new(move || clock.set(T0 + 2_600))));
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    let outcome = k.tick(now).await;
+    let Outcome::Lapsed { machine: lapsed, then } = outcome else { panic!("extended after its fence: {outcome:?}") };
+    assert_eq!(lapsed, machine);
+    assert!(matches!(*then, Outcome::Claimed { machine: other, .. } if other != machine), "{then:?}");
+    store.faults.set_after_renew(None);
+    // The renewal's answer in time extends it, as always.
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    assert!(matches!(k.tick(now).await, Outcome::Renewed { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_does_not_revive_a_lease_the_table_shows_lapsed() {
+    // The renewal's write carries the lapse: a row set back under the holder, its expiry at or
+    // before the renewer's now + fence (a copy put back from before its last renewal), is not the
+    // renewal's to revive; and below the expiry the holder's renewals wrote it is the table going
+    // back.
+    for backend in BACKENDS {
+        let mut now = Instant::now();
+        let f = fixture_on(backend).await;
+        let g = generator(&f.clock);
+        let mut k = keeper(&f, &g, 7..=7, "a");
+        let Outcome::Claimed { machine: 7, .. } = k.tick(now).await else { panic!() };
+        now += Duration::from_millis(1_000);
+        f.clock.advance(1_000);
+        assert!(matches!(k.tick(now).await, Outcome::Renewed { .. }), "{backend:?}");
+        // Set back to an expiry inside the renewer's fence, at its own holder and epoch.
+        let row = f.store.get(7).await.unwrap().unwrap();
+        put_row_by_hand(&f, &idgen::LeaseRow { lease_expiry: T0 + 1_400, ..row }).await;
+        now += Duration::from_millis(1_000);
+        f.clock.advance(1_000);
+        let outcome = k.tick(now).await;
+        let Outcome::Lost { then, .. } = outcome else { panic!("{backend:?}: revived: {outcome:?}") };
+        let Outcome::TableRefused { reason, .. } = *then else { panic!("{backend:?}: {then:?}") };
+        assert!(reason.contains("below the"), "{backend:?}: {reason}");
+        assert_eq!(f.store.get(7).await.unwrap().unwrap().lease_expiry, T0 + 1_400, "{backend:?}: not revived");
+        assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })));
+    }
+}
+
+/// The registry's word on the table, switchable by the test: named, or moved elsewhere.
+struct Named(std::sync::atomic::AtomicBool);
+
+impl idgen::lease::TableCheck for Named {
+    fn check(&self, _: &str, _: &str, _: &idgen::Genesis) -> Result<(), String> {
+        Ok(())
+    }
+    fn still_named(&self, _: &str, table: &str) -> Result<(), String> {
+        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            true => Ok(()),
+            false => Err(format!("lease table {table} is not region r's table for layout v1: the registry names t2")),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_keeper_stops_renewing_in_a_table_the_registry_moved_the_region_from() {
+    // Issue 55, 4: renewals on an old table that still exists stop once the registry names the
+    // new one (and issuing with them).
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let named = Arc::new(Named(true.into()));
+    let mut k = keeper(&f, &g, 7..=8, "a").with_table_check(named.clone());
+    let Outcome::Claimed { .. } = k.tick(now).await else { panic!() };
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    assert!(matches!(k.tick(now).await, Outcome::Renewed { .. }));
+    named.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    let outcome = k.tick(now).await;
+    let Outcome::Lost { then, .. } = outcome else { panic!("renewed in a table the registry moved from: {outcome:?}") };
+    assert!(matches!(*then, Outcome::TableRefused { ref reason, .. } if reason.contains("names t2")), "{then:?}");
+    assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })));
+}
+
+#[tokio::test]
+async fn a_sqlite_file_replaced_under_a_keeper_stops_it_at_its_next_renewal() {
+    // Issue 55, 4: before, nothing noticed until the pool recycled its connection.
+    let mut now = Instant::now();
+    let f = fixture().await;
+    let g = generator(&f.clock);
+    let mut k = keeper(&f, &g, 7..=8, "a");
+    let Outcome::Claimed { .. } = k.tick(now).await else { panic!() };
+    let path = f._dir.path().join("leases.db");
+    let copy = f._dir.path().join("copy.db");
+    let other = SqliteLeaseStore::open(&copy, "idgen-leases").await.unwrap();
+    other.record_genesis(&init_request(), T0).await.unwrap();
+    other.close().await;
+    std::fs::rename(&copy, &path).unwrap();
+    now += Duration::from_millis(1_000);
+    f.clock.advance(1_000);
+    let outcome = k.tick(now).await;
+    let Outcome::Lost { then, .. } = outcome else { panic!("renewed in a file replaced: {outcome:?}") };
+    let Outcome::TableRefused { reason, .. } = *then else { panic!("{then:?}") };
+    assert!(reason.contains("not the one this process opened"), "{reason}");
+    assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })));
+    // The process claims in it no more.
+    now += Duration::from_secs(3);
+    f.clock.advance(3_000);
+    assert!(matches!(k.tick(now).await, Outcome::TableRefused { .. } | Outcome::Idle));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_table_refused_since_its_checks_is_given_back_not_used() {
+    // Found by the model (issue 55, 4): a claimant that passed the table's checks and froze before
+    // its write claimed in the table restored meanwhile under the same name. The checks are made
+    // again after the claim: here the table loses its genesis (made bare again) between the two.
+    let now = Instant::now();
+    let f = fixture().await;
+    let store = switchable(&f);
+    let g = generator(&f.clock);
+    let mut k = LeaseKeeper::new("v1", store.clone(), g.clone(), config(7..=7), "a".into()).unwrap();
+    let path = f._dir.path().join("leases.db");
+    store.faults.set_after_claim(Some(Arc::new(move || {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+                sqlx::query(r#"DELETE FROM "idgen-genesis""#).execute(&pool).await.unwrap();
+                pool.close().await;
+            });
+        })
+        .join()
+        .unwrap();
+    })));
+    let outcome = k.tick(now).await;
+    let Outcome::TableRefused { reason, .. } = &outcome else {
+        panic!("used a claim in a table refused since: {outcome:?}")
+    };
+    assert!(reason.contains("genesis"), "{reason}");
+    assert!(matches!(g.next_id().await, Err(Refusal::NoLease { .. })));
+    let row = f.store.get(7).await.unwrap().unwrap();
+    assert_eq!((row.holder.as_str(), row.lease_expiry), ("a", T0), "given back to the claim's :now");
+}

@@ -61,7 +61,7 @@ async fn a_lost_renewal_is_reported_lost_even_when_its_audit_record_cannot_be_wr
     .execute(&pool)
     .await
     .unwrap();
-    let renewed = store.renew(7, "a", a.lease_epoch, t0 + 10_000, t0 + 500).await;
+    let renewed = store.renew(7, "a", a.lease_epoch, t0 + 10_000, t0 + 500, t0 + 500).await;
     assert_eq!(renewed, Ok(idgen::Conditional::ConditionFailed));
 }
 
@@ -100,4 +100,56 @@ async fn futures_open(path: &std::path::Path) -> Vec<SqliteLeaseStore> {
         stores.push(open.await.unwrap());
     }
     stores
+}
+
+/// Runs `child` in a forked process and returns whether it exited 0.
+fn in_a_forked_child(child: impl FnOnce() -> bool) -> bool {
+    // SAFETY: the child runs `child` on a runtime of its own and leaves with `_exit`, without
+    // unwinding into the parent's state.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(false);
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+#[test]
+fn a_process_forked_while_the_file_is_open_is_refused_it_and_one_forked_after_close_is_not() {
+    // Issue 55, 1: a forked child's SQLite took no real lock on the file its parent had open; the
+    // parent's close then deleted the WAL the child renewed its lease in.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let other = dir.path().join("other.db");
+    let rt = runtime();
+    let store = rt.block_on(SqliteLeaseStore::open(&path, "idgen-leases")).unwrap();
+    let refused = in_a_forked_child(|| {
+        let rt = runtime();
+        let same = rt.block_on(SqliteLeaseStore::open(&path, "idgen-leases"));
+        let forked = matches!(&same, Err(idgen::StoreError::Forked(why)) if why.contains("post-fork hook") && why.contains("spawn"));
+        // Another file is the child's own: its SQLite has no record of it.
+        let own = rt.block_on(SqliteLeaseStore::open(&other, "idgen-leases")).is_ok();
+        forked && own
+    });
+    assert!(refused, "the child opened the file its parent has open, or could not open its own");
+    rt.block_on(store.close());
+    // Closed means closed: no descriptor of the file is left for a child to inherit.
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let target = std::fs::read_link(entry.unwrap().path()).unwrap_or_default();
+        assert!(!target.to_string_lossy().contains("leases.db"), "still open after close: {}", target.display());
+    }
+    let opened = in_a_forked_child(|| match runtime().block_on(SqliteLeaseStore::open(&path, "idgen-leases")) {
+        Ok(_) => true,
+        Err(error) => {
+            eprintln!("the second child: {error}");
+            false
+        }
+    });
+    assert!(opened, "a child forked after the parent closed the file was refused it");
 }

@@ -523,7 +523,7 @@ async fn e2e_aws_cli_playbook_commands_work_on_our_tables() {
     let listed = idgen(&["leases", "--config", config_path, "--layout", "v2", "list"]).await.unwrap();
     assert!(listed.contains("quarantined"), "{listed}");
     let renewed =
-        store.renew(170, "i-0a1b2c3d4e5f67890/pid-4121/1", row.lease_epoch, now + 600_000, now).await.unwrap();
+        store.renew(170, "i-0a1b2c3d4e5f67890/pid-4121/1", row.lease_epoch, now + 600_000, now, now).await.unwrap();
     assert_eq!(renewed, idgen::Conditional::ConditionFailed);
     // The playbook's update leaves the claim token on the row; a retry of that claim (its answer
     // lost) must still not take the quarantined row for its own.
@@ -961,8 +961,15 @@ async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is
     assert!(!status.success() && stderr.contains("restored copy"), "{stderr}");
     let config_c = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     std::fs::write(config_c.path(), spec_c.toml()).unwrap();
+    let config_c_path = config_c.path().to_str().unwrap();
+    // Not gone while its source still exists: its holders may renew there (issue 55, 4).
+    let refused = idgen(&["leases", "--config", config_c_path, "adopt", "--source-gone"]).await.unwrap_err();
+    assert!(format!("{refused:#}").contains("still exists") && format!("{refused:#}").contains("--from-table"));
+    // Gone: the wait is the longest lease any holder may have (one hour) unless the operator knows
+    // every holder's, as here (the workers' 3 s).
+    aws_cli(&endpoint, &format!("dynamodb delete-table {DEV_REGION_ARGS} --table-name {table}")).await;
     let adopted =
-        idgen(&["leases", "--config", config_c.path().to_str().unwrap(), "adopt", "--source-gone"]).await.unwrap();
+        idgen(&["leases", "--config", config_c_path, "adopt", "--source-gone", "--lease-ms", "3000"]).await.unwrap();
     assert!(adopted.contains("adopted"), "{adopted}");
     let c = WorkerProcess::start(&spec_c).await.unwrap();
     c.wait_ready(&client, Duration::from_secs(10)).await.unwrap();
@@ -1214,8 +1221,8 @@ async fn e2e_an_adoption_carries_each_quarantine_as_it_was_kept_and_refuses_a_co
     let arn = backup["BackupDetails"]["BackupArn"].as_str().unwrap().to_owned();
     // Both renew to an hour ahead; then machine 3 is quarantined by the design notes' command
     // (nothing kept: its holder's expiry is known nowhere), machine 4 by ours (the expiry kept).
-    old_store.renew(3, "h3", 1, now + 3_600_000, now).await.unwrap();
-    old_store.renew(4, "h4", 1, now + 3_600_000, now).await.unwrap();
+    old_store.renew(3, "h3", 1, now + 3_600_000, now, now).await.unwrap();
+    old_store.renew(4, "h4", 1, now + 3_600_000, now, now).await.unwrap();
     aws_cli(
         &endpoint,
         &format!(
@@ -1267,4 +1274,44 @@ async fn e2e_an_adoption_carries_each_quarantine_as_it_was_kept_and_refuses_a_co
         idgen_output(&["leases", "--config", config, "--layout", "v1", "release-quarantine", "3", "--holder-stopped"])
             .await;
     assert!(ok, "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_an_adoption_by_an_operator_whose_clock_runs_ahead_carries_every_kept_expiry() {
+    // Issue 55, 4: `adopt --from-table` carried only the kept expiries later than the operator's
+    // clock (capped at its now + the longest lease): an operator host twenty minutes ahead skipped
+    // a live holder's expiry, and a claim in the new table took the number while it issued.
+    let endpoint = shared_dynamodb_endpoint();
+    let (old, new) = (unique_table("ahead-old"), unique_table("ahead-new"));
+    let settings = idgen::DynamoDbSettings { endpoint: Some(endpoint.clone()), ..Default::default() };
+    let dynamodb = idgen::lease::dynamodb::client(&settings).await;
+    for table in [&old, &new] {
+        idgen::DynamoDbLeaseStore::new(dynamodb.clone(), table).create_tables().await.unwrap();
+    }
+    use idgen::LeaseStore as _;
+    let old_store = idgen::DynamoDbLeaseStore::new(dynamodb.clone(), &old);
+    let now = now_unix_ms();
+    old_store.claim(5, "holder", now, now + 900_000).await.unwrap();
+    let mut spec =
+        WorkerSpec::short_lease_on("adopter", Store::Dynamodb { endpoint: endpoint.clone(), table: new.clone() });
+    spec.create_tables = false;
+    let config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(config.path(), spec.toml()).unwrap();
+    let lib = std::env::var("IDGEN_FAKETIME_LIB")
+        .expect("IDGEN_FAKETIME_LIB is not set (./scripts/test installs libfaketime)");
+    let adopted = tokio::process::Command::new(idgen_e2e::idgen_bin())
+        .args(["leases", "--config", config.path().to_str().unwrap(), "--layout", "v1", "adopt", "--from-table", &old])
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME", "+20m")
+        .env("DONT_FAKE_MONOTONIC", "1")
+        .output()
+        .await
+        .unwrap();
+    assert!(adopted.status.success(), "{}", String::from_utf8_lossy(&adopted.stderr));
+    let new_store = idgen::DynamoDbLeaseStore::new(dynamodb, &new);
+    let carried = new_store.get(5).await.unwrap().expect("the holder's expiry was carried");
+    assert_eq!(carried.lease_expiry, now + 900_000, "carried as it was kept: {carried:?}");
+    // Nobody claims it in the new table before the holder's expiry, by any honest clock.
+    let claim = new_store.claim(5, "successor", now_unix_ms(), now_unix_ms() + 3_000).await.unwrap();
+    assert_eq!(claim, idgen::ClaimOutcome::Taken);
 }

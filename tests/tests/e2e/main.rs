@@ -22,5 +22,6 @@ mod regions;
 mod runbooks;
 mod service_metrics;
 mod sqlite_open;
+mod table_identity;
 mod tls;
 mod up;

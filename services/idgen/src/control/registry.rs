@@ -46,6 +46,11 @@ pub struct LeaseTableWire {
     /// here only once this table was adopted from that one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_from: Option<String>,
+    /// Which table of that name it is: the genesis `table_id` recorded by its first `idgen
+    /// leases init`. Absent until recorded (and from a registry, or a copy, of an earlier
+    /// release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_id: Option<String>,
 }
 
 impl RegionWire {
@@ -255,7 +260,12 @@ impl RegistrySnapshot {
     /// may claim in `table` under `layout`, whose genesis is `genesis` (`None`: the caller is about to
     /// write one, `idgen leases init`). The registry names each region's table per layout: a
     /// generator claims in that table and no other, a table the registry moved there only once it was
-    /// adopted from the one it replaces, and one whose genesis names this registry.
+    /// adopted from the one it replaces, one whose genesis names this registry, and one whose genesis
+    /// is the table the registry recorded (`table_id`): a second table of the same name (another AWS
+    /// region's, another host's SQLite file) has a genesis of its own. Where the registry holds no
+    /// identity yet (before the table's first `idgen leases init` recorded it), only a development
+    /// generator (`unrecorded_ok`, whose `lease.create_tables` writes the genesis itself but cannot
+    /// write to the registry) claims.
     ///
     /// A registry of an earlier release (no identity in its answer) names no tables: nothing is
     /// checked against it until it is upgraded.
@@ -265,6 +275,7 @@ impl RegistrySnapshot {
         layout: &str,
         table: &str,
         genesis: Option<&Genesis>,
+        unrecorded_ok: bool,
     ) -> Result<(), String> {
         let Some(registry_id) = &self.registry_id else { return Ok(()) };
         let entry =
@@ -300,6 +311,30 @@ impl RegistrySnapshot {
                 ));
             }
             Some(_) => {}
+        }
+        match &entry.table_id {
+            Some(recorded) if *recorded != genesis.table_id => {
+                return Err(format!(
+                    "lease table {table} is not the table the registry holds for region {region} under layout \
+                     {layout}: its genesis is {mine}, and the registry recorded {recorded} at the first `idgen leases \
+                     init` of the region's {table}. It is another table of the same name (another AWS region's, \
+                     another host's SQLite file), and the numbers its rows show free are held in the recorded one: \
+                     point this generator at the recorded table; to move the region to this one, adopt it (`idgen \
+                     leases adopt --from-table <the recorded table>`) and then `idgen regions move-lease-table` \
+                     (runbooks/lease-table-restore.md)",
+                    mine = genesis.table_id
+                ));
+            }
+            Some(_) => {}
+            None if unrecorded_ok => {}
+            None => {
+                return Err(format!(
+                    "the registry holds no identity for region {region}'s {layout} lease table {table} yet, so \
+                     nothing tells this table from another of the same name: run `idgen leases init --config <this \
+                     configuration>` with an operator's token, which records this one's (genesis {})",
+                    genesis.table_id
+                ));
+            }
         }
         if let Some(old) = &entry.moved_from {
             let adopted = genesis.how.adopted_from().is_some_and(|from| from == old || from == "gone");
@@ -521,6 +556,7 @@ mod tests {
         let table = |name: &str, moved_from: Option<&str>| LeaseTableWire {
             table: name.into(),
             moved_from: moved_from.map(str::to_owned),
+            table_id: Some("t".into()),
         };
         let mut s = RegistrySnapshot { registry_id: Some("r1".into()), ..snapshot() };
         s.regions[1].lease_tables = BTreeMap::from([
@@ -528,30 +564,65 @@ mod tests {
             ("v2".into(), table("idgen-leases-v2-restored", Some("idgen-leases-v2"))),
         ]);
         let init = genesis(Some("r1"), GenesisHow::Init);
-        s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init)).unwrap();
-        s.check_lease_table("eu-west-1", "v1", "idgen-leases", None).unwrap();
+        for development in [false, true] {
+            s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init), development).unwrap();
+            s.check_lease_table("eu-west-1", "v1", "idgen-leases", None, development).unwrap();
+        }
         // Another table: a fresh one beside the live one.
-        let fresh = s.check_lease_table("eu-west-1", "v1", "idgen-leases-new", Some(&init)).unwrap_err();
+        let fresh = s.check_lease_table("eu-west-1", "v1", "idgen-leases-new", Some(&init), true).unwrap_err();
         assert!(fresh.contains("names idgen-leases") && fresh.contains("move-lease-table"), "{fresh}");
         // No table named for the layout, or the region unknown.
-        assert!(s.check_lease_table("eu-west-1", "v3", "idgen-leases-v3", None).is_err());
-        assert!(s.check_lease_table("old-1", "v1", "idgen-leases", None).is_err());
+        assert!(s.check_lease_table("eu-west-1", "v3", "idgen-leases-v3", None, true).is_err());
+        assert!(s.check_lease_table("old-1", "v1", "idgen-leases", None, true).is_err());
         // The table's genesis names no registry, or another (this one started over).
-        let unbound = s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&genesis(None, GenesisHow::Init)));
+        let unbound =
+            s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&genesis(None, GenesisHow::Init)), true);
         assert!(unbound.unwrap_err().contains("idgen leases init"));
         let other =
-            s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&genesis(Some("r0"), GenesisHow::Init)));
+            s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&genesis(Some("r0"), GenesisHow::Init)), true);
         assert!(other.unwrap_err().contains("started over"));
         // A table moved here must have been adopted from the one it replaces.
         let moved = "idgen-leases-v2-restored";
-        assert!(s.check_lease_table("eu-west-1", "v2", moved, Some(&init)).unwrap_err().contains("adopt"));
+        assert!(s.check_lease_table("eu-west-1", "v2", moved, Some(&init), true).unwrap_err().contains("adopt"));
         for from in ["idgen-leases-v2", "gone"] {
             let adopted = genesis(Some("r1"), GenesisHow::Adopted { from: from.into() });
-            s.check_lease_table("eu-west-1", "v2", moved, Some(&adopted)).unwrap();
+            s.check_lease_table("eu-west-1", "v2", moved, Some(&adopted), false).unwrap();
         }
         let elsewhere = genesis(Some("r1"), GenesisHow::Adopted { from: "idgen-leases-other".into() });
-        assert!(s.check_lease_table("eu-west-1", "v2", moved, Some(&elsewhere)).is_err());
+        assert!(s.check_lease_table("eu-west-1", "v2", moved, Some(&elsewhere), true).is_err());
         // A registry of an earlier release names nothing: nothing to check against it.
-        snapshot().check_lease_table("eu-west-1", "v1", "anything", None).unwrap();
+        snapshot().check_lease_table("eu-west-1", "v1", "anything", None, false).unwrap();
+    }
+
+    #[test]
+    fn a_second_table_of_the_same_name_is_refused_by_its_genesis() {
+        use crate::lease::GenesisHow;
+        let mut s = RegistrySnapshot { registry_id: Some("r1".into()), ..snapshot() };
+        let named = |table_id: Option<&str>| {
+            BTreeMap::from([(
+                "v1".to_owned(),
+                LeaseTableWire {
+                    table: "idgen-leases".into(),
+                    moved_from: None,
+                    table_id: table_id.map(str::to_owned),
+                },
+            )])
+        };
+        let init = genesis(Some("r1"), GenesisHow::Init); // table_id "t"
+        // The registry recorded another table of this name: refused, development or not.
+        s.regions[1].lease_tables = named(Some("first"));
+        for development in [false, true] {
+            let second = s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init), development).unwrap_err();
+            assert!(second.contains("another table of the same name") && second.contains("first"), "{second}");
+        }
+        // Nothing recorded yet: a production generator waits for `leases init` to record it; a
+        // development one (create_tables, no operator credential) claims.
+        s.regions[1].lease_tables = named(None);
+        let unrecorded = s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init), false).unwrap_err();
+        assert!(unrecorded.contains("idgen leases init") && unrecorded.contains("genesis t"), "{unrecorded}");
+        s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init), true).unwrap();
+        // Recorded as this one: claimed in.
+        s.regions[1].lease_tables = named(Some("t"));
+        s.check_lease_table("eu-west-1", "v1", "idgen-leases", Some(&init), false).unwrap();
     }
 }

@@ -49,12 +49,21 @@ fn configured_stores() -> StoreOpener {
 struct RegistryTables {
     region: String,
     held: Arc<RwLock<Option<RegistrySnapshot>>>,
+    /// A development generator claims in a table whose identity the registry has not recorded.
+    development: bool,
 }
 
 impl TableCheck for RegistryTables {
     fn check(&self, layout: &str, table: &str, genesis: &Genesis) -> Result<(), String> {
         match &*self.held.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
-            Some(snapshot) => snapshot.check_lease_table(&self.region, layout, table, Some(genesis)),
+            Some(snapshot) => snapshot.check_lease_table(&self.region, layout, table, Some(genesis), self.development),
+            None => Ok(()),
+        }
+    }
+
+    fn still_named(&self, layout: &str, table: &str) -> Result<(), String> {
+        match &*self.held.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            Some(snapshot) => snapshot.check_lease_table(&self.region, layout, table, None, true),
             None => Ok(()),
         }
     }
@@ -226,11 +235,29 @@ impl Supervisor {
     /// on it, rather than only stay without a lease.
     async fn start_keeper(&mut self, layout: &str) -> anyhow::Result<()> {
         let store = (self.stores)(&self.config, layout).await?;
+        let keeper = self.keeper_on(layout, store.clone()).await;
+        let keeper = match keeper {
+            Ok(keeper) => keeper,
+            // Not kept: its file (SQLite) is closed now, not whenever its pool is dropped.
+            Err(error) => {
+                store.close().await;
+                return Err(error);
+            }
+        };
+        let (stop, stop_rx) = watch::channel(false);
+        tracing::info!(layout, "starting the lease keeper");
+        self.keepers.insert(layout.to_owned(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
+        Ok(())
+    }
+
+    /// The keeper of `layout` on `store`, once the table passes what every claim asks of it.
+    async fn keeper_on(&mut self, layout: &str, store: Arc<dyn LeaseStore>) -> anyhow::Result<LeaseKeeper> {
         let table = store.table_name();
         let region = self.config.region().to_owned();
+        let development = self.config.development;
         let held = self.held.clone();
         if let Some(snapshot) = &held {
-            snapshot.check_lease_table(&region, layout, &table, None).map_err(anyhow::Error::msg)?;
+            snapshot.check_lease_table(&region, layout, &table, None, development).map_err(anyhow::Error::msg)?;
         }
         // Development's `create_tables`: the generator runs `idgen leases init` itself.
         if self.config.lease.create_tables {
@@ -250,7 +277,9 @@ impl Supervisor {
         match store.check_claimable().await {
             Ok(genesis) => {
                 if let Some(snapshot) = &held {
-                    snapshot.check_lease_table(&region, layout, &table, Some(&genesis)).map_err(anyhow::Error::msg)?;
+                    snapshot
+                        .check_lease_table(&region, layout, &table, Some(&genesis), development)
+                        .map_err(anyhow::Error::msg)?;
                 }
             }
             Err(error @ StoreError::Unavailable(_)) => {
@@ -261,12 +290,10 @@ impl Supervisor {
         let mut keeper =
             LeaseKeeper::new(layout, store, self.generator.clone(), self.config.lease_config(), self.holder.clone())?;
         if self.config.registry_url.is_some() {
-            keeper = keeper.with_table_check(Arc::new(RegistryTables { region, held: self.shared_held.clone() }));
+            let held = self.shared_held.clone();
+            keeper = keeper.with_table_check(Arc::new(RegistryTables { region, held, development }));
         }
-        let (stop, stop_rx) = watch::channel(false);
-        tracing::info!(layout, "starting the lease keeper");
-        self.keepers.insert(layout.to_owned(), Running { stop, task: tokio::spawn(keeper.run(stop_rx)) });
-        Ok(())
+        Ok(keeper)
     }
 
     /// The layouts whose keepers are running, sorted.
@@ -304,6 +331,7 @@ impl Supervisor {
                     });
                 match applied {
                     Ok(()) => {
+                        self.generator.metrics().registry_answer_refused.set(0);
                         self.follow_region_status(&snapshot, &region);
                         *self.region_names.write().unwrap_or_else(|p| p.into_inner()) = snapshot.region_names();
                         if let Err(error) = snapshot.save(&self.config.schedule_cache_path()) {
@@ -312,10 +340,45 @@ impl Supervisor {
                         *self.shared_held.write().unwrap_or_else(|p| p.into_inner()) = Some(snapshot.clone());
                         self.held = Some(snapshot);
                     }
-                    Err(error) => tracing::error!(%error, "the registry's schedule was refused"),
+                    Err(error) => {
+                        self.generator.metrics().registry_answer_refused.set(1);
+                        tracing::error!(
+                            %error,
+                            "the registry's answer was refused: issuing on the copy held until its horizon, and \
+                             reporting this generator's region number to that registry (runbooks/registry-started-over.md)"
+                        );
+                        self.report_number_in_use(url).await;
+                    }
                 }
             }
             Err(error) => tracing::warn!(%error, "registry refresh failed; keeping the copy held"),
+        }
+    }
+
+    /// Tells a registry whose answer contradicts the copy held (one started over, or restored from
+    /// a backup) the region number this generator still issues under, which registry it follows
+    /// and until when its copy lets it issue: that registry then hands the number to no region
+    /// added before that time (`POST /v1/numbers-in-use`). Best effort, at every refresh.
+    async fn report_number_in_use(&self, url: &str) {
+        let Some(held) = &self.held else { return };
+        let Some(registry_id) = held.registry_id.clone() else { return };
+        let body = serde_json::json!({
+            "registry_id": registry_id,
+            "region": self.config.region(),
+            "region_number": self.generator.with_core(|core| core.region()),
+            "issues_until_ms": (held.horizon_ms as i64).saturating_add(idgen_core::EPOCH_UNIX_MS),
+        });
+        let sent =
+            self.registry_http.post(format!("{}/v1/numbers-in-use", url.trim_end_matches('/'))).json(&body).send();
+        match sent.await {
+            Ok(answer) if answer.status().is_success() => {
+                let answer: serde_json::Value = answer.json().await.unwrap_or_default();
+                tracing::warn!(%answer, "reported this generator's region number to the registry that answered");
+            }
+            Ok(answer) => {
+                tracing::warn!(status = %answer.status(), "the registry did not take the report of our number")
+            }
+            Err(error) => tracing::warn!(%error, "could not report our region number to the registry"),
         }
     }
 

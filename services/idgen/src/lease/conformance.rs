@@ -96,30 +96,48 @@ pub async fn renew_checks_holder_epoch_and_forward_expiry(factory: &dyn StoreFac
     let store = factory.open().await;
     let row = claimed(store.claim(9, "a", T0, T0 + LEASE).await.unwrap());
     let e = row.lease_epoch;
-    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 10).await.unwrap(), Conditional::Applied);
+    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 10, T0 + 10).await.unwrap(), Conditional::Applied);
     assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10);
     assert_eq!(
-        store.renew(9, "b", e, T0 + LEASE + 20, T0 + 20).await.unwrap(),
+        store.renew(9, "b", e, T0 + LEASE + 20, T0 + 20, T0 + 20).await.unwrap(),
         Conditional::ConditionFailed,
         "wrong holder"
     );
     assert_eq!(
-        store.renew(9, "a", e + 1, T0 + LEASE + 20, T0 + 20).await.unwrap(),
+        store.renew(9, "a", e + 1, T0 + LEASE + 20, T0 + 20, T0 + 20).await.unwrap(),
         Conditional::ConditionFailed,
         "wrong epoch"
     );
     // Renewing to the expiry the row already holds is idempotent: a retry that meets its own
     // first attempt must not look like a lost lease.
-    assert_eq!(store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20).await.unwrap(), Conditional::Applied, "idempotent");
-    assert_eq!(store.renew(9, "a", e, T0 + LEASE, T0 + 20).await.unwrap(), Conditional::ConditionFailed, "backward");
     assert_eq!(
-        store.renew(10, "a", 1, T0 + LEASE, T0 + 20).await.unwrap(),
+        store.renew(9, "a", e, T0 + LEASE + 10, T0 + 20, T0 + 20).await.unwrap(),
+        Conditional::Applied,
+        "idempotent"
+    );
+    assert_eq!(
+        store.renew(9, "a", e, T0 + LEASE, T0 + 20, T0 + 20).await.unwrap(),
+        Conditional::ConditionFailed,
+        "backward"
+    );
+    assert_eq!(
+        store.renew(10, "a", 1, T0 + LEASE, T0 + 20, T0 + 20).await.unwrap(),
         Conditional::ConditionFailed,
         "no such row"
     );
     assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, T0 + LEASE + 10, "failed renewals change nothing");
     let failures = store.history(Some(9), T0, T0 + 100).await.unwrap();
     assert_eq!(failures.iter().filter(|e| e.kind == AuditKind::RenewFailed).count(), 3);
+    // The lapse rides in the write: a lease the table shows at or before `live_after` (the
+    // renewer's now + fence) is not revived, even by its own holder and epoch.
+    let stored = T0 + LEASE + 10;
+    assert_eq!(
+        store.renew(9, "a", e, stored + LEASE, stored, T0 + 200).await.unwrap(),
+        Conditional::ConditionFailed,
+        "lapsed by the table's expiry"
+    );
+    assert_eq!(store.get(9).await.unwrap().unwrap().lease_expiry, stored, "a refused revival changes nothing");
+    assert_eq!(store.renew(9, "a", e, stored + LEASE, stored - 1, T0 + 200).await.unwrap(), Conditional::Applied);
 }
 
 pub async fn a_stale_holder_cannot_renew_after_a_takeover(factory: &dyn StoreFactory) {
@@ -129,12 +147,12 @@ pub async fn a_stale_holder_cannot_renew_after_a_takeover(factory: &dyn StoreFac
     assert_eq!(b.lease_epoch, a.lease_epoch + 1);
     // A wakes up and tries to renew with its old epoch, even with a far expiry.
     assert_eq!(
-        store.renew(37, "a", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(),
+        store.renew(37, "a", a.lease_epoch, T0 + 10 * LEASE, T0 + 15, T0 + 15).await.unwrap(),
         Conditional::ConditionFailed
     );
     // Even if A had the same name (it cannot: the pid and start time differ), the epoch stops it.
     assert_eq!(
-        store.renew(37, "b", a.lease_epoch, T0 + 10 * LEASE, T0 + 15).await.unwrap(),
+        store.renew(37, "b", a.lease_epoch, T0 + 10 * LEASE, T0 + 15, T0 + 15).await.unwrap(),
         Conditional::ConditionFailed
     );
     assert_eq!(store.get(37).await.unwrap().unwrap(), b);
@@ -160,7 +178,7 @@ pub async fn quarantine_defeats_claims_and_renewals(factory: &dyn StoreFactory) 
     assert_eq!(q.lease_expiry, QUARANTINE_EXPIRY_UNIX_MS);
     assert_eq!(q.lease_epoch, a.lease_epoch + 1);
     assert_eq!(
-        store.renew(170, "a", a.lease_epoch, T0 + 2 * LEASE, T0 + 10).await.unwrap(),
+        store.renew(170, "a", a.lease_epoch, T0 + 2 * LEASE, T0 + 10, T0 + 10).await.unwrap(),
         Conditional::ConditionFailed
     );
     assert_eq!(
@@ -193,7 +211,7 @@ pub async fn lifting_a_quarantine_never_moves_a_holders_expiry_back(factory: &dy
     let store = factory.open().await;
     let long = T0 + 10 * LEASE;
     claimed(store.claim(44, "a", T0, long).await.unwrap());
-    assert_eq!(store.renew(44, "a", 1, long + 7, T0 + 1).await.unwrap(), Conditional::Applied);
+    assert_eq!(store.renew(44, "a", 1, long + 7, T0 + 1, T0 + 1).await.unwrap(), Conditional::Applied);
     let q = store.quarantine(44, "oncall", T0 + 5).await.unwrap();
     assert_eq!(q.expiry_before_quarantine, Some(long + 7));
     let again = store.quarantine(44, "oncall", T0 + 6).await.unwrap();
@@ -367,6 +385,22 @@ pub struct Faults {
     pub down: std::sync::atomic::AtomicBool,
     /// A claim goes through, but its answer is lost (`Unavailable`).
     pub lose_claim_answers: std::sync::atomic::AtomicBool,
+    /// Runs after a renewal applied, before its answer is handed back (a process frozen while
+    /// the answer was on its way: a test moves its clock here).
+    pub after_renew: std::sync::Mutex<Option<Hook>>,
+    /// Runs after a claim applied, before its answer is handed back (the table changed under a
+    /// frozen claimant: a test restores or empties it here).
+    pub after_claim: std::sync::Mutex<Option<Hook>>,
+}
+
+/// A test's code run inside a store call ([`Faults::after_renew`]).
+#[derive(Clone)]
+pub struct Hook(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
 }
 
 impl Faults {
@@ -376,6 +410,16 @@ impl Faults {
 
     pub fn set_losing_claim_answers(&self, lose: bool) {
         self.lose_claim_answers.store(lose, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Runs `hook` after every renewal from now on (`None`: no more).
+    pub fn set_after_renew(&self, hook: Option<Arc<dyn Fn() + Send + Sync>>) {
+        *self.after_renew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = hook.map(Hook);
+    }
+
+    /// Runs `hook` after every claim from now on (`None`: no more).
+    pub fn set_after_claim(&self, hook: Option<Arc<dyn Fn() + Send + Sync>>) {
+        *self.after_claim.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = hook.map(Hook);
     }
 }
 
@@ -432,14 +476,34 @@ impl LeaseStore for FaultyStore {
     ) -> Result<ClaimOutcome, crate::StoreError> {
         self.check()?;
         let outcome = self.inner.claim_as(m, h, t, now, exp).await;
+        let hook = self.faults.after_claim.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if let Some(Hook(hook)) = hook {
+            hook();
+        }
         if self.faults.lose_claim_answers.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(crate::StoreError::Unavailable("the claim went through, its answer was lost".into()));
         }
         outcome
     }
-    async fn renew(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, crate::StoreError> {
+    async fn renew(
+        &self,
+        m: u32,
+        h: &str,
+        e: u64,
+        exp: i64,
+        live_after: i64,
+        now: i64,
+    ) -> Result<Conditional, crate::StoreError> {
         self.check()?;
-        self.inner.renew(m, h, e, exp, now).await
+        let renewed = self.inner.renew(m, h, e, exp, live_after, now).await;
+        let hook = self.faults.after_renew.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if let Some(Hook(hook)) = hook {
+            hook();
+        }
+        renewed
+    }
+    async fn close(&self) {
+        self.inner.close().await
     }
     async fn release(&self, m: u32, h: &str, e: u64, exp: i64, now: i64) -> Result<Conditional, crate::StoreError> {
         self.check()?;

@@ -156,6 +156,24 @@ pub fn missing(table: &str) -> String {
     )
 }
 
+/// The refusal of a SQLite lease file's table without a genesis. The file may be new, or one put
+/// in the place of the file generators were using (restored from a copy, removed and made again):
+/// the processes that had the old file open hold leases written there, which nobody opening the
+/// path sees, until their next renewal finds the file replaced and stops them. `init` is safe only
+/// once they have stopped.
+pub fn missing_in_file(table: &str, file: &str) -> String {
+    format!(
+        "lease table {table} in {file} has no genesis record, so nothing says it is the table this host's \
+         generators claim in. If {file} is new (a new host, a first start), run `idgen leases init --config <this \
+         configuration>`. If it replaced a file generators were using (restored from a copy, removed and made \
+         again), those generators still issue under leases written in the old file, which no process opening \
+         {file} sees, until their next renewal finds the file replaced and stops them: run init only once every \
+         process that had the old file open has stopped (`fuser {file}`; their logs say \"not the one this process \
+         opened\"), or the longest lease (one hour) has passed since the file was replaced \
+         (runbooks/lease-table-restore.md)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::issuing::IdGenerator;
-use crate::lease::{ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError, TableCheck};
+use crate::lease::{
+    AuditEvent, AuditKind, ClaimOutcome, ClaimToken, Conditional, LeaseRow, LeaseStore, MAX_LEASE_MS, StoreError,
+    TableCheck,
+};
 
 /// Which machine numbers a generator may claim, per layout. Fleet workers take 0–63, embedded
 /// generators 64 and up (SPEC §2), so the two never compete for a number.
@@ -381,13 +384,38 @@ impl LeaseKeeper {
         let wall = self.generator.clock().unix_ms();
         let fence = self.config.fence_ms;
         let held = self.generator.with_core(|core| core.lease(&self.layout));
-        if held.is_none_or(|held| held.machine != machine || held.epoch != epoch || wall >= held.expiry_unix_ms - fence)
+        let held_expiry = match held {
+            Some(held) if held.machine == machine && held.epoch == epoch && wall < held.expiry_unix_ms - fence => {
+                held.expiry_unix_ms
+            }
+            _ => return self.lapsed(now, machine, epoch).await,
+        };
+        // The registry moved the region to another table (`idgen regions move-lease-table`):
+        // renewals here stop, and so does issuing, so that nobody holds a number in both.
+        if let Some(check) = &self.table_check
+            && let Err(reason) = check.still_named(&self.layout, &self.store.table_name())
         {
-            return self.lapsed(now, machine, epoch).await;
+            self.generator.with_core(|core| core.drop_lease(&self.layout));
+            self.generator.metrics().lease_event(&self.layout, "renew_lost");
+            tracing::error!(layout = %self.layout, machine, epoch, "not renewing: {reason}");
+            let then = self.refused(now, 0, reason, None);
+            return Outcome::Lost { machine, then: Box::new(then) };
         }
         let new_expiry = wall + self.config.lease_ms;
-        match self.store.renew(machine, &self.holder, epoch, new_expiry, wall).await {
+        // The lapse rides in the write: it applies only while the stored lease is still before
+        // its fence by the clock read now, after the check above. A freeze between the check and
+        // this read, a successor's claim meanwhile, and a table put back under it, cannot revive
+        // a lease the table shows lapsed.
+        let live_after = self.generator.clock().unix_ms().max(wall) + fence;
+        match self.store.renew(machine, &self.holder, epoch, new_expiry, live_after, wall).await {
             Ok(Conditional::Applied) => {
+                // A freeze after the write was sent (its answer late): the lease may have passed
+                // its fence meanwhile, and a successor claimed it. Nothing is extended then.
+                let after = self.generator.clock().unix_ms();
+                if after >= held_expiry - fence {
+                    tracing::warn!(layout = %self.layout, machine, epoch, "the renewal's answer came after the lease's fence: not extending it");
+                    return self.lapsed(now, machine, epoch).await;
+                }
                 self.generator.with_core(|core| core.extend_lease(&self.layout, machine, epoch, new_expiry));
                 self.generator.metrics().lease_event(&self.layout, "renew");
                 self.state = State::Held { machine, epoch, renew_at: now + ms(self.config.renew_interval_ms) };
@@ -395,12 +423,14 @@ impl LeaseKeeper {
             }
             Ok(Conditional::ConditionFailed) => {
                 // The condition also fails when this clock went back, so the new expiry is not
-                // past the stored one. If the row still names us and our epoch, nobody else has
-                // the number: keep it (the generator stops at its fence as always) and retry.
+                // past the stored one. If the row still names us and our epoch, with an expiry not
+                // below the one we hold, nobody else has the number: keep it (the generator stops
+                // at its fence as always) and retry. Below the one we hold, the table went back.
                 let row = self.store.get(machine).await;
                 if let Ok(Some(row)) = &row
                     && row.holder == self.holder
                     && row.lease_epoch == epoch
+                    && row.lease_expiry >= held_expiry
                 {
                     self.generator.metrics().lease_event(&self.layout, "renew_not_forward");
                     let retry_in = Duration::from_secs(1).min(ms(self.config.renew_interval_ms));
@@ -410,7 +440,7 @@ impl LeaseKeeper {
                 // Stop issuing first, then look for another number.
                 self.generator.with_core(|core| core.drop_lease(&self.layout));
                 if let Ok(row) = &row
-                    && let Some(why) = went_back(row.as_ref(), &self.holder, epoch)
+                    && let Some(why) = went_back(row.as_ref(), &self.holder, epoch, held_expiry)
                 {
                     let then = self.table_went_back(now, machine, epoch, &why);
                     return Outcome::Lost { machine, then: Box::new(then) };
@@ -429,6 +459,13 @@ impl LeaseKeeper {
                     }
                     None => self.claim(now, 0, None).await,
                 };
+                Outcome::Lost { machine, then: Box::new(then) }
+            }
+            // The table is not the one the lease is in (a SQLite file replaced): nobody claiming
+            // through it sees this lease, so issuing stops now, not at the fence.
+            Err(StoreError::Replaced(why)) => {
+                self.generator.with_core(|core| core.drop_lease(&self.layout));
+                let then = self.table_went_back(now, machine, epoch, &why);
                 Outcome::Lost { machine, then: Box::new(then) }
             }
             Err(error) => {
@@ -471,7 +508,7 @@ impl LeaseKeeper {
             epoch,
             "the lease passed its fence without a renewal: not renewing it, claiming afresh (another number)"
         );
-        if let Some(why) = went_back(row.as_ref(), &self.holder, epoch) {
+        if let Some(why) = went_back(row.as_ref(), &self.holder, epoch, i64::MIN) {
             let then = self.table_went_back(now, machine, epoch, &why);
             return Outcome::Lapsed { machine, then: Box::new(then) };
         }
@@ -514,6 +551,7 @@ impl LeaseKeeper {
         let genesis = match self.store.check_claimable().await {
             Ok(genesis) => genesis,
             Err(StoreError::Misconfigured(reason)) => return self.refused(now, failures, reason, pending),
+            Err(StoreError::Replaced(reason)) => return self.replaced(now, failures, reason, pending),
             Err(error) => return self.unavailable(now, failures, error, pending),
         };
         if let Some(check) = &self.table_check
@@ -526,6 +564,9 @@ impl LeaseKeeper {
             // number is ours; without this, the number would sit unused for a whole lease.
             let PendingClaim { machine, ref token, now_unix_ms, expiry_unix_ms } = pending;
             match self.store.claim_as(machine, &self.holder, token, now_unix_ms, expiry_unix_ms).await {
+                // It made the row of a number held before: parked, as a fresh claim's would be.
+                Ok(ClaimOutcome::Claimed(row))
+                    if row.lease_epoch == 1 && self.row_vanished(machine, now_unix_ms).await => {}
                 Ok(ClaimOutcome::Claimed(row)) => {
                     return self
                         .install(now, failures, machine, row.lease_epoch, now_unix_ms, expiry_unix_ms, true)
@@ -553,10 +594,14 @@ impl LeaseKeeper {
             let expiry = wall + self.config.lease_ms;
             let token = ClaimToken::random();
             match self.store.claim_as(machine, &self.holder, &token, wall, expiry).await {
+                Ok(ClaimOutcome::Claimed(row)) if row.lease_epoch == 1 && self.row_vanished(machine, wall).await => {
+                    continue;
+                }
                 Ok(ClaimOutcome::Claimed(row)) => {
                     return self.install(now, failures, machine, row.lease_epoch, wall, expiry, false).await;
                 }
                 Ok(ClaimOutcome::Taken) => continue,
+                Err(StoreError::Replaced(reason)) => return self.replaced(now, failures, reason, None),
                 Err(error) => {
                     let pending = PendingClaim { machine, token, now_unix_ms: wall, expiry_unix_ms: expiry };
                     return self.unavailable(now, failures, error, Some(pending));
@@ -569,6 +614,48 @@ impl LeaseKeeper {
         tracing::warn!(layout = %self.layout, first, last, ?retry_in, "every machine number in the range is taken");
         self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in), pending: None };
         Outcome::AllTaken { retry_in }
+    }
+
+    /// After a claim that made the row (epoch 1: nobody had it), whether the number was held
+    /// before all the same, by the audit log: then its row was removed under its holder (rows
+    /// emptied by hand, the genesis left behind), who goes on issuing until its next renewal finds
+    /// the row gone. The number is parked instead of used: released at once to the claim's `:now`
+    /// plus the longest lease any generator may hold, by when every holder of it has tried a
+    /// renewal (and stopped) or passed its own lease, and the sweep goes on to the next number.
+    /// An audit log that cannot be read (its table down: its records wait in the spool) says
+    /// nothing either way, and the number is used, as it was before the audit was asked: parking
+    /// every fresh number while the audit table is down would stop a new table's fleet.
+    async fn row_vanished(&self, machine: u32, wall: i64) -> bool {
+        let history = match self.store.history(Some(machine), 0, wall.saturating_add(1)).await {
+            Ok(events) => events,
+            Err(error) => {
+                tracing::warn!(layout = %self.layout, machine, %error, "a claim made a row afresh and the audit log could not be read to say whether the number was held before");
+                return false;
+            }
+        };
+        let ours = |event: &AuditEvent| {
+            event.holder == self.holder && event.kind == AuditKind::Claim && event.lease_epoch == 1
+        };
+        let Some(held) = history.iter().rev().find(|event| !ours(event)) else { return false };
+        let why = format!(
+            "its row was gone, and the audit log shows it {} by {} (epoch {}) at {}",
+            held.kind.as_str(),
+            held.holder,
+            held.lease_epoch,
+            idgen_core::format_unix_ms(held.at_unix_ms)
+        );
+        let parked_until = wall.saturating_add(MAX_LEASE_MS);
+        let released = self.store.release(machine, &self.holder, 1, parked_until, wall).await;
+        self.generator.metrics().lease_event(&self.layout, "row_vanished");
+        tracing::error!(
+            layout = %self.layout,
+            machine,
+            parked_until = %idgen_core::format_unix_ms(parked_until),
+            ?released,
+            "machine {machine} not used: {why}; a holder may still issue under it until its next renewal, so it is \
+             parked for the longest lease (runbooks/lease-table-restore.md)"
+        );
+        true
     }
 
     /// Starts issuing under a claimed row. Should the generator refuse it after all, the number
@@ -584,6 +671,22 @@ impl LeaseKeeper {
         expiry_unix_ms: i64,
         adopted: bool,
     ) -> Outcome {
+        // The table's checks again, now that the claim applied: a claimant that froze between its
+        // checks and its write may have claimed in a table restored meanwhile under the same name
+        // (DynamoDB addresses a table by name), whose row of the number is older than its holder's
+        // lease. Refused now, the claim is given back to its `:now`, below which nothing was issued.
+        if let Some(refusal) = self.refused_after_the_claim().await {
+            let wall = self.generator.clock().unix_ms();
+            if let Err(release) = self.store.release(machine, &self.holder, epoch, floor_unix_ms, wall).await {
+                tracing::warn!(error = %release, machine, "could not give back a claim in a table refused since; it expires on its own");
+            }
+            return match refusal {
+                Err(StoreError::Replaced(reason)) => self.replaced(now, failures, reason, None),
+                Err(error @ StoreError::Unavailable(_)) => self.unavailable(now, failures, error, None),
+                Err(error) => self.refused(now, failures, error.to_string(), None),
+                Ok(reason) => self.refused(now, failures, reason, None),
+            };
+        }
         let lease = Lease { layout: self.layout.clone(), machine, epoch, expiry_unix_ms, floor_unix_ms };
         if let Err(error) = self.generator.with_core(|core| core.install_lease(lease)) {
             let wall = self.generator.clock().unix_ms();
@@ -606,6 +709,21 @@ impl LeaseKeeper {
         } else {
             Outcome::Claimed { machine, epoch, expiry_unix_ms }
         }
+    }
+
+    /// Whether the table is refused now (after a claim): `Some(Ok(reason))` by the process's
+    /// memory or the registry, `Some(Err(error))` by the table's own checks (or it could not be
+    /// asked), `None` if it may be claimed in.
+    async fn refused_after_the_claim(&self) -> Option<Result<String, StoreError>> {
+        if let Some(reason) = went_back_before(&self.store.table_key()) {
+            return Some(Ok(reason));
+        }
+        let genesis = match self.store.check_claimable().await {
+            Ok(genesis) => genesis,
+            Err(error) => return Some(Err(error)),
+        };
+        let check = self.table_check.as_ref()?;
+        check.check(&self.layout, &self.store.table_name(), &genesis).err().map(Ok)
     }
 
     /// How many numbers of the range no live lease holds, for the machine-numbers alert: one
@@ -651,6 +769,18 @@ impl LeaseKeeper {
         tracing::warn!(layout = %self.layout, %error, ?retry_in, "claim could not reach the lease table");
         self.state = State::Unclaimed { failures: failures + 1, retry_at: Some(now + retry_in), pending };
         Outcome::StoreUnavailable { error, retry_in }
+    }
+
+    /// The table was replaced under this process: no claim in it, by any keeper of the process,
+    /// from now on ([`WENT_BACK`]).
+    fn replaced(&mut self, now: Instant, failures: u32, reason: String, pending: Option<PendingClaim>) -> Outcome {
+        self.generator.metrics().lease_event(&self.layout, "table_went_back");
+        WENT_BACK
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(self.store.table_key())
+            .or_insert_with(|| reason.clone());
+        self.refused(now, failures, reason, pending)
     }
 
     /// No claim in this table: [`Outcome::TableRefused`].
@@ -732,20 +862,28 @@ impl LeaseKeeper {
                 }
             }
         }
-        self.release().await
+        let released = self.release().await;
+        self.store.close().await;
+        released
     }
 }
 
 /// Whether the row a renewal failed on shows the table going back: a number's row is never
 /// deleted, and every change of it (a claim, a quarantine, a lift) raises its epoch, so a row
-/// that is gone, or has an epoch below ours, or another holder at ours, is an older copy.
-fn went_back(row: Option<&LeaseRow>, holder: &str, epoch: u64) -> Option<String> {
+/// that is gone, or has an epoch below ours, or another holder at ours, is an older copy; and at
+/// our epoch only our own renewals move the expiry, forward, so ours below `held_expiry` (what
+/// the core holds from them) is one too.
+fn went_back(row: Option<&LeaseRow>, holder: &str, epoch: u64, held_expiry: i64) -> Option<String> {
     match row {
         None => Some("its row is gone".to_owned()),
         Some(row) if row.lease_epoch < epoch => Some(format!("its row has epoch {} again", row.lease_epoch)),
         Some(row) if row.lease_epoch == epoch && row.holder != holder => {
             Some(format!("its row names {} at the same epoch", row.holder))
         }
+        Some(row) if row.lease_epoch == epoch && row.lease_expiry < held_expiry => Some(format!(
+            "its row is ours with expiry {}, below the {held_expiry} our renewals wrote",
+            row.lease_expiry
+        )),
         Some(_) => None,
     }
 }

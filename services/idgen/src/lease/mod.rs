@@ -43,6 +43,10 @@ pub fn default_table(layout: &str) -> String {
 /// ([`crate::control::registry::RegistrySnapshot::check_lease_table`]). `Err`: why not.
 pub trait TableCheck: Send + Sync {
     fn check(&self, layout: &str, table: &str, genesis: &Genesis) -> Result<(), String>;
+
+    /// Before every renewal: the registry still names `table` for the region and layout (a
+    /// region moved to another table stops renewing in the old one).
+    fn still_named(&self, layout: &str, table: &str) -> Result<(), String>;
 }
 
 /// The longest lease any generator may hold (validated at start-up, [`crate::LeaseConfig`]).
@@ -200,6 +204,16 @@ pub enum StoreError {
     /// The table answered with something that cannot be a lease row.
     #[error("lease table holds an invalid row: {0}")]
     Invalid(String),
+    /// The table is no longer the one this handle opened: a SQLite file replaced under the
+    /// process (a copy put in its place) or removed. The leases this process holds were written
+    /// in the old one, which no process opening the table now sees: it stops issuing under them
+    /// at once and claims in the table no more.
+    #[error("lease table replaced: {0}")]
+    Replaced(String),
+    /// This process was forked from one that has the table's SQLite file open, and may not open
+    /// it: its SQLite would share no locks with its parent's (the SQLite store's record of open files).
+    #[error("lease table not for a forked process: {0}")]
+    Forked(String),
     /// The table does not exist or has the wrong key schema: an operator must act.
     #[error("lease table misconfigured: {0}")]
     Misconfigured(String),
@@ -246,6 +260,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// adopted it (`idgen leases adopt`, runbooks/lease-table-restore.md).
     async fn check_claimable(&self) -> Result<Genesis, StoreError>;
 
+    /// Lets go of the table (a SQLite file's connections: a process forked from this one may then
+    /// open it). The handle is not used afterwards.
+    async fn close(&self) {}
+
     /// A claim with a fresh token.
     async fn claim(
         &self,
@@ -257,16 +275,19 @@ pub trait LeaseStore: Send + Sync + 'static {
         self.claim_as(machine, holder, &ClaimToken::random(), now_unix_ms, expiry_unix_ms).await
     }
 
-    /// `holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry` → set expiry.
-    /// `Applied` exactly when the row afterwards names us, our epoch and `new_expiry` — so a
-    /// retry that meets its own first attempt is `Applied`, not a lost lease. A failed condition
-    /// is recorded in the audit log.
+    /// `holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry AND lease_expiry >
+    /// :live_after` → set expiry. `live_after` is the renewing clock's now plus the fence: a lease
+    /// the table shows at or past its fence is not the renewal's to revive (a freeze between the
+    /// keeper's check and the write, a table put back under it). `Applied` exactly when the row
+    /// afterwards names us, our epoch and `new_expiry` — so a retry that meets its own first
+    /// attempt is `Applied`, not a lost lease. A failed condition is recorded in the audit log.
     async fn renew(
         &self,
         machine: u32,
         holder: &str,
         epoch: u64,
         new_expiry_unix_ms: i64,
+        live_after_unix_ms: i64,
         now_unix_ms: i64,
     ) -> Result<Conditional, StoreError>;
 

@@ -304,15 +304,19 @@ impl LeaseStore for DynamoDbLeaseStore {
         holder: &str,
         epoch: u64,
         new_expiry_unix_ms: i64,
+        live_after_unix_ms: i64,
         now_unix_ms: i64,
     ) -> Result<Conditional, StoreError> {
         let update = self
             .update(machine)
             .update_expression("SET lease_expiry = :new_expiry")
-            .condition_expression("holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry")
+            .condition_expression(
+                "holder = :me AND lease_epoch = :my_epoch AND lease_expiry < :new_expiry AND lease_expiry > :live_after",
+            )
             .expression_attribute_values(":me", s(holder))
             .expression_attribute_values(":my_epoch", n(epoch))
-            .expression_attribute_values(":new_expiry", n(new_expiry_unix_ms));
+            .expression_attribute_values(":new_expiry", n(new_expiry_unix_ms))
+            .expression_attribute_values(":live_after", n(live_after_unix_ms));
         match self.write_if(update, |row| row.renewed_by(holder, epoch, new_expiry_unix_ms)).await? {
             Written::Applied(_) => Ok(Conditional::Applied),
             Written::Refused => {

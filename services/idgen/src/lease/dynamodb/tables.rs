@@ -119,6 +119,11 @@ impl DynamoDbLeaseStore {
     }
 
     /// `DescribeTable` of `name`; `None` if there is no such table.
+    /// Whether a table of that name exists (in this client's region and account).
+    pub async fn table_exists(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self.describe_table(name).await?.is_some())
+    }
+
     pub(super) async fn describe_table(&self, name: &str) -> Result<Option<TableDescription>, StoreError> {
         match self.client.describe_table().table_name(name).send().await {
             Ok(described) => Ok(Some(

@@ -6,9 +6,19 @@
 //!
 //! The tables are created here (`CREATE TABLE IF NOT EXISTS`) rather than by a migration because
 //! their names are configuration, exactly as DynamoDB table names are.
+//!
+//! Two things SQLite's locking cannot see are checked here ([`opened`]): a process forked from one
+//! that has the file open is refused it (its SQLite would take no real lock), and before every
+//! claim and renewal the file at the path must still be the one opened (a copy put in its place
+//! is [`StoreError::Replaced`]: the lease written in the old one, nobody opening the path sees).
 
-use std::path::Path;
+mod opened;
+
+pub use opened::FileIdentity;
+
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +38,16 @@ pub struct SqliteLeaseStore {
     audit: String,
     /// The database file, as SQLite resolved it.
     file: String,
+    /// The file this store opened (none for a pool handed in, [`SqliteLeaseStore::with_pool`]).
+    opened: Option<Arc<OpenedFile>>,
+}
+
+/// What [`SqliteLeaseStore::open`] opened: its path, the file that was there, and its place in
+/// the process's record of open files, left when the pool is closed.
+struct OpenedFile {
+    path: PathBuf,
+    identity: FileIdentity,
+    entry: Mutex<Option<opened::Opened>>,
 }
 
 /// The columns every query reads a lease row from.
@@ -118,10 +138,56 @@ impl SqliteLeaseStore {
     }
 
     /// [`Self::open`], waiting up to `within` for other processes opening the same file
-    /// ([`crate::lease::open_lock`]).
+    /// ([`crate::lease::open_lock`]). Refused in a process forked from one that has the file open
+    /// ([`opened`]).
     pub async fn open_waiting(path: &Path, table: &str, within: Duration) -> Result<Self, StoreError> {
         check_local_filesystem(path)?;
-        let _one_opener = crate::lease::open_lock::lock_for_open(path, within)
+        let entry = opened::Opened::enter(path)?;
+        // Held until the tables are made: see open_lock.
+        let (pool, _one_opener) = match Self::connect(path, within).await {
+            Ok(connected) => connected,
+            // Nothing of the file is open: its entry goes.
+            Err(error) => {
+                entry.closed();
+                return Err(error);
+            }
+        };
+        let resolved = opened::resolved(path);
+        let identity = match FileIdentity::of(&resolved) {
+            Ok(Some(identity)) => Ok(identity),
+            Ok(None) => Err(StoreError::Replaced(format!("{} was removed as it was opened", resolved.display()))),
+            Err(error) => Err(StoreError::Unavailable(format!("stat {}: {error}", resolved.display()))),
+        };
+        let identity = match identity {
+            Ok(identity) => identity,
+            Err(error) => {
+                pool.close().await;
+                entry.closed();
+                return Err(error);
+            }
+        };
+        entry.set_identity(identity);
+        let opened = Arc::new(OpenedFile { path: resolved, identity, entry: Mutex::new(Some(entry)) });
+        let mut store = match Self::with_pool(pool.clone(), table).await {
+            Ok(store) => store,
+            Err(error) => {
+                pool.close().await;
+                if let Some(entry) = opened.entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+                    entry.closed();
+                }
+                return Err(error);
+            }
+        };
+        store.opened = Some(opened);
+        Ok(store)
+    }
+
+    /// The file's pool, once the other processes opening it let this one in, and the open lock.
+    async fn connect(
+        path: &Path,
+        within: Duration,
+    ) -> Result<(SqlitePool, crate::lease::open_lock::OpenLock), StoreError> {
+        let one_opener = crate::lease::open_lock::lock_for_open(path, within)
             .await
             .map_err(|error| StoreError::Unavailable(error.to_string()))?;
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
@@ -130,8 +196,18 @@ impl SqliteLeaseStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new().max_connections(2).connect_with(options).await.map_err(unavailable)?;
-        Self::with_pool(pool, table).await
+        // The connections are kept for the store's life: a pool that retires its last one closes
+        // the file, and SQLite's last close in a process checkpoints and deletes the WAL when it
+        // can (which only a fork's missing locks would let it do under another process); nothing
+        // is gained by reopening a local file.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_with(options)
+            .await
+            .map_err(unavailable)?;
+        Ok((pool, one_opener))
     }
 
     /// Uses an existing pool (several tables can share one file).
@@ -142,9 +218,32 @@ impl SqliteLeaseStore {
             .fetch_one(&pool)
             .await
             .map_err(unavailable)?;
-        let store = SqliteLeaseStore { pool, table: table.to_owned(), audit, file };
+        let store = SqliteLeaseStore { pool, table: table.to_owned(), audit, file, opened: None };
         store.create_tables().await?;
         Ok(store)
+    }
+
+    /// Whether the file at the path is still the one opened: a copy put in its place (a restore,
+    /// `cp` of another file over a rename, a file made again) is another table, and the lease this
+    /// process holds was written in the old one, which nobody opening the path sees.
+    fn check_same_file(&self) -> Result<(), StoreError> {
+        let Some(opened) = &self.opened else { return Ok(()) };
+        let now = FileIdentity::of(&opened.path)
+            .map_err(|error| StoreError::Unavailable(format!("stat {}: {error}", opened.path.display())))?;
+        if now == Some(opened.identity) {
+            return Ok(());
+        }
+        let what = match now {
+            Some(other) => format!("another file is there now ({other}; this process opened {})", opened.identity),
+            None => "it was removed".to_owned(),
+        };
+        Err(StoreError::Replaced(format!(
+            "the lease file {} is not the one this process opened: {what}. The leases of this process are in \
+             the old file, which no process opening the path sees: nothing more is claimed or renewed through this \
+             handle. Before any process claims in the file now at the path, every process that had the old one \
+             open must be stopped (runbooks/lease-table-restore.md)",
+            opened.path.display()
+        )))
     }
 
     async fn create_tables(&self) -> Result<(), StoreError> {
@@ -334,8 +433,23 @@ impl LeaseStore for SqliteLeaseStore {
         )))
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+        // Closed: a process forked from this one from now on may open the file, once the last of
+        // its connections is really closed.
+        if let Some(opened) = &self.opened {
+            let entry = opened.entry.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+            if let Some(entry) = entry {
+                entry.released(opened.identity, Duration::from_secs(2)).await;
+            }
+        }
+    }
+
     async fn check_claimable(&self) -> Result<Genesis, StoreError> {
-        self.genesis().await?.ok_or_else(|| StoreError::Misconfigured(genesis::missing(&self.table)))
+        self.check_same_file()?;
+        self.genesis()
+            .await?
+            .ok_or_else(|| StoreError::Misconfigured(genesis::missing_in_file(&self.table, &self.file)))
     }
 
     async fn claim_as(
@@ -346,6 +460,7 @@ impl LeaseStore for SqliteLeaseStore {
         now_unix_ms: i64,
         expiry_unix_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
+        self.check_same_file()?;
         let t = &self.table;
         let sql = format!(
             r#"INSERT INTO "{t}" (machine_id, holder, lease_expiry, lease_epoch, claim_token) VALUES (?1, ?2, ?3, 1, ?5)
@@ -388,11 +503,14 @@ impl LeaseStore for SqliteLeaseStore {
         holder: &str,
         epoch: u64,
         new_expiry_unix_ms: i64,
+        live_after_unix_ms: i64,
         now_unix_ms: i64,
     ) -> Result<Conditional, StoreError> {
+        self.check_same_file()?;
         let sql = format!(
             r#"UPDATE "{}" SET lease_expiry = ?1
-                WHERE machine_id = ?2 AND holder = ?3 AND lease_epoch = ?4 AND lease_expiry < ?1"#,
+                WHERE machine_id = ?2 AND holder = ?3 AND lease_epoch = ?4 AND lease_expiry < ?1
+                  AND lease_expiry > ?5"#,
             self.table
         );
         let done = sqlx::query(&sql)
@@ -400,6 +518,7 @@ impl LeaseStore for SqliteLeaseStore {
             .bind(machine)
             .bind(holder)
             .bind(epoch as i64)
+            .bind(live_after_unix_ms)
             .execute(&self.pool)
             .await
             .map_err(unavailable)?;
