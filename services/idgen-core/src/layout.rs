@@ -9,6 +9,8 @@ use crate::time::Timestamp;
 
 /// Bits shared by the region, machine and sequence fields in every layout.
 pub const LOW_BITS: u8 = 22;
+/// The widest region field a layout can have: the machine and sequence fields take a bit each.
+pub const MAX_REGION_BITS: u8 = LOW_BITS - 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
