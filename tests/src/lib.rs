@@ -377,6 +377,11 @@ impl RegistryProcess {
         signal_child(&self.child, "the registry", signal);
     }
 
+    /// The configuration file it reads (again on SIGHUP).
+    pub fn config_path(&self) -> &Path {
+        self._config.path()
+    }
+
     pub async fn add_region(&self, client: &reqwest::Client, name: &str) -> anyhow::Result<u32> {
         self.add_region_with_tables(client, name, &[]).await
     }

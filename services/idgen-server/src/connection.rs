@@ -40,7 +40,8 @@ pub(crate) enum Deadline {
     Idle,
     HeaderRead,
     BodyRead,
-    /// Idle past `max_connection_age_ms`.
+    /// Idle past `max_connection_age_ms`, or past it and a request's header and body deadlines
+    /// in any phase.
     MaxAge,
     /// The client certificate's `notAfter` passed.
     CertificateExpired,
@@ -124,6 +125,10 @@ pub(crate) struct Activity {
     body_read_timeout: Duration,
     /// Closed once idle from then on (`max_connection_age_ms`, less a random tenth).
     retire_at: Instant,
+    /// Closed from then on in any phase: a peer that never lets the connection idle (pipelined
+    /// requests) keeps it no longer than its age and the header and body deadlines, which a
+    /// request under way at `retire_at` has to finish in.
+    retire_by: Instant,
     /// Closed at once from then on, in any phase (the client certificate's `notAfter`).
     end_at: Option<Instant>,
     /// Set by a reload that no longer accepts the connection's certificate; `wake` then wakes
@@ -150,6 +155,7 @@ impl Activity {
             header_read_timeout: limits.header_read_timeout(),
             body_read_timeout: limits.body_read_timeout(),
             retire_at: now + (age - jitter),
+            retire_by: now + (age - jitter) + limits.header_read_timeout() + limits.body_read_timeout(),
             end_at,
             revoked: AtomicBool::new(false),
             revocable,
@@ -171,6 +177,7 @@ impl Activity {
         }
         match self.end_at {
             Some(end) if end <= now => Some(Deadline::CertificateExpired),
+            _ if self.retire_by <= now => Some(Deadline::MaxAge),
             _ => None,
         }
     }
@@ -228,9 +235,9 @@ impl Activity {
         self.set(IDLE, self.polled_at.load(Ordering::Relaxed));
     }
 
-    /// The deadline in force, if any: none while the service works on a request whose body has
-    /// ended.
-    fn deadline(&self) -> Option<(Instant, Deadline)> {
+    /// The deadline in force: the phase's, but never past `retire_by` (nor the certificate's
+    /// expiry), so that even a connection the service is working on has one.
+    fn deadline(&self) -> (Instant, Deadline) {
         let phase = match self.phase() {
             Phase::Idle { since } => {
                 let idle = since + self.idle_timeout;
@@ -239,10 +246,13 @@ impl Activity {
             Phase::Head { since } => Some((since + self.header_read_timeout, Deadline::HeaderRead)),
             Phase::Request { body_due } => body_due.map(|due| (due, Deadline::BodyRead)),
         };
-        match (phase, self.end_at) {
-            (Some((due, _)), Some(end)) if end < due => Some((end, Deadline::CertificateExpired)),
-            (None, Some(end)) => Some((end, Deadline::CertificateExpired)),
-            (phase, _) => phase,
+        let due = match phase {
+            Some((due, deadline)) if due <= self.retire_by => (due, deadline),
+            _ => (self.retire_by, Deadline::MaxAge),
+        };
+        match self.end_at {
+            Some(end) if end < due.0 => (end, Deadline::CertificateExpired),
+            _ => due,
         }
     }
 }
@@ -360,7 +370,7 @@ pub(crate) struct Guarded<F> {
 
 impl<F: Future> Guarded<F> {
     pub(crate) fn new(connection: F, activity: Arc<Activity>) -> Self {
-        let armed = activity.deadline().map_or_else(Instant::now, |(at, _)| at);
+        let (armed, _) = activity.deadline();
         Guarded { connection: Box::pin(connection), activity, timer: Box::pin(tokio::time::sleep_until(armed)), armed }
     }
 }
@@ -384,9 +394,7 @@ impl<F: Future> Future for Guarded<F> {
             return Poll::Ready(Ok(output));
         }
         loop {
-            // None: the service is working on a request it has read (and no certificate's
-            // expiry is ahead); whatever the timer does meanwhile, the next poll asks again.
-            let Some((due, deadline)) = this.activity.deadline() else { return Poll::Pending };
+            let (due, deadline) = this.activity.deadline();
             // A later deadline leaves the timer where it is (one timer operation less per
             // request); when it fires early, it is set again below.
             if due < this.armed {
@@ -429,24 +437,41 @@ mod tests {
         let limits = LimitsSection::default();
         let activity = activity();
         let opened = activity.opened;
-        assert_eq!(activity.deadline(), Some((opened + limits.idle_timeout(), Deadline::Idle)));
+        assert_eq!(activity.deadline(), (opened + limits.idle_timeout(), Deadline::Idle));
         let poll = opened + Duration::from_millis(700);
         activity.polling(poll);
         activity.read_some();
-        assert_eq!(activity.deadline(), Some((poll + limits.header_read_timeout(), Deadline::HeaderRead)));
+        assert_eq!(activity.deadline(), (poll + limits.header_read_timeout(), Deadline::HeaderRead));
         activity.polling(poll + Duration::from_millis(1));
         activity.read_some();
         assert_eq!(
             activity.deadline(),
-            Some((poll + limits.header_read_timeout(), Deadline::HeaderRead)),
+            (poll + limits.header_read_timeout(), Deadline::HeaderRead),
             "a later read leaves the header deadline"
         );
         activity.set(WORKING, 0);
-        assert_eq!(activity.deadline(), None, "no deadline while the service works");
+        assert_eq!(activity.deadline(), (activity.retire_by, Deadline::MaxAge), "only the age while the service works");
         let later = poll + Duration::from_secs(2);
         activity.polling(later);
         activity.response_ready();
-        assert_eq!(activity.deadline(), Some((later + limits.idle_timeout(), Deadline::Idle)));
+        assert_eq!(activity.deadline(), (later + limits.idle_timeout(), Deadline::Idle));
+    }
+
+    /// A connection never idle when its task yields (pipelined requests, a handler that waits)
+    /// is closed past its age and the deadlines of a request under way then, whatever its phase.
+    #[test]
+    fn a_connection_in_any_phase_is_closed_past_its_age() {
+        let limits = LimitsSection { max_connection_age_ms: 1_000, ..LimitsSection::default() };
+        let activity = Activity::new(&limits, None, false);
+        let grace = limits.header_read_timeout() + limits.body_read_timeout();
+        assert!(activity.retire_by >= activity.opened + Duration::from_millis(900) + grace);
+        assert!(activity.retire_by <= activity.opened + Duration::from_millis(1_000) + grace);
+        assert_eq!(activity.ended(activity.retire_by - Duration::from_nanos(1)), None);
+        for phase in [HEAD, WORKING, BODY_DUE] {
+            activity.set(phase, duration_nanos(activity.retire_by - activity.opened) + 1);
+            assert_eq!(activity.deadline(), (activity.retire_by, Deadline::MaxAge), "phase {phase}");
+            assert_eq!(activity.ended(activity.retire_by), Some(Deadline::MaxAge), "phase {phase}");
+        }
     }
 
     /// The body of an earlier request cannot end the body deadline of the one in progress.

@@ -32,6 +32,14 @@ impl RequestTimeouts {
     /// waits on the database longer than any caller does.
     pub const RANGE_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
 
+    /// How long one call of a store (a transaction of a few statements) may wait for the
+    /// database in all, whatever the database does: a free connection, then two statements'
+    /// time. Past it the caller is answered 503, also when the database has gone silent and
+    /// the server-side statement timeout never answers.
+    pub fn call_deadline(&self) -> Duration {
+        self.acquire + 2 * self.statement
+    }
+
     /// From the two configuration keys, each checked against [`Self::RANGE_MS`].
     pub fn from_keys(acquire_ms: u64, statement_ms: u64) -> anyhow::Result<Self> {
         for (key, ms) in [("database_acquire_timeout_ms", acquire_ms), ("database_statement_timeout_ms", statement_ms)]
@@ -284,21 +292,7 @@ impl Pool {
             .bind(role)
             .fetch_one(pool)
             .await?;
-        let mut statements = Vec::new();
-        match (exists, password) {
-            (false, None) => anyhow::bail!(
-                "role {role:?} (database_url's user) does not exist: create it first (CREATE ROLE {} LOGIN), or give \
-                 init its password (IDGEN_RUNTIME_DATABASE_PASSWORD)",
-                quoted(role)
-            ),
-            (false, Some(password)) => {
-                statements.push(format!("CREATE ROLE {} LOGIN PASSWORD {}", quoted(role), literal(password)))
-            }
-            (true, Some(password)) => {
-                statements.push(format!("ALTER ROLE {} WITH LOGIN PASSWORD {}", quoted(role), literal(password)))
-            }
-            (true, None) => {}
-        }
+        let mut statements: Vec<String> = role_statement(role, exists, password)?.into_iter().collect();
         let namespace: String = sqlx::query_scalar("SELECT current_schema()::TEXT").fetch_one(pool).await?;
         let (role, namespace) = (quoted(role), quoted(&namespace));
         statements.extend([
@@ -375,6 +369,60 @@ pub fn user_of(url: &str) -> Option<String> {
 }
 
 /// A PostgreSQL string literal (DDL takes no parameters), quoted.
+/// What makes `role` (if it does not exist) and sets its password (if one is given): the
+/// password's SCRAM verifier, never the password, since a statement's text is what PostgreSQL
+/// logs when it fails (and the logs go to CloudWatch).
+fn role_statement(role: &str, exists: bool, password: Option<&str>) -> anyhow::Result<Option<String>> {
+    Ok(match (exists, password) {
+        (false, None) => anyhow::bail!(
+            "role {role:?} (database_url's user) does not exist: create it first (CREATE ROLE {} LOGIN), or give \
+             init its password (IDGEN_RUNTIME_DATABASE_PASSWORD)",
+            quoted(role)
+        ),
+        (false, Some(password)) => {
+            Some(format!("CREATE ROLE {} LOGIN PASSWORD {}", quoted(role), literal(&scram_verifier(password)?)))
+        }
+        (true, Some(password)) => {
+            Some(format!("ALTER ROLE {} WITH LOGIN PASSWORD {}", quoted(role), literal(&scram_verifier(password)?)))
+        }
+        (true, None) => None,
+    })
+}
+
+/// The iterations of a verifier [`scram_verifier`] makes: PostgreSQL's own default
+/// (`scram_iterations`).
+const SCRAM_ITERATIONS: u32 = 4096;
+
+/// `password`'s SCRAM-SHA-256 verifier as PostgreSQL stores it (RFC 5802 and 7677, with a random
+/// 16-byte salt): `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`, each base64. Given
+/// to `CREATE ROLE … PASSWORD`, it is stored as it is, and the password is never sent as SQL
+/// text. PostgreSQL prepares a password with SASLprep before hashing it, which leaves printable
+/// ASCII as it is; anything else is refused here rather than hashed otherwise than the server
+/// would.
+pub fn scram_verifier(password: &str) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        !password.is_empty() && password.bytes().all(|b| b.is_ascii_graphic() || b == b' '),
+        "the runtime role's password must be printable ASCII (IDGEN_RUNTIME_DATABASE_PASSWORD)"
+    );
+    let salt: [u8; 16] = rand::random();
+    Ok(scram_verifier_with(password, &salt, SCRAM_ITERATIONS))
+}
+
+/// [`scram_verifier`] with this salt and count of iterations.
+fn scram_verifier_with(password: &str, salt: &[u8], iterations: u32) -> String {
+    use base64::Engine;
+    use ring::{digest, hmac, pbkdf2};
+    let mut salted = [0u8; 32];
+    let rounds = std::num::NonZeroU32::new(iterations).expect("at least one iteration");
+    pbkdf2::derive(pbkdf2::PBKDF2_HMAC_SHA256, rounds, salt, password.as_bytes(), &mut salted);
+    let key = hmac::Key::new(hmac::HMAC_SHA256, &salted);
+    let client_key = hmac::sign(&key, b"Client Key");
+    let stored_key = digest::digest(&digest::SHA256, client_key.as_ref());
+    let server_key = hmac::sign(&key, b"Server Key");
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    format!("SCRAM-SHA-256${iterations}:{}${}:{}", b64(salt), b64(stored_key.as_ref()), b64(server_key.as_ref()))
+}
+
 fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
@@ -382,4 +430,56 @@ fn literal(text: &str) -> String {
 /// A PostgreSQL identifier, quoted.
 fn quoted(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 7677's example (user `user`, password `pencil`): the verifier's keys are the ones its
+    /// exchange proves, checked by the server signature and the client proof it gives.
+    #[test]
+    fn a_scram_verifier_holds_the_keys_of_rfc_7677() {
+        use base64::Engine;
+        use ring::hmac;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let salt = b64.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
+        let verifier = scram_verifier_with("pencil", &salt, 4096);
+        assert_eq!(
+            verifier,
+            "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:\
+             wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU="
+        );
+        let (_, keys) = verifier.rsplit_once('$').unwrap();
+        let (stored_key, server_key) = keys.split_once(':').unwrap();
+        let auth = "n=user,r=rOprNGfwEbeRWgbNEkqO,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,\
+                    s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
+        let server = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &b64.decode(server_key).unwrap()), auth.as_bytes());
+        assert_eq!(b64.encode(server.as_ref()), "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=");
+        // The client proof XOR the client signature is the client key, whose SHA-256 is StoredKey.
+        let signature =
+            hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &b64.decode(stored_key).unwrap()), auth.as_bytes());
+        let proof = b64.decode("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=").unwrap();
+        let client_key: Vec<u8> = proof.iter().zip(signature.as_ref()).map(|(p, s)| p ^ s).collect();
+        assert_eq!(
+            ring::digest::digest(&ring::digest::SHA256, &client_key).as_ref(),
+            &b64.decode(stored_key).unwrap()[..]
+        );
+    }
+
+    /// The statement that sets a runtime role's password carries its verifier (a new salt each
+    /// time), never the password (issue 56, 7: PostgreSQL logs a failed statement's text).
+    #[test]
+    fn a_role_is_given_its_password_as_a_verifier_only() {
+        for exists in [false, true] {
+            let made = role_statement("idgen_registry", exists, Some("s3cret pass'word")).unwrap().unwrap();
+            assert!(!made.contains("s3cret"), "{made}");
+            assert!(made.contains(" PASSWORD 'SCRAM-SHA-256$4096:"), "{made}");
+            let again = role_statement("idgen_registry", exists, Some("s3cret pass'word")).unwrap().unwrap();
+            assert_ne!(made, again, "the same salt twice");
+        }
+        assert_eq!(role_statement("idgen_registry", true, None).unwrap(), None);
+        assert!(role_statement("idgen_registry", false, None).is_err());
+        assert!(role_statement("idgen_registry", false, Some("pässword")).is_err(), "not printable ASCII");
+    }
 }

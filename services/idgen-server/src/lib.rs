@@ -65,12 +65,14 @@ pub fn not_allowed(
 
 /// `GET /openapi.json` of a service: its OpenAPI document (checked in under `docs/openapi/` and
 /// compiled in) as JSON, and the 405 for every other method.
-pub fn openapi_route<S>(document: &'static str) -> axum::routing::MethodRouter<S>
+pub fn openapi_route<S>(document: impl Into<axum::body::Bytes>) -> axum::routing::MethodRouter<S>
 where
     S: Clone + Send + Sync + 'static,
 {
     use axum::response::IntoResponse;
+    let document: axum::body::Bytes = document.into();
     let serve = move || {
+        let document = document.clone();
         std::future::ready(([(axum::http::header::CONTENT_TYPE, "application/json")], document).into_response())
     };
     axum::routing::get(serve).fallback(not_allowed("GET, HEAD"))

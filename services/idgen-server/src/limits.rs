@@ -69,8 +69,9 @@ pub struct LimitsSection {
     /// How long a connection may live (ms): once idle past it (less a random tenth, so that
     /// connections made together do not close together) it is closed, and counted
     /// (`idgen_connections_timed_out_total{deadline="max_age"}`); the client opens another, with
-    /// a handshake that checks its certificate against the CRLs in force. Default 3,600,000 (an
-    /// hour).
+    /// a handshake that checks its certificate against the CRLs in force. A connection never idle
+    /// (pipelined requests) is closed past it plus the header and body deadlines, whatever it is
+    /// doing. Default 3,600,000 (an hour).
     pub max_connection_age_ms: u64,
 }
 

@@ -157,15 +157,43 @@ impl Quotas {
 
     /// Admits `n` IDs for `caller`, or says when to come back.
     pub fn admit(&self, caller: &Caller, n: u32) -> Result<(), OverQuota> {
+        self.take(caller, n.max(1), n.max(1))
+    }
+
+    /// Admits the rest of a request for `n` IDs whose first was admitted (by [`Quotas::admit`]
+    /// with 1) before its body was read: a body sent slowly, or a byte a frame, costs its caller
+    /// quota like any request before it costs the service the time to read it.
+    pub fn admit_rest(&self, caller: &Caller, n: u32) -> Result<(), OverQuota> {
+        self.take(caller, n.max(1), n.saturating_sub(1))
+    }
+
+    /// Draws `drawn` from `caller`'s bucket for a request of `asked` IDs (refused whole if more
+    /// than the burst).
+    fn take(&self, caller: &Caller, asked: u32, drawn: u32) -> Result<(), OverQuota> {
         let set = self.current.load();
-        let n = NonZeroU32::new(n.max(1)).expect("at least 1");
         let name = caller.name();
-        let (checked, burst, accounting) = match set.listed.get(name) {
-            Some(listed) => (listed.limiter.check_n(n), listed.rate.burst, &listed.accounting),
-            None => match &set.default {
-                Some(default) => (default.limiter.check_key_n(caller.key(), n), default.rate.burst, &*set.other),
-                None => return Ok(()),
-            },
+        let listed = set.listed.get(name);
+        let (burst, accounting) = match (listed, &set.default) {
+            (Some(listed), _) => (listed.rate.burst, &listed.accounting),
+            (None, Some(default)) => (default.rate.burst, &*set.other),
+            (None, None) => return Ok(()),
+        };
+        let too_many = || OverQuota {
+            caller: name.to_owned(),
+            retry_after_secs: 1,
+            message: format!(
+                "a request for {asked} IDs is more than caller {name}'s burst of {burst}: ask for at most {burst} at a time"
+            ),
+        };
+        let checked = match (NonZeroU32::new(drawn), asked > burst) {
+            (_, true) => Err(too_many()),
+            (None, false) => return Ok(()),
+            (Some(n), false) => match (listed, &set.default) {
+                (Some(listed), _) => listed.limiter.check_n(n),
+                (None, Some(default)) => default.limiter.check_key_n(caller.key(), n),
+                (None, None) => return Ok(()),
+            }
+            .map_err(|_| too_many()),
         };
         let refused = match checked {
             Ok(Ok(())) => return Ok(()),
@@ -178,13 +206,7 @@ impl Quotas {
                     message: format!("caller {name} is over its quota: retry in {} s", retry_after_secs.max(1)),
                 }
             }
-            Err(_) => OverQuota {
-                caller: name.to_owned(),
-                retry_after_secs: 1,
-                message: format!(
-                    "a request for {n} IDs is more than caller {name}'s burst of {burst}: ask for at most {burst} at a time"
-                ),
-            },
+            Err(too_many) => too_many,
         };
         accounting.throttled.inc();
         let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -259,6 +281,26 @@ mod tests {
         let refused = quotas.admit(&orders, 1_000).unwrap_err();
         assert!(refused.retry_after_secs >= 1, "{refused:?}");
         assert!(quotas.admit(&orders, 1_001).unwrap_err().message.contains("more than caller orders's burst"));
+    }
+
+    /// One unit before the body, the rest after: a batch costs its size in all, and one over the
+    /// burst is refused whole.
+    #[test]
+    fn a_request_charged_before_its_body_pays_the_rest_after() {
+        // One ID a second: nothing comes back while the test runs.
+        let section = QuotaSection { default: Some(Rate { ids_per_second: 1, burst: 5 }), callers: BTreeMap::new() };
+        let quotas = Quotas::new(&section, Arc::default()).unwrap();
+        let (a, orders) = (Caller::named("a"), Caller::named("a-batch"));
+        quotas.admit(&a, 1).unwrap();
+        assert_eq!(quotas.admit_rest(&a, 1), Ok(()), "a request for one paid before its body");
+        quotas.admit(&orders, 1).unwrap();
+        assert_eq!(quotas.admit_rest(&orders, 5), Ok(()), "a request for 5: 1 before its body, 4 after");
+        assert!(quotas.admit(&orders, 1).is_err(), "1 + 4: the burst of 5 is used up");
+        let b = Caller::named("b");
+        quotas.admit(&b, 1).unwrap();
+        let refused = quotas.admit_rest(&b, 6).unwrap_err();
+        assert!(refused.message.contains("a request for 6 IDs is more than caller b's burst of 5"), "{refused:?}");
+        assert_eq!(quotas.admit(&b, 4), Ok(()), "a refused rest drew nothing");
     }
 
     #[test]

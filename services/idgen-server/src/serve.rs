@@ -281,6 +281,8 @@ impl Drop for Open {
 /// A connection's client certificate, as its handshake verified it.
 struct Certified {
     tls: Arc<Tls>,
+    /// The configuration the handshake ran with: a reload during the handshake is checked again.
+    handshake: Arc<crate::tls::Listener>,
     chain: Vec<rustls::pki_types::CertificateDer<'static>>,
     caller: Caller,
 }
@@ -445,7 +447,7 @@ where
                     let Some(held) = take_slot(&capacity, &open, &refused) else { return };
                     let chain = stream.get_ref().1.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
                     let service = make_service(caller.clone());
-                    let watch = (!chain.is_empty()).then(|| Certified { tls, chain, caller });
+                    let watch = (!chain.is_empty()).then(|| Certified { tls, handshake, chain, caller });
                     serve_connection(watcher, stream, service, &listening, watch).await;
                     drop(held);
                 });
@@ -475,7 +477,8 @@ async fn serve_connection<I, S>(
     let end_at = certified.as_ref().and_then(|certified| certified.chain.first()).and_then(not_after);
     let activity = Activity::new(&listening.limits, end_at, certified.is_some());
     // A reload checks the certificate again while the connection is open.
-    let _watched = certified.map(|Certified { tls, chain, caller }| tls.watch(chain, caller, &activity));
+    let _watched =
+        certified.map(|Certified { tls, handshake, chain, caller }| tls.watch(&handshake, chain, caller, &activity));
     let (bodies, answers) = (activity.clone(), activity.clone());
     let service = service
         .map_request(move |request: Request<hyper::body::Incoming>| {

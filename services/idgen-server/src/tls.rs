@@ -373,11 +373,32 @@ impl Listener {
 }
 
 /// An open connection with a client certificate, for [`Tls::reload`] to check again.
+#[derive(Clone)]
 struct Live {
-    chain: Vec<CertificateDer<'static>>,
+    /// The client's chain as far as [`kept_chain`] keeps it.
+    chain: Arc<[CertificateDer<'static>]>,
     caller: Caller,
     activity: std::sync::Weak<crate::connection::Activity>,
 }
+
+/// What an open connection keeps of its client's chain for reloads to check again: the leaf,
+/// and the intermediates after it while they come to at most [`KEPT_CHAIN_BYTES`] in all and
+/// [`KEPT_CHAIN_CERTIFICATES`] in number. A client may send ~64 KiB of chain, and 4,096
+/// connections would keep 256 MiB of it; a real path is a leaf and an intermediate or two. A
+/// chain whose path needed more fails the check of a reload, and its connection is closed (its
+/// client handshakes again, checked in full).
+fn kept_chain(chain: Vec<CertificateDer<'static>>) -> Arc<[CertificateDer<'static>]> {
+    let mut bytes = 0;
+    let kept = chain.into_iter().enumerate().take_while(|(i, certificate)| {
+        bytes += certificate.len();
+        *i == 0 || bytes <= KEPT_CHAIN_BYTES
+    });
+    kept.map(|(_, certificate)| certificate).take(KEPT_CHAIN_CERTIFICATES).collect()
+}
+
+/// See [`kept_chain`].
+const KEPT_CHAIN_BYTES: usize = 16 * 1024;
+const KEPT_CHAIN_CERTIFICATES: usize = 4;
 
 /// A connection's place among [`Tls`]'s open ones, given up when it closes.
 pub(crate) struct Watched {
@@ -434,8 +455,11 @@ impl Tls {
         }
         self.current.store(listener.clone());
         self.export_crls();
+        // Checked outside the lock a finished handshake takes to register its connection ([`Self::watch`]):
+        // one registered after this copy checks itself against the configuration just stored.
+        let open: Vec<Live> = self.live().values().cloned().collect();
         let mut closed = 0;
-        for live in self.live().values() {
+        for live in open {
             if !listener.still_accepts(&live.chain, &live.caller)
                 && let Some(activity) = live.activity.upgrade()
             {
@@ -447,6 +471,21 @@ impl Tls {
             tracing::warn!(closed, "closed open connections whose client certificate the new TLS files do not accept");
         }
         Ok(closed)
+    }
+
+    /// Closes every open connection whose caller `closes` picks (a role a reload took away from
+    /// it), as a revocation closes one: before it serves another request. Returns how many.
+    pub fn close_callers(&self, closes: impl Fn(&Caller) -> bool) -> usize {
+        let mut closed = 0;
+        for live in self.live().values() {
+            if closes(&live.caller)
+                && let Some(activity) = live.activity.upgrade()
+            {
+                activity.revoke();
+                closed += 1;
+            }
+        }
+        closed
     }
 
     /// Exports each CRL's `nextUpdate` in `family` from now on, reloads included.
@@ -469,15 +508,31 @@ impl Tls {
         self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Keeps an open connection's certificate for the next reload to check again.
+    /// Keeps an open connection's certificate for the next reload to check again. A reload that
+    /// came while the connection's handshake ran (under `handshake`, the configuration before it)
+    /// swept the open connections without this one: it is checked against the configuration in
+    /// force now, once registered, so that either the sweep or this check sees it (a reload
+    /// stores the new configuration before it sweeps). A revoked operator holding a handshake
+    /// half done across the reload finishes it into a closed connection.
     pub(crate) fn watch(
         self: &Arc<Self>,
+        handshake: &Arc<Listener>,
         chain: Vec<CertificateDer<'static>>,
         caller: Caller,
         activity: &Arc<crate::connection::Activity>,
     ) -> Watched {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.live().insert(id, Live { chain, caller, activity: Arc::downgrade(activity) });
+        let chain = kept_chain(chain);
+        let live = Live { chain: chain.clone(), caller: caller.clone(), activity: Arc::downgrade(activity) };
+        self.live().insert(id, live);
+        let now = self.current.load_full();
+        if !Arc::ptr_eq(&now, handshake) && !now.still_accepts(&chain, &caller) {
+            tracing::warn!(
+                caller = caller.name(),
+                "a connection whose handshake outlived a reload that no longer accepts its certificate: closing it"
+            );
+            activity.revoke();
+        }
         Watched { tls: self.clone(), id }
     }
 
@@ -529,6 +584,21 @@ mod tests {
 
     fn chain(issued: &Issued) -> Vec<CertificateDer<'static>> {
         vec![CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap()]
+    }
+
+    /// A connection keeps its leaf and at most 16 KiB and 4 certificates of its chain (issue 56,
+    /// 8: it kept whatever the client sent, up to ~64 KiB each).
+    #[test]
+    fn a_connection_keeps_its_leaf_and_a_capped_path() {
+        let certificate = |bytes: usize| CertificateDer::from(vec![7u8; bytes]);
+        let long: Vec<_> = std::iter::once(certificate(40_000)).chain((0..10).map(|_| certificate(6_000))).collect();
+        assert_eq!(kept_chain(long).len(), 1, "a leaf over the cap is kept alone");
+        let usual = vec![certificate(1_200), certificate(1_100), certificate(1_300)];
+        assert_eq!(&*kept_chain(usual.clone()), &usual[..], "a leaf and two intermediates, whole");
+        let padded: Vec<_> = std::iter::once(certificate(1_000)).chain((0..10).map(|_| certificate(6_000))).collect();
+        assert_eq!(kept_chain(padded).len(), 3, "1,000 + 6,000 + 6,000 bytes; the next passes 16 KiB");
+        let many: Vec<_> = (0..10).map(|_| certificate(100)).collect();
+        assert_eq!(kept_chain(many).len(), 4);
     }
 
     #[test]

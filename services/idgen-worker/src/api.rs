@@ -79,14 +79,23 @@ pub async fn single_id(state: &AppState, caller: &Caller, request: axum::extract
     create_id(state, caller, request.into_body()).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Issues `count` IDs (or UUIDs) for `caller` if its quota admits them; counts what was served.
+/// Charges `caller` one ID before its request's body is read: a body sent slowly, or a byte a
+/// frame, costs quota before it costs the worker the time to read it.
+fn admit_first(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+    state.quotas.admit(caller, 1).map_err(ApiError::over_quota)
+}
+
+/// Issues `count` IDs (or UUIDs) for `caller` if its quota admits the rest of them (the first was
+/// charged by [`admit_first`]); counts what was served.
 async fn within_quota<T>(
     state: &AppState,
     caller: &Caller,
     count: u32,
     issue: impl Future<Output = Result<T, idgen::core::Refusal>>,
 ) -> Result<T, ApiError> {
-    state.quotas.admit(caller, count).map_err(ApiError::over_quota)?;
+    if count > 1 {
+        state.quotas.admit_rest(caller, count).map_err(ApiError::over_quota)?;
+    }
     let issued = issue.await.map_err(|refusal| {
         tracing::warn!(caller = %caller, reason = refusal.reason(), "refusing to issue");
         refused(&refusal)
@@ -96,6 +105,7 @@ async fn within_quota<T>(
 }
 
 async fn create_id(state: &AppState, caller: &Caller, body: Body) -> Result<Response, ApiError> {
+    admit_first(state, caller)?;
     body::check_single_body(&body_bytes(body).await?)?;
     let id = within_quota(state, caller, 1, state.generator.next_id()).await?;
     Ok(json_response(id_json(id)))
@@ -122,6 +132,7 @@ pub fn id_json(id: u64) -> Vec<u8> {
 }
 
 pub async fn create_batch(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
+    admit_first(&state, &caller)?;
     let count = body::count_of(&body_bytes(body).await?, None)?;
     let ids = within_quota(&state, &caller, count, state.generator.next_ids(count)).await?;
     Ok(json_response(ids_json(&ids)))
@@ -206,6 +217,7 @@ fn increment_decimal(digits: &mut [u8]) -> bool {
 }
 
 pub async fn create_uuids(State(state): State<AppState>, caller: Caller, body: Body) -> Result<Json<Value>, ApiError> {
+    admit_first(&state, &caller)?;
     let count = body::count_of(&body_bytes(body).await?, Some(1))?;
     let uuids = within_quota(&state, &caller, count, state.generator.next_uuids(count)).await?;
     Ok(Json(json!({ "ids": uuids.iter().map(uuid::format).collect::<Vec<_>>() })))

@@ -110,7 +110,7 @@ async fn create_id_rejects_bad_bodies() {
         assert_error(status, &body, StatusCode::BAD_REQUEST, code);
     }
     let (status, _, body, _) = call(&f, Method::POST, "/v1/ids", vec![b' '; 5000]).await;
-    assert_error(status, &body, StatusCode::BAD_REQUEST, "body_too_large");
+    assert_error(status, &body, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
     // Nothing was issued by any of those: the next ID is the millisecond's first.
     let (_, _, body, _) = call(&f, Method::POST, "/v1/ids", "").await;
     assert_eq!(body["id_num"].as_u64().unwrap() & 0xfff, 0);
@@ -148,7 +148,7 @@ async fn batch_is_strictly_increasing_and_count_is_checked() {
     }
     let huge = format!(r#"{{"count": 5, "pad": "{}"}}"#, "x".repeat(10_000));
     let (status, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", huge).await;
-    assert_error(status, &body, StatusCode::BAD_REQUEST, "body_too_large");
+    assert_error(status, &body, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
     // None of the bad requests used a sequence number.
     let (_, _, body, _) = call(&f, Method::POST, "/v1/ids:batch", r#"{"count": 1}"#).await;
     assert_eq!(ids_of(&body)[0] & 0xfff, 1000);

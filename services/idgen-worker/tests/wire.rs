@@ -158,7 +158,7 @@ async fn bodies_in_pieces_chunked_pipelined_or_behind_expect_are_each_answered()
     let mut stream = connect(address).await;
     stream.write_all(&head("/v1/ids", "Content-Length: 6000\r\n")).await.unwrap();
     let (status, body) = read_response(&mut stream).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("body_too_large")), "{body}");
+    assert_eq!((status, body["error"]["code"].as_str()), (413, Some("body_too_large")), "{body}");
     let mut stream = connect(address).await;
     stream.write_all(&head("/v1/ids", "Transfer-Encoding: chunked\r\n")).await.unwrap();
     for _ in 0..3 {
@@ -166,7 +166,7 @@ async fn bodies_in_pieces_chunked_pipelined_or_behind_expect_are_each_answered()
         stream.write_all(format!("7d0\r\n{}\r\n", " ".repeat(2000)).as_bytes()).await.unwrap();
     }
     let (status, body) = read_response(&mut stream).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("body_too_large")), "{body}");
+    assert_eq!((status, body["error"]["code"].as_str()), (413, Some("body_too_large")), "{body}");
     let mut stream = connect(address).await;
     stream.write_all(&post("/v1/ids", "{}")).await.unwrap();
     assert_eq!(read_response(&mut stream).await.0, 200);

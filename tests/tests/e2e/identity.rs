@@ -322,3 +322,156 @@ async fn e2e_only_listed_callers_read_metrics() {
     }
     println!("/metrics: the listed scraper read it on the worker and the public-ID service, another caller got 403");
 }
+
+/// A TLS 1.3 client driven by hand: the handshake runs until the server's flight is taken, and the
+/// client's last flight (its certificate, its signature, its Finished) waits unsent in `tls`
+/// until the caller writes it, with whatever was written to `tls.writer()` meanwhile.
+fn handshake_held(pki: &Pki, url: &str, name: &str) -> (std::net::TcpStream, rustls::ClientConnection) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(pki.path("ca.pem")).unwrap()).unwrap();
+    let chain = vec![CertificateDer::from_pem_file(pki.path(&format!("{name}.pem"))).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(pki.path(&format!("{name}-key.pem"))).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    let mut socket = std::net::TcpStream::connect(url.trim_start_matches("https://")).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let server = ServerName::try_from("localhost").unwrap();
+    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), server).unwrap();
+    while tls.wants_write() {
+        tls.write_tls(&mut socket).unwrap(); // the ClientHello
+    }
+    while tls.is_handshaking() {
+        assert!(tls.read_tls(&mut socket).unwrap() > 0, "the server closed during the handshake");
+        tls.process_new_packets().unwrap();
+    }
+    (socket, tls)
+}
+
+/// An operator whose certificate is revoked while its handshake is half done (the server's flight
+/// taken, its own last flight held back, well within the handshake deadline) finishes the
+/// handshake after the reload: the connection is checked again against the configuration in
+/// force once it is open, and closed before its request reaches a handler (issue 56, 1: it was
+/// checked only against the configuration its handshake began with, and the reload's sweep of open
+/// connections came before it was one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_a_handshake_held_across_a_revoking_reload_opens_a_closed_connection() {
+    use std::io::{Read, Write};
+    let pki = Pki::new();
+    let operator = pki.keep("operator", pki.operators.client(OPS).unwrap());
+    pki.keep("worker", pki.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
+    std::fs::write(pki.path("callers-crl.pem"), pki.callers.crl(&[]).unwrap()).unwrap();
+    std::fs::write(pki.path("operators-crl.pem"), pki.operators.crl(&[]).unwrap()).unwrap();
+    let tls = format!(
+        "operator_ca = {:?}\ncrl = [{:?}, {:?}]\n[limits]\nhandshake_timeout_ms = 30000\n",
+        pki.path("operators-ca.pem"),
+        pki.path("callers-crl.pem"),
+        pki.path("operators-crl.pem")
+    );
+    let extra = format!("certificate_operators = [\"{OPS}\"]\n{}", pki.tls_section(&tls));
+    let registry = RegistryProcess::start(&extra).await.unwrap();
+
+    let url = registry.url.clone();
+    let held = tokio::task::spawn_blocking(move || {
+        let pki = pki;
+        let (socket, mut tls) = handshake_held(&pki, &url, "operator");
+        let body = r#"{"name":"eu-west-2"}"#;
+        let request = format!(
+            "POST /v1/regions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        tls.writer().write_all(request.as_bytes()).unwrap();
+        (pki, socket, tls)
+    });
+    let (pki, mut socket, mut tls) = held.await.unwrap();
+
+    // The certificate leaks: a new CRL revoking it, and SIGHUP; a new handshake is refused once
+    // the reload is in force.
+    std::fs::write(pki.path("operators-crl.pem"), pki.operators.crl(&[&operator]).unwrap()).unwrap();
+    registry.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pki.client("operator").get(format!("{}/healthz", registry.url)).send().await.is_ok() {
+        assert!(Instant::now() < deadline, "the new CRL was not in force 10 s after SIGHUP");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The held flight, and the request behind it.
+    let answer = tokio::task::spawn_blocking(move || {
+        while tls.wants_write() {
+            tls.write_tls(&mut socket).unwrap();
+        }
+        let mut answer = Vec::new();
+        loop {
+            match tls.read_tls(&mut socket) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if tls.process_new_packets().is_err() {
+                break;
+            }
+            let _ = tls.reader().read_to_end(&mut answer);
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    });
+    let answer = answer.await.unwrap();
+    assert!(answer.is_empty(), "a revoked operator's held handshake was answered: {answer:?}");
+    let reader = pki.client("worker");
+    let regions: serde_json::Value =
+        reader.get(format!("{}/v1/regions", registry.url)).send().await.unwrap().json().await.unwrap();
+    assert!(!regions.to_string().contains("eu-west-2"), "{regions}");
+    let text = reader.get(format!("{}/metrics", registry.url)).send().await.unwrap().text().await.unwrap();
+    let line = "idgen_connections_timed_out_total{listener=\"service\",deadline=\"revoked\"} ";
+    let revoked = text.lines().find_map(|l| l.strip_prefix(line)).map_or(0.0, |v| v.parse::<f64>().unwrap());
+    assert!(revoked >= 1.0, "{text}");
+    println!(
+        "registry: a handshake held across a revoking reload finished into a closed connection; its write never ran"
+    );
+}
+
+/// An operator taken off `certificate_operators` loses its writes at the SIGHUP that reloads the
+/// list, as one taken off `[operators]` does, and its open connection is closed as a revoked
+/// certificate's is (issue 56, 4: the list was read only at start-up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_an_operator_taken_off_the_list_writes_no_more_after_sighup() {
+    let pki = Pki::new();
+    pki.keep("operator", pki.operators.client(OPS).unwrap());
+    pki.keep("worker", pki.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
+    let listed = format!("certificate_operators = [\"{OPS}\"]\n");
+    let tls = format!("operator_ca = {:?}\n", pki.path("operators-ca.pem"));
+    let registry = RegistryProcess::start(&format!("{listed}{}", pki.tls_section(&tls))).await.unwrap();
+    let client = pki.client("operator");
+    let add = |region: &'static str| {
+        client.post(format!("{}/v1/regions", registry.url)).json(&serde_json::json!({ "name": region })).send()
+    };
+    assert_eq!(add("eu-west-1").await.unwrap().status(), 201);
+
+    let config = std::fs::read_to_string(registry.config_path()).unwrap();
+    assert!(config.contains(&listed));
+    std::fs::write(registry.config_path(), config.replace(&listed, "certificate_operators = []\n")).unwrap();
+    registry.signal(libc::SIGHUP);
+    let reader = pki.client("worker");
+    let metrics =
+        || async { reader.get(format!("{}/metrics", registry.url)).send().await.unwrap().text().await.unwrap() };
+    let revoked = |text: String| {
+        let line = "idgen_connections_timed_out_total{listener=\"service\",deadline=\"revoked\"} ";
+        text.lines().find_map(|l| l.strip_prefix(line)).map_or(0.0, |v| v.parse::<f64>().unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while revoked(metrics().await) < 1.0 {
+        assert!(Instant::now() < deadline, "the removed operator's open connection was not closed 10 s after SIGHUP");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its certificate is still good for a handshake; the write is an unknown caller's.
+    let refused = add("eu-west-2").await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let regions: serde_json::Value =
+        reader.get(format!("{}/v1/regions", registry.url)).send().await.unwrap().json().await.unwrap();
+    assert!(!regions.to_string().contains("eu-west-2"), "{regions}");
+    println!("registry: an operator taken off certificate_operators on SIGHUP lost its connection and its writes");
+}
