@@ -28,8 +28,9 @@ pub struct AppState {
     pub store: Arc<RegistryStore>,
     /// The operators known by bearer token (by the token's hash).
     pub operators: Arc<crate::operators::OperatorTokens>,
-    /// Callers whose client certificate, of the operator CA, makes them operators.
-    pub certificate_operators: Arc<std::collections::BTreeSet<String>>,
+    /// Callers whose client certificate, of the operator CA, makes them operators (reloaded on
+    /// SIGHUP).
+    pub certificate_operators: Arc<crate::operators::CertifiedNames>,
     /// Writes refused for want of an operator, by reason.
     pub refusals: Arc<WriteRefusals>,
     /// `/healthz`'s probe of the database.
@@ -39,8 +40,9 @@ pub struct AppState {
     pub retire_grace_ms: i64,
     /// `regions add` hands out no number this long after the database's `init` (ms).
     pub new_registry_quiet_ms: i64,
-    /// Callers that may record a lease table's identity the first time (the fleet's hosts).
-    pub lease_table_recorders: Arc<std::collections::BTreeSet<String>>,
+    /// Callers that may record a lease table's identity the first time (the fleet's hosts;
+    /// reloaded on SIGHUP).
+    pub lease_table_recorders: Arc<crate::operators::CertifiedNames>,
     pub now: fn() -> i64,
 }
 
@@ -61,7 +63,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::AlreadyRetired { .. } => E::conflict("already_retired", error.to_string()),
             RegistryError::NoRetirementPending(_) => E::conflict("no_retirement_pending", error.to_string()),
             RegistryError::LayoutExists(_) => E::conflict("layout_exists", error.to_string()),
-            RegistryError::UnknownLayout(_) => E::bad_request("unknown_layout", error.to_string()),
+            RegistryError::UnknownLayout(_) => E::not_found("unknown_layout", error.to_string()),
             RegistryError::LeaseTableMoved { .. } => E::conflict("lease_table_moved", error.to_string()),
             RegistryError::LeaseTableInUse { .. } => E::conflict("lease_table_in_use", error.to_string()),
             RegistryError::LeaseTableIdentity { .. } => E::conflict("lease_table_identity", error.to_string()),
@@ -71,7 +73,10 @@ impl From<RegistryError> for ApiError {
                 let wait = until_ms.saturating_sub(idgen::system_unix_ms()).max(0) / 1000 + 1;
                 E::unavailable("registry_quiet", error.to_string()).retry_after(wait as u64)
             }
-            RegistryError::Storage(_) | RegistryError::Invalid(_) | RegistryError::NotARegistry(_) => {
+            RegistryError::Storage(_)
+            | RegistryError::Silent(_)
+            | RegistryError::Invalid(_)
+            | RegistryError::NotARegistry(_) => {
                 tracing::error!(%error, "registry storage");
                 storage_unavailable()
             }
@@ -359,7 +364,10 @@ pub async fn list_regions(State(state): State<AppState>) -> Result<Json<Value>, 
     let view = state.store.schedule(now, state.horizon_lead_ms).await?;
     let in_use = state.store.numbers_in_use(now).await?;
     let total = view.region_capacity(now);
-    let left = (0..total).filter(|n| !regions.iter().any(|r| r.number == *n)).count();
+    // The numbers used, counted once each: work in the regions, not in the capacity times them.
+    let used: std::collections::BTreeSet<u32> =
+        regions.iter().map(|r| r.number).filter(|number| *number < total).collect();
+    let left = total as usize - used.len();
     let in_use: Vec<Value> = in_use
         .iter()
         .map(|held| {
@@ -409,8 +417,9 @@ pub async fn report_number_in_use(
     if !(1..=64).contains(&registry_id.len()) || !registry_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(ApiError::bad_request("invalid_registry_id", "\"registry_id\" must be 1-64 letters and digits"));
     }
-    let view = state.store.schedule(now, state.horizon_lead_ms).await?;
-    let numbers = view.layouts.iter().map(|l| 1u64 << l.layout.region_bits()).max().unwrap_or(1);
+    // Any number a layout's region field can hold: one the schedule has no layout for yet is
+    // withheld all the same, against a layout added later that has it.
+    let numbers = 1u64 << idgen_core::layout::MAX_REGION_BITS;
     let number = idgen_json::whole_number(&body.region_number).ok().filter(|n| *n < numbers).ok_or_else(|| {
         ApiError::bad_request(
             "invalid_region_number",
@@ -419,6 +428,7 @@ pub async fn report_number_in_use(
     })? as u32;
     let until = idgen_json::whole_number(&body.issues_until_ms)
         .ok()
+        .filter(|ms| *ms <= idgen_json::MAX_SAFE_INTEGER)
         .and_then(|ms| i64::try_from(ms).ok())
         .ok_or_else(|| ApiError::bad_request("invalid_time", "\"issues_until_ms\" must be a time in Unix ms"))?;
     let reported = state

@@ -139,7 +139,8 @@ pub async fn init(
 /// Opens the store, binds, prints the address, serves until `shutdown`. In development mode the
 /// database is initialized first; in production it must have been (`idgen registry init`), and a
 /// database that is not a registry's is refused ([`idgen::config::Refused`]: exit status 2). On
-/// SIGHUP the `[tls]` files in `config_file` are read again.
+/// SIGHUP `config_file` is read again: the `[tls]` files, `[quotas]`, the operators (tokens and
+/// `certificate_operators`) and `lease_table_recorders`.
 pub async fn serve(
     config: RegistryConfig,
     config_file: Option<std::path::PathBuf>,
@@ -184,13 +185,13 @@ pub async fn serve(
     let state = AppState {
         store,
         operators: Arc::new(operators),
-        certificate_operators: Arc::new(config.certificate_operators.clone()),
+        certificate_operators: Arc::new(operators::CertifiedNames::new(config.certificate_operators.clone())),
         refusals: Arc::default(),
         health: Arc::default(),
         horizon_lead_ms: config.horizon_lead_ms,
         retire_grace_ms: config.retire_grace_ms,
         new_registry_quiet_ms: config.new_registry_quiet_ms(),
-        lease_table_recorders: Arc::new(config.lease_table_recorders.clone()),
+        lease_table_recorders: Arc::new(operators::CertifiedNames::new(config.lease_table_recorders.clone())),
         now: idgen::system_unix_ms,
     };
     let tls = match config.tls.enabled() {
@@ -205,7 +206,7 @@ pub async fn serve(
     state.refusals.register(&mut registry);
     state.health.register(&mut registry);
     let quotas = Arc::new(idgen_server::Quotas::new(&config.quotas, quota_metrics)?);
-    let (reload_tls, reload_quotas, reload_operators) = (tls.clone(), quotas.clone(), state.operators.clone());
+    let (reload_tls, reload_quotas, reloaded) = (tls.clone(), quotas.clone(), state.clone());
     let development = config.development;
     idgen_server::reload_on_sighup(move || {
         let fresh = RegistryConfig::load(config_file.as_deref())?;
@@ -215,7 +216,15 @@ pub async fn serve(
             tls.reload(&fresh.tls).context("the [tls] files")?;
         }
         reload_quotas.reload(&fresh.quotas).context("[quotas]")?;
-        reload_operators.replace(operators);
+        reloaded.operators.replace(operators);
+        // A name taken off either list loses its role with the next request; its open connections
+        // are closed as a revoked certificate's are, and it comes back through a new handshake.
+        let mut removed = reloaded.certificate_operators.replace(fresh.certificate_operators);
+        removed.extend(reloaded.lease_table_recorders.replace(fresh.lease_table_recorders));
+        if let (Some(tls), false) = (&reload_tls, removed.is_empty()) {
+            let closed = tls.close_callers(|caller| removed.contains(caller.name()));
+            tracing::warn!(?removed, closed, "callers taken off certificate_operators or lease_table_recorders");
+        }
         Ok(())
     });
     let listeners = idgen_server::Listeners::bind(config.listen, tls, config.health_listen).await?;

@@ -10,6 +10,7 @@
 //! Two operators with one token would be one operator in the audit, so a configuration that
 //! gives two names the same hash is refused at load.
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use anyhow::{Context, bail};
@@ -127,6 +128,40 @@ impl OperatorTokens {
     }
 }
 
+/// The callers a role is given by client certificate (`certificate_operators`,
+/// `lease_table_recorders`), replaced on reload as the tokens are: a name taken off the list
+/// loses the role at the next SIGHUP, and the caller returns the names it took off so that their
+/// open connections are closed as a revocation's are.
+#[derive(Debug, Default)]
+pub struct CertifiedNames {
+    names: ArcSwap<BTreeSet<String>>,
+}
+
+impl CertifiedNames {
+    pub fn new(names: BTreeSet<String>) -> CertifiedNames {
+        CertifiedNames { names: ArcSwap::from_pointee(names) }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.load().contains(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.load().is_empty()
+    }
+
+    /// Puts `fresh` in force; returns the names it no longer lists.
+    pub fn replace(&self, fresh: BTreeSet<String>) -> BTreeSet<String> {
+        let fresh = std::sync::Arc::new(fresh);
+        let before = self.names.swap(fresh.clone());
+        before.difference(&fresh).cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +190,17 @@ mod tests {
         // A reload takes a removed token's power away.
         operators.replace(OperatorTokens::new([("bob".into(), abc)]).unwrap());
         assert_eq!((operators.operator(&token), operators.len()), (None, 1));
+    }
+
+    #[test]
+    fn a_reload_of_certified_names_says_which_it_took_off() {
+        let names = |list: &[&str]| list.iter().map(|name| name.to_string()).collect::<BTreeSet<_>>();
+        let listed = CertifiedNames::new(names(&["ops-alice", "ops-bob"]));
+        assert!(listed.contains("ops-bob"));
+        assert_eq!(listed.replace(names(&["ops-alice", "ops-carol"])), names(&["ops-bob"]));
+        assert!(!listed.contains("ops-bob") && listed.contains("ops-carol"));
+        assert_eq!(listed.replace(names(&[])), names(&["ops-alice", "ops-carol"]));
+        assert!(listed.is_empty());
     }
 
     #[test]

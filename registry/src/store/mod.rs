@@ -227,6 +227,9 @@ pub enum RegistryError {
     NotARegistry(String),
     #[error("storage: {0}")]
     Storage(#[from] sqlx::Error),
+    /// The database did not answer a call within the store's deadline.
+    #[error("storage: the database did not answer within {0:?}")]
+    Silent(std::time::Duration),
     #[error("storage holds an invalid row: {0}")]
     Invalid(String),
 }
@@ -254,6 +257,12 @@ impl InitialSchedule {
 #[derive(Clone)]
 pub struct RegistryStore {
     pool: Pool,
+    /// How long one call may wait for the database, whatever it does: the acquire timeout and
+    /// twice the statement timeout ([`RequestTimeouts::call_deadline`]). The statement timeout
+    /// is the server's; a database that goes silent (a failover, packets dropped) answers
+    /// nothing, and without this a call would wait for TCP to give up, with callers queued
+    /// behind it.
+    deadline: std::time::Duration,
 }
 
 /// What a region row is read from (`regions::region_row`).
@@ -346,17 +355,23 @@ impl RegistryStore {
             checked?;
         }
         // Eight connections on PostgreSQL (SQLite has one: [`PoolSettings`]).
-        Ok(RegistryStore { pool: Pool::open(url, PoolSettings::new(8, timeouts)).await? })
+        let pool = Pool::open(url, PoolSettings::new(8, timeouts)).await?;
+        Ok(RegistryStore { pool, deadline: timeouts.call_deadline() })
+    }
+
+    /// `call`, or [`RegistryError::Silent`] once past the store's deadline (503 to a caller).
+    async fn within<T>(&self, call: impl Future<Output = Result<T, RegistryError>>) -> Result<T, RegistryError> {
+        tokio::time::timeout(self.deadline, call).await.unwrap_or(Err(RegistryError::Silent(self.deadline)))
     }
 
     /// The database answers, and is a registry's (`/healthz`).
     pub async fn ping(&self) -> Result<(), RegistryError> {
-        on_driver!(&self.pool, schedule::ping())
+        self.within(async { on_driver!(&self.pool, schedule::ping()) }).await
     }
 
     /// Every region as of `now_ms` (a retirement whose time has come shows as done).
     pub async fn regions(&self, now_ms: i64) -> Result<Vec<Region>, RegistryError> {
-        on_driver!(&self.pool, regions::regions(now_ms))
+        self.within(async { on_driver!(&self.pool, regions::regions(now_ms)) }).await
     }
 
     /// Hands out the lowest number never used. Retried when a concurrent add took the same
@@ -397,7 +412,10 @@ impl RegistryStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<Region, RegistryError> {
-        on_driver!(&self.pool, regions::add_region(name, capacity, tables, quiet_ms, actor, now_ms))
+        self.within(async {
+            on_driver!(&self.pool, regions::add_region(name, capacity, tables, quiet_ms, actor, now_ms))
+        })
+        .await
     }
 
     /// A generator following another registry issues under region `number` as `region` until
@@ -415,15 +433,18 @@ impl RegistryStore {
         now_ms: i64,
         lead_ms: i64,
     ) -> Result<Reported, RegistryError> {
-        on_driver!(
-            &self.pool,
-            regions::report_number_in_use(number, region, registry_id, issues_until_ms, reporter, now_ms, lead_ms)
-        )
+        self.within(async {
+            on_driver!(
+                &self.pool,
+                regions::report_number_in_use(number, region, registry_id, issues_until_ms, reporter, now_ms, lead_ms)
+            )
+        })
+        .await
     }
 
     /// The numbers withheld at `now_ms` (reported in use, their time ahead).
     pub async fn numbers_in_use(&self, now_ms: i64) -> Result<Vec<NumberInUse>, RegistryError> {
-        on_driver!(&self.pool, regions::numbers_in_use(now_ms))
+        self.within(async { on_driver!(&self.pool, regions::numbers_in_use(now_ms)) }).await
     }
 
     /// Retires the active region of that name: at once (`at_ms` `None`, for a region that is
@@ -440,12 +461,12 @@ impl RegistryStore {
         now_ms: i64,
         lead_ms: i64,
     ) -> Result<Region, RegistryError> {
-        on_driver!(&self.pool, regions::retire_region(name, at_ms, actor, now_ms, lead_ms))
+        self.within(async { on_driver!(&self.pool, regions::retire_region(name, at_ms, actor, now_ms, lead_ms)) }).await
     }
 
     /// Cancels the pending retirement of the region of that name, while its time is ahead.
     pub async fn cancel_retire(&self, name: &str, actor: &str, now_ms: i64) -> Result<Region, RegistryError> {
-        on_driver!(&self.pool, regions::cancel_retire(name, actor, now_ms))
+        self.within(async { on_driver!(&self.pool, regions::cancel_retire(name, actor, now_ms)) }).await
     }
 
     /// Moves region `name`'s lease table for `layout` from `from` (which must be the one named
@@ -464,7 +485,10 @@ impl RegistryStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<Region, RegistryError> {
-        on_driver!(&self.pool, regions::move_lease_table(name, layout, from, to, to_table_id, actor, now_ms))
+        self.within(async {
+            on_driver!(&self.pool, regions::move_lease_table(name, layout, from, to, to_table_id, actor, now_ms))
+        })
+        .await
     }
 
     /// Records which table region `name`'s lease table for `layout` is (`table_id`, from its
@@ -480,7 +504,10 @@ impl RegistryStore {
         actor: &str,
         now_ms: i64,
     ) -> Result<(Region, bool), RegistryError> {
-        on_driver!(&self.pool, regions::record_lease_table(name, layout, table, table_id, actor, now_ms))
+        self.within(async {
+            on_driver!(&self.pool, regions::record_lease_table(name, layout, table, table_id, actor, now_ms))
+        })
+        .await
     }
 
     /// The schedule, as published. A read, which writes nothing while the stored horizon is at
@@ -494,13 +521,13 @@ impl RegistryStore {
     /// horizon, which only grows), so the answer never holds a horizon past a cutover it lacks.
     /// (Read in the other order, a layout and a horizon past it could both commit in between.)
     pub async fn schedule(&self, now_unix_ms: i64, lead_ms: i64) -> Result<ScheduleView, RegistryError> {
-        on_driver!(&self.pool, schedule::schedule(now_unix_ms, lead_ms))
+        self.within(async { on_driver!(&self.pool, schedule::schedule(now_unix_ms, lead_ms)) }).await
     }
 
     /// The horizon writer: moves the stored horizon to `now + lead` (never back) and returns it.
     /// Every registry process runs it once a minute (and at start-up), so reads need not write.
     pub async fn advance_horizon(&self, now_unix_ms: i64, lead_ms: i64) -> Result<u64, RegistryError> {
-        on_driver!(&self.pool, schedule::advance_horizon(now_unix_ms, lead_ms))
+        self.within(async { on_driver!(&self.pool, schedule::advance_horizon(now_unix_ms, lead_ms)) }).await
     }
 
     /// Schedules a new layout. It must start at or after the published horizon, strictly after
@@ -512,12 +539,12 @@ impl RegistryStore {
         now_unix_ms: i64,
         lead_ms: i64,
     ) -> Result<ScheduledLayout, RegistryError> {
-        on_driver!(&self.pool, schedule::add_layout(entry, actor, now_unix_ms, lead_ms))
+        self.within(async { on_driver!(&self.pool, schedule::add_layout(entry, actor, now_unix_ms, lead_ms)) }).await
     }
 
     /// The newest audit records first.
     pub async fn audit_log(&self, limit: i64) -> Result<Vec<AuditRow>, RegistryError> {
-        on_driver!(&self.pool, audit::audit_log(limit))
+        self.within(async { on_driver!(&self.pool, audit::audit_log(limit)) }).await
     }
 }
 
