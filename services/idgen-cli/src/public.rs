@@ -62,6 +62,24 @@ pub enum PublicCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Retire a check key version (a leaked one): refused for the newest (rotate first), for one
+    /// new IDs may still be made under, and for one public IDs were made under unless --force,
+    /// which puts those IDs into the legacy filter (they keep resolving; a forged ID then passes
+    /// the check one time in 2,048). The instances drop it within 30 s.
+    RetireCheckKey {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The version to retire (`rotate-check-key` printed it).
+        #[arg(long)]
+        version: u8,
+        /// Retire it although public IDs were made under it.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        owner: crate::OwnerUrl,
+        #[arg(long)]
+        json: bool,
+    },
     /// The public ID of an internal ID (created if it has none in that format).
     Create {
         internal_id: String,
@@ -210,6 +228,40 @@ pub async fn run(command: PublicCommand, tls: &crate::tls::ClientTls) -> anyhow:
                 println!("check key version {version} added: new opaque public IDs carry it two minutes from now");
             }
             Ok(())
+        }
+        PublicCommand::RetireCheckKey { config, version, force, owner, json } => {
+            use idgen_public_ids::store::check::RetiredKey;
+            let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;
+            match idgen_public_ids::retire_check_key(&config, owner.url.as_deref(), version, force).await? {
+                RetiredKey::Retired { moved, filter_sealed } => {
+                    if json {
+                        println!(
+                            "{}",
+                            json!({"retired": version, "moved_to_filter": moved, "filter_sealed": filter_sealed})
+                        );
+                    } else if moved == 0 {
+                        println!(
+                            "check key version {version} retired (no public ID was made under it); the instances drop it within 30 s"
+                        );
+                    } else {
+                        println!(
+                            "check key version {version} retired: its {moved} public IDs now resolve as untagged ones ({}); the \
+                             instances drop it within 30 s",
+                            if filter_sealed {
+                                "in the rebuilt legacy filter"
+                            } else {
+                                "the legacy filter is still open"
+                            }
+                        );
+                    }
+                    Ok(())
+                }
+                RetiredKey::InUse { made } => anyhow::bail!(
+                    "check key version {version} tags {made} public IDs: retiring it would leave them to the legacy filter \
+                     (each forged ID then passes the check one time in 2,048, and costs a read); run again with --force \
+                     to do so"
+                ),
+            }
         }
         PublicCommand::RotateKey { config, owner, json } => {
             let config = idgen_public_ids::PublicIdsConfig::load(config.as_deref())?;

@@ -239,9 +239,9 @@ pub fn describe(section: Option<&AccessSection>, development: bool) -> String {
         .map(|(key, list)| format!("{key}: {}", list.join(", ")))
         .collect();
     let mut line = if lists.is_empty() { "no caller is listed".to_owned() } else { lists.join("; ") };
-    // Callers listed to create in a stored format without lookup in it: their creates are refused.
+    // Callers listed to create in a format without lookup in it: their creates are refused.
     let mut create_only = Vec::new();
-    for format in [Format::Opaque, Format::Uuidv7] {
+    for format in FORMATS {
         for name in section.create.iter().chain(&section.of_format(format).create) {
             let entry = format!("{name} ({})", format.as_str());
             if name != ANY_IDENTIFIED
@@ -322,11 +322,11 @@ impl Access {
     /// per format), which is a lookup: so `caller` may create in `format` only if it may also look
     /// up in it. A caller listed for create alone would otherwise learn any internal ID's public
     /// ID and type, and whether it has one. Refused (403, counted under create) otherwise, before
-    /// anything is read or made.
-    /// The encrypted format is computed, never stored: its create finds nothing, and is not held
-    /// to this.
+    /// anything is read or made. The encrypted format is held to it too: it is computed, never
+    /// stored, but deterministically, so its create answers any internal ID's encrypted public ID
+    /// exactly as a lookup would.
     pub fn check_create_answer(&self, caller: &Caller, format: Format) -> Result<(), Forbidden> {
-        if format == Format::Encrypted || self.rules.load().allows(caller, Operation::Lookup, Some(format)) {
+        if self.rules.load().allows(caller, Operation::Lookup, Some(format)) {
             return Ok(());
         }
         self.metrics.forbidden.get_or_create(&OperationLabel { operation: Operation::Create.as_str() }).inc();

@@ -14,7 +14,7 @@ use idgen_server::{ApiError, Caller, Quotas};
 
 use crate::access::{Access, Forbidden, Operation};
 use crate::body::{BatchBody, CreateBody, parse_format, parse_internal_id};
-use crate::cache::MappingCache;
+use crate::cache::{Cached, MappingCache};
 use crate::check::{Gate, Verdict};
 use crate::format::{self, Format, Keyring, RandomSource, RandomSourceMetrics};
 use crate::store::{CreateError, Mapping, PublicIdStore, ResolveError};
@@ -84,14 +84,14 @@ fn storage(error: sqlx::Error) -> ApiError {
     ApiError::unavailable("storage_unavailable", message)
 }
 
-/// [`storage`] for a resolve, whose primary reads after a replica's miss may also all be taken:
-/// the same 503, said as such and not logged (a flood would fill the log).
+/// [`storage`] for a resolve or a lookup, whose reads of the primary may also all be taken: the
+/// same 503, said as such and not logged (a flood would fill the log).
 fn resolve_refused(error: ResolveError) -> ApiError {
     match error {
         ResolveError::Storage(error) => storage(error),
         ResolveError::FallbacksBusy => ApiError::unavailable(
             "storage_unavailable",
-            "too many resolves are waiting for the primary database: retry",
+            "too many resolves and lookups are waiting for the primary database: retry",
         ),
     }
 }
@@ -105,6 +105,20 @@ fn authorize(state: &AppState, caller: &Caller, operation: Operation, format: Op
 /// Admits `n` public IDs for `caller`, counting them as served if admitted.
 fn admit(state: &AppState, caller: &Caller, n: u32) -> Result<(), ApiError> {
     state.quotas.admit(caller, n).map_err(ApiError::over_quota)?;
+    state.quotas.served(caller, n);
+    Ok(())
+}
+
+/// Charges `caller` one public ID before its request's body is read: a body sent slowly, or a
+/// byte a frame, costs quota before it costs the service the time to read it.
+fn admit_first(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+    state.quotas.admit(caller, 1).map_err(ApiError::over_quota)
+}
+
+/// Admits the rest of a request for `n` public IDs charged one by [`admit_first`], counting the
+/// `n` as served if admitted.
+fn admit_rest(state: &AppState, caller: &Caller, n: u32) -> Result<(), ApiError> {
+    state.quotas.admit_rest(caller, n).map_err(ApiError::over_quota)?;
     state.quotas.served(caller, n);
     Ok(())
 }
@@ -251,11 +265,12 @@ fn format_and_type(
 
 pub async fn create(State(state): State<Arc<AppState>>, caller: Caller, body: Body) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
+    admit_first(&state, &caller)?;
     let body: CreateBody = idgen_server::read_json(body, MAX_BODY_BYTES).await?;
     let (format, public_type) = format_and_type(&state.types, body.format.as_deref(), body.public_type.as_deref())?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
     state.access.check_create_answer(&caller, format).map_err(forbidden)?;
-    admit(&state, &caller, 1)?;
+    admit_rest(&state, &caller, 1)?;
     let id = parse_internal_id(&body.internal_id)?;
     let mapping = map_ids(&state, &[id], format, public_type).await?.remove(0);
     // Encrypted IDs are computed, never created: always 200.
@@ -269,6 +284,7 @@ pub async fn create_batch(
     body: Body,
 ) -> Result<Response, ApiError> {
     authorize(&state, &caller, Operation::Create, None)?;
+    admit_first(&state, &caller)?;
     let body: BatchBody = idgen_server::read_json(body, MAX_BODY_BYTES).await?;
     let (format, public_type) = format_and_type(&state.types, body.format.as_deref(), body.public_type.as_deref())?;
     authorize(&state, &caller, Operation::Create, Some(format))?;
@@ -281,7 +297,7 @@ pub async fn create_batch(
         ));
     }
     let mut parsed: Vec<u64> = ids.iter().map(parse_internal_id).collect::<Result<_, _>>()?;
-    admit(&state, &caller, ids.len() as u32)?;
+    admit_rest(&state, &caller, ids.len() as u32)?;
     parsed.sort_unstable();
     parsed.dedup();
     let mappings = map_ids(&state, &parsed, format, public_type).await?;
@@ -360,7 +376,7 @@ pub async fn resolve_uri(state: &AppState, caller: &Caller, uri: &Uri) -> Result
             None => return Err(no_such_public_id()),
         },
         Parsed::Stored { format, bytes, type_number } => {
-            match resolve_stored(state, format, &bytes, type_number).await? {
+            match resolve_stored(state, caller, format, &bytes, type_number).await? {
                 // A typed ID resolves only with its own type's prefix, an untyped one only without
                 // any: anything else is the same 404 as an unknown ID.
                 Some((internal, found_type)) if found_type == type_number => (internal, type_number),
@@ -421,27 +437,34 @@ fn resolved(public_id: &str, internal_id: u64, public_type: Option<&str>) -> Res
 }
 
 /// The internal ID and type number of a stored (opaque or UUIDv7) public ID: from the cache,
-/// else from the database, and then kept in the cache. Not found is not remembered; an opaque ID
-/// the keyed check finds forged ([`Gate::judge`], for the type its prefix names) is not found
-/// without a read.
+/// else from the database (read for `caller`, within its share of the primary's reads), and then
+/// kept in the cache. An opaque ID the keyed check finds forged ([`Gate::judge`], for the type its
+/// prefix names), or a UUIDv7 dated ahead, is not found without a read; a miss of an ID that can
+/// no longer be made ([`Gate::miss_is_final`]) is remembered, so its replays read nothing.
 ///
 /// The database's future is boxed, on a miss only: held in place it made every resolve's future
 /// over a kilobyte, which the allocator serves from its slow path, cache hits included.
 async fn resolve_stored(
     state: &AppState,
+    caller: &Caller,
     format: Format,
     public_id: &[u8; 16],
     type_number: Option<u16>,
 ) -> Result<Option<(u64, Option<u16>)>, ApiError> {
-    if let Some(found) = state.cache.resolve(format, public_id) {
-        return Ok(Some(found));
+    match state.cache.resolve(format, public_id) {
+        Some(Cached::Found(internal_id, type_number)) => return Ok(Some((internal_id, type_number))),
+        Some(Cached::Missing) => return Ok(None),
+        None => {}
     }
-    if state.gate.judge(format, public_id, type_number) == Verdict::Forged {
+    let verdict = state.gate.judge(format, public_id, type_number);
+    if verdict == Verdict::Forged {
         return Ok(None);
     }
-    let found = Box::pin(state.store.resolve(format, public_id)).await.map_err(resolve_refused)?;
-    if let Some((internal_id, type_number)) = found {
-        state.cache.remember_resolved(internal_id, format, public_id, type_number);
+    let found = Box::pin(state.store.resolve_for(caller.name(), format, public_id)).await.map_err(resolve_refused)?;
+    match found {
+        Some((internal_id, type_number)) => state.cache.remember_resolved(internal_id, format, public_id, type_number),
+        None if state.gate.miss_is_final(verdict) => state.cache.remember_missing(format, public_id),
+        None => {}
     }
     Ok(found)
 }
@@ -450,13 +473,14 @@ async fn resolve_stored(
 /// (opaque or UUIDv7): from the cache, else from the database, and then kept in the cache.
 async fn lookup_stored(
     state: &AppState,
+    caller: &Caller,
     internal_id: u64,
     format: Format,
 ) -> Result<Option<(String, Option<u16>)>, ApiError> {
     if let Some(found) = state.cache.lookup(internal_id, format) {
         return Ok(Some(found));
     }
-    let found = state.store.lookup(internal_id, format).await.map_err(storage)?;
+    let found = state.store.lookup_for(caller.name(), internal_id, format).await.map_err(resolve_refused)?;
     if let Some((public_id, type_number)) = &found {
         state.cache.remember(internal_id, format, public_id, *type_number);
     }
@@ -488,7 +512,7 @@ pub async fn lookup(
     let mapping = match format {
         Format::Encrypted => map_ids(&state, &[id], format, None).await?.remove(0),
         stored => {
-            let Some((public_id, type_number)) = lookup_stored(&state, id, stored).await? else {
+            let Some((public_id, type_number)) = lookup_stored(&state, &caller, id, stored).await? else {
                 return Err(none(format!("internal ID {id} has no {} public ID", stored.as_str())));
             };
             let asked = public_type.map(|t| t.number);
@@ -525,6 +549,34 @@ pub async fn not_found() -> ApiError {
 /// The service's OpenAPI 3.1 document, checked in as `docs/openapi/public-ids.json` (served by
 /// `idgen_server::openapi_route`; a test holds it to the router).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi/public-ids.json");
+
+/// [`OPENAPI`] as this deployment serves it: a `type` is one of its `[types]`, an `enum`, or with
+/// none configured a schema nothing matches, so that no request the served document allows is
+/// refused `unknown_type` (a client generated from it, or schemathesis, learns the names).
+pub fn served_openapi(types: &Types) -> String {
+    let mut document: Value = serde_json::from_str(OPENAPI).expect("the checked-in document is JSON");
+    let schema = &mut document["components"]["schemas"]["TypeName"];
+    let names = types.names();
+    *schema = match names.is_empty() {
+        false => {
+            let mut schema = schema.take();
+            schema["enum"] = json!(names);
+            schema["example"] = json!(names[0]);
+            schema["description"] = json!(format!(
+                "A type of public IDs this deployment configures ([types]): {}. It implies its stored format; a \
+                 `format` beside it that is not the type's is 400 `type_format_mismatch`.",
+                names.join(", ")
+            ));
+            schema
+        }
+        true => json!({
+            "not": {},
+            "description": "This deployment configures no types of public IDs ([types]): a `type` is 400 `unknown_type`."
+        }),
+    };
+    // Pretty, as the document in docs/openapi is: read by people with curl as much as by tools.
+    serde_json::to_string_pretty(&document).expect("a JSON value prints") + "\n"
+}
 
 #[cfg(test)]
 mod tests {

@@ -3,8 +3,11 @@
 //! format → public ID for a lookup), so that a hit answers without the database.
 //!
 //! A mapping never changes and is never deleted once made, so a cached one is always right and
-//! nothing here is ever invalidated. Only mappings that were found are kept: a miss is never
-//! remembered, so a mapping another instance creates a moment later resolves here at once. The
+//! nothing here is ever invalidated. A miss is remembered only for a public ID that can no longer
+//! be made (an untagged one once the legacy filter is sealed, or one that carries a valid tag:
+//! the database's word on it is final), so that a forged ID that passed the filter costs one
+//! read, not one per replay; any other miss is asked again, so a mapping another instance
+//! creates a moment later resolves here at once. The
 //! cache is bounded by `[cache] max_entries` (quick_cache, which evicts by S3-FIFO: an entry asked
 //! for again is kept over one seen once); encrypted public IDs are computed from the key and never
 //! cached. Access checks and quotas are the handlers', before the cache is asked.
@@ -38,6 +41,17 @@ enum Value {
     /// The stored public ID's 16 bytes (its text is made again on a hit: no allocation for
     /// every mapping a create keeps).
     Public([u8; 16], Option<u16>),
+    /// A public ID that is not stored and can no longer be made.
+    Missing,
+}
+
+/// What the cache knows of a public ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cached {
+    /// Its mapping: the internal ID and type number.
+    Found(u64, Option<u16>),
+    /// That it does not exist, and never will.
+    Missing,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -127,9 +141,10 @@ impl MappingCache {
 
     /// The internal ID and type number of the stored public ID in `format` with these 16
     /// bytes, if cached (counted as a resolve hit or miss).
-    pub fn resolve(&self, format: Format, public_id: &[u8; 16]) -> Option<(u64, Option<u16>)> {
+    pub fn resolve(&self, format: Format, public_id: &[u8; 16]) -> Option<Cached> {
         match self.get(&self.resolves, Key::Public(format, *public_id))? {
-            Value::Internal(id, type_number) => Some((id, type_number)),
+            Value::Internal(id, type_number) => Some(Cached::Found(id, type_number)),
+            Value::Missing => Some(Cached::Missing),
             Value::Public(..) => None,
         }
     }
@@ -139,7 +154,7 @@ impl MappingCache {
     pub fn lookup(&self, internal_id: u64, format: Format) -> Option<(String, Option<u16>)> {
         match self.get(&self.lookups, Key::Internal(format, internal_id))? {
             Value::Public(bytes, type_number) => Some((format::stored_text(format, &bytes), type_number)),
-            Value::Internal(..) => None,
+            Value::Internal(..) | Value::Missing => None,
         }
     }
 
@@ -157,6 +172,14 @@ impl MappingCache {
     pub fn remember_resolved(&self, internal_id: u64, format: Format, public_id: &[u8; 16], type_number: Option<u16>) {
         if let Some(entries) = &self.entries {
             Self::keep(entries, internal_id, format, *public_id, type_number);
+        }
+    }
+
+    /// Remembers that the public ID of `format` with these bytes is not stored and can no longer
+    /// be made ([module docs](self)): a resolve of it is answered from here from now on.
+    pub fn remember_missing(&self, format: Format, public_id: &[u8; 16]) {
+        if let Some(entries) = &self.entries {
+            entries.insert(Key::Public(format, *public_id), Value::Missing);
         }
     }
 
@@ -194,18 +217,18 @@ mod tests {
         let opaque = format::crockford_encode(&[7u8; 16]);
         assert_eq!(cache.resolve(Format::Opaque, &[7u8; 16]), None);
         cache.remember(42, Format::Opaque, &opaque, None);
-        assert_eq!(cache.resolve(Format::Opaque, &[7u8; 16]), Some((42, None)));
+        assert_eq!(cache.resolve(Format::Opaque, &[7u8; 16]), Some(Cached::Found(42, None)));
         let (public_id, type_number) = cache.lookup(42, Format::Opaque).unwrap();
         assert_eq!((public_id.as_str(), type_number), (opaque.as_str(), None));
         // The same bits in another format are another public ID.
         assert!(cache.lookup(42, Format::Uuidv7).is_none());
         let bytes = uuid::new_v7(1_700_000_000_000, 1, 2);
         cache.remember(43, Format::Uuidv7, &uuid::format(&bytes), Some(3));
-        assert_eq!(cache.resolve(Format::Uuidv7, &bytes), Some((43, Some(3))), "kept with its type");
+        assert_eq!(cache.resolve(Format::Uuidv7, &bytes), Some(Cached::Found(43, Some(3))), "kept with its type");
         // What a resolve found, by its bytes: kept both ways, the lookup's text made from them.
         let found = MappingCache::new(10);
         found.remember_resolved(44, Format::Uuidv7, &bytes, None);
-        assert_eq!(found.resolve(Format::Uuidv7, &bytes), Some((44, None)));
+        assert_eq!(found.resolve(Format::Uuidv7, &bytes), Some(Cached::Found(44, None)));
         assert_eq!(found.lookup(44, Format::Uuidv7).map(|(text, _)| text.to_string()), Some(uuid::format(&bytes)));
         for id in 100..200 {
             cache.remember(id, Format::Opaque, &format::crockford_encode(&u128::from(id).to_be_bytes()), None);

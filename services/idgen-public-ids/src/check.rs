@@ -21,12 +21,13 @@
 //! twice), and are rare: among 10¹⁰ IDs of one key version, about 10²⁰ / 2⁸⁹ ≈ 2·10⁻⁷.
 //!
 //! **Mappings made before** (untagged: 128 random bits) keep resolving for ever. They are told
-//! from forged IDs by a Bloom filter of their public IDs ([`LegacyFilter`], 1 % false positives,
+//! from forged IDs by a Bloom filter of their public IDs ([`LegacyFilter`], 1 in 2,048 false positives,
 //! indexed by a keyed hash so that a caller who knows some old IDs cannot aim at its set bits),
 //! built and sealed by `idgen public seal-legacy` once no instance of the previous version (which
 //! makes untagged IDs) runs. Until it is sealed, every untagged ID is read as before (replica,
 //! then the primary within its budget); once sealed, a forged ID that looks like an old one costs
-//! a read with probability 1 % — and a real old one always resolves. A database made new at this
+//! a read with probability 1/2,048, once (its miss is then remembered) — and a real old one always
+//! resolves. A database made new at this
 //! version has an empty, sealed filter from `init` on.
 //!
 //! **Keys** live in the database (`public_id_check_keys`, read by the service's role), as the
@@ -39,6 +40,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -63,6 +65,18 @@ pub const RANDOM_BYTES: usize = 11;
 pub const ROTATION_DELAY: Duration = Duration::from_secs(120);
 /// How often an instance reloads the check keys and the legacy filter's state.
 pub const REFRESH: Duration = Duration::from_secs(30);
+/// How long one reload may wait for the database: a database gone silent fails it, and the next
+/// is tried, instead of the reloads stopping there.
+pub const REFRESH_DEADLINE: Duration = Duration::from_secs(5);
+/// Keys last reloaded longer ago than this may lack a version added since and already in use
+/// ([`ROTATION_DELAY`] after it was added): an ID of a version newer than every known one is then
+/// read, not refused, and a reload is asked for at once. Reloaded more recently, such an ID is
+/// forged: a version in use was added [`ROTATION_DELAY`] ago at least, before the last reload
+/// (half the delay is left for the clocks of the instances and of `rotate-check-key` to differ).
+pub const STALE_AFTER: Duration = Duration::from_secs(60);
+/// How far ahead of this instance's clock a UUIDv7 public ID may be dated and still be one an
+/// instance made (their clocks differ by less): one dated later is forged, refused in memory.
+pub const UUIDV7_AHEAD: Duration = Duration::from_secs(60);
 /// A check key's length.
 pub const KEY_BYTES: usize = 32;
 
@@ -94,6 +108,11 @@ impl CheckKeys {
     /// The versions known, oldest first.
     pub fn versions(&self) -> Vec<u8> {
         self.keys.keys().copied().collect()
+    }
+
+    /// Whether `version` is newer than every known one (a version this instance may have missed).
+    fn is_newer(&self, version: u8) -> bool {
+        self.keys.keys().next_back().is_some_and(|newest| version > *newest)
     }
 
     /// The version new IDs are made with at `now_ms`: the highest one added at least
@@ -154,14 +173,21 @@ pub struct StoredFilter {
     pub built_at_ms: i64,
 }
 
-/// Bits per entry and hashes for a 1 % false-positive rate (−ln 0.01 / ln² 2, and ln 2 times that).
-const BITS_PER_ENTRY: f64 = 9.585;
-const HASHES: u32 = 7;
+/// Bits per entry and hashes for a false-positive rate of 1 in 2,048 (−ln p / ln² 2, and ln 2
+/// times that): a flood of forged IDs costs at most 0.0005 reads each (1 % before, a read in a
+/// hundred: a filter sealed then keeps its own rate until `seal-legacy` is run again).
+const BITS_PER_ENTRY: f64 = 15.87;
+const HASHES: u32 = 11;
+/// The smallest filter, 2 KiB. Double hashing's probes of one ID are an arithmetic progression
+/// modulo the filter's size: in a filter of a few hundred bits, a forged ID whose step matches a
+/// stored one's passes far more often than the rate above (0.5–0.8 % of forged IDs passed a
+/// 64-bit filter of 3 IDs); from a few thousand bits on, that excess is negligible.
+const MIN_FILTER_BITS: u64 = 16_384;
 
 impl LegacyFilter {
-    /// An empty filter sized for `expected` IDs (at least 64 bits), under `filter_key`.
+    /// An empty filter sized for `expected` IDs (at least [`MIN_FILTER_BITS`]), under `filter_key`.
     pub fn sized(filter_key: &[u8], expected: u64) -> LegacyFilter {
-        let bits = ((expected as f64 * BITS_PER_ENTRY).ceil() as u64).max(64).div_ceil(8);
+        let bits = ((expected as f64 * BITS_PER_ENTRY).ceil() as u64).max(MIN_FILTER_BITS).div_ceil(8);
         LegacyFilter::from_parts(filter_key, HASHES, vec![0u8; bits as usize])
     }
 
@@ -219,15 +245,20 @@ pub enum Verdict {
     Tagged,
     /// Untagged, and possibly made before check keys: read it.
     Legacy,
-    /// Neither: the 404, without a read.
+    /// Neither (or a UUIDv7 dated ahead of every instance's clock): the 404, without a read.
     Forged,
     /// A UUIDv7: nothing to check in memory (read it, within the fallback budget and its age).
     Unchecked,
+    /// Of a key version newer than every known one while the keys are stale ([`STALE_AFTER`]):
+    /// possibly made under a version this instance missed, so read (within the fallback budget),
+    /// never refused; a reload is asked for at once.
+    StaleKeys,
 }
 
 impl Verdict {
     /// In declaration order, so that `verdict as usize` is its place here.
-    const ALL: [Verdict; 4] = [Verdict::Tagged, Verdict::Legacy, Verdict::Forged, Verdict::Unchecked];
+    const ALL: [Verdict; 5] =
+        [Verdict::Tagged, Verdict::Legacy, Verdict::Forged, Verdict::Unchecked, Verdict::StaleKeys];
 
     fn label(self) -> &'static str {
         match self {
@@ -235,6 +266,7 @@ impl Verdict {
             Verdict::Legacy => "legacy",
             Verdict::Forged => "forged",
             Verdict::Unchecked => "unchecked",
+            Verdict::StaleKeys => "stale_keys",
         }
     }
 }
@@ -260,7 +292,12 @@ pub struct Gate {
     verdicts: Family<VerdictLabel, Counter>,
     /// Each verdict's series of `verdicts`, in [`Verdict::ALL`]'s order: taken once, so that a
     /// flood of forged IDs costs no lookup of its label.
-    counts: [Counter; 4],
+    counts: [Counter; 5],
+    /// When `state` was last read from the database (ms since `origin`).
+    loaded_ms: AtomicU64,
+    origin: std::time::Instant,
+    /// Asks the reloading task for a reload now ([`Verdict::StaleKeys`]).
+    reload_now: tokio::sync::Notify,
 }
 
 impl Gate {
@@ -268,15 +305,56 @@ impl Gate {
         let verdicts = Family::<VerdictLabel, Counter>::default();
         let counts =
             Verdict::ALL.map(|verdict| verdicts.get_or_create(&VerdictLabel { verdict: verdict.label() }).clone());
-        Gate { state: ArcSwap::from_pointee(state), verdicts, counts }
+        // `origin` some time back: a load time before the gate was made (as a test sets) is
+        // kept as it is rather than clamped to the gate's birth.
+        let now = std::time::Instant::now();
+        let origin = now.checked_sub(2 * STALE_AFTER).unwrap_or(now);
+        Gate {
+            state: ArcSwap::from_pointee(state),
+            verdicts,
+            counts,
+            loaded_ms: AtomicU64::new(now.duration_since(origin).as_millis() as u64),
+            origin,
+            reload_now: tokio::sync::Notify::new(),
+        }
     }
 
     pub fn state(&self) -> Arc<GateState> {
         self.state.load_full()
     }
 
+    /// Puts a state just read from the database in force.
     pub fn replace(&self, state: GateState) {
         self.state.store(Arc::new(state));
+        self.loaded_at(std::time::Instant::now());
+    }
+
+    /// Notes that the state in force was read from the database at `at`.
+    pub fn loaded_at(&self, at: std::time::Instant) {
+        let ms = at.saturating_duration_since(self.origin).as_millis() as u64;
+        self.loaded_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long ago the state in force was read from the database.
+    pub fn age(&self) -> Duration {
+        let loaded = self.origin + Duration::from_millis(self.loaded_ms.load(std::sync::atomic::Ordering::Relaxed));
+        std::time::Instant::now().saturating_duration_since(loaded)
+    }
+
+    /// Whether the database's "not found" for an ID of `verdict` is final: it carries a valid
+    /// tag (only a create makes one, and answers it once stored), or it is untagged and the
+    /// legacy filter is sealed (no untagged ID is made any more). Such a miss may be remembered.
+    pub fn miss_is_final(&self, verdict: Verdict) -> bool {
+        match verdict {
+            Verdict::Tagged => true,
+            Verdict::Legacy => matches!(self.state.load().legacy, Legacy::Sealed(_)),
+            Verdict::Forged | Verdict::Unchecked | Verdict::StaleKeys => false,
+        }
+    }
+
+    /// Waits until a reload is asked for ([`Verdict::StaleKeys`]).
+    pub async fn reload_asked(&self) {
+        self.reload_now.notified().await
     }
 
     pub fn register(&self, registry: &mut Registry) {
@@ -307,6 +385,9 @@ impl Gate {
                 let state = self.state.load();
                 if state.keys.verifies(bytes, type_number) {
                     Verdict::Tagged
+                } else if state.keys.is_newer(bytes[0]) && self.age() > STALE_AFTER {
+                    self.reload_now.notify_one();
+                    Verdict::StaleKeys
                 } else {
                     match &state.legacy {
                         Legacy::Open => Verdict::Legacy,
@@ -315,11 +396,21 @@ impl Gate {
                     }
                 }
             }
+            crate::format::Format::Uuidv7 if dated_ahead(bytes, idgen::system_unix_ms()) => Verdict::Forged,
             _ => Verdict::Unchecked,
         };
         self.counts[verdict as usize].inc();
         verdict
     }
+}
+
+/// Whether the UUIDv7 `bytes` is dated more than [`UUIDV7_AHEAD`] after `now_ms`: no instance made
+/// it, and as it stays unresolvable it would never count as old enough for the replica's miss to
+/// be final.
+fn dated_ahead(bytes: &[u8; 16], now_ms: i64) -> bool {
+    let mut made = [0u8; 8];
+    made[2..].copy_from_slice(&bytes[..6]);
+    u64::from_be_bytes(made) > (now_ms.max(0) as u64).saturating_add(UUIDV7_AHEAD.as_millis() as u64)
 }
 
 /// A fresh random key (check key or filter key) from the OS CSPRNG.
@@ -344,6 +435,47 @@ mod tests {
 
     fn gate(keys: CheckKeys, legacy: Legacy) -> Gate {
         Gate::new(GateState { keys, legacy, filter_version: (0, true) })
+    }
+
+    /// A UUIDv7 dated more than a minute ahead is forged, refused in memory; one dated now is
+    /// read (issue 56, 2: one from the future was read, and never counted as old enough to be a
+    /// final miss).
+    #[test]
+    fn a_uuidv7_from_the_future_is_forged() {
+        let gate = gate(keys(&[(1, 0)]), Legacy::Open);
+        let now = idgen::system_unix_ms();
+        let dated = |ms: i64| {
+            let mut bytes = [0x70u8; 16];
+            bytes[..6].copy_from_slice(&(ms as u64).to_be_bytes()[2..]);
+            bytes
+        };
+        assert_eq!(gate.judge(Format::Uuidv7, &dated(now), None), Verdict::Unchecked);
+        assert_eq!(gate.judge(Format::Uuidv7, &dated(now + 30_000), None), Verdict::Unchecked, "within the skew");
+        assert_eq!(gate.judge(Format::Uuidv7, &dated(now + 3_600_000), None), Verdict::Forged);
+        assert_eq!(gate.judge(Format::Uuidv7, &[0xff; 16], None), Verdict::Forged, "the year 10889");
+    }
+
+    /// An ID of a key version newer than every known one is forged while the keys are fresh,
+    /// and read (a reload asked for) once they are stale: an instance whose reloads failed past
+    /// a rotation never answers 404 for a genuine new ID (issue 56, 5).
+    #[tokio::test]
+    async fn a_newer_version_is_forged_while_the_keys_are_fresh_and_read_once_they_are_stale() {
+        let stored: Vec<StoredCheckKey> =
+            (1..=2).map(|version| StoredCheckKey { version, key: new_key().unwrap(), created_at_ms: 0 }).collect();
+        let both = CheckKeys::new(&stored).unwrap();
+        let made = crockford_decode_16(&both.new_opaque(&OsRandom, None, 1_000_000).unwrap()).unwrap();
+        assert_eq!(made[0], 2, "made under the newer key");
+        let sealed = Legacy::Sealed(Box::new(LegacyFilter::sized(&[7; 32], 10)));
+        let old = gate(CheckKeys::new(&stored[..1]).unwrap(), sealed);
+        assert_eq!(old.judge(Format::Opaque, &made, None), Verdict::Forged, "fresh keys");
+        old.loaded_at(std::time::Instant::now() - STALE_AFTER - Duration::from_secs(1));
+        assert_eq!(old.judge(Format::Opaque, &made, None), Verdict::StaleKeys);
+        tokio::time::timeout(Duration::from_secs(1), old.reload_asked()).await.expect("a reload was asked for");
+        let mut known = made;
+        known[0] = 1;
+        assert_eq!(old.judge(Format::Opaque, &known, None), Verdict::Forged, "a known version's bad tag");
+        old.replace(GateState { keys: both, ..(*old.state()).clone() });
+        assert_eq!(old.judge(Format::Opaque, &made, None), Verdict::Tagged, "reloaded");
     }
 
     /// A made ID passes its own check, with its own type only; a random one fails it.
@@ -396,7 +528,7 @@ mod tests {
         assert!(keys.verifies(&old, None) && keys.verifies(&new, None));
     }
 
-    /// The legacy filter holds every ID put in it, and about 1 % of others; an open one lets
+    /// The legacy filter holds every ID put in it, and about 1 in 2,048 of others; an open one lets
     /// every untagged ID be read.
     #[test]
     fn the_legacy_filter_holds_old_ids_and_few_others() {
@@ -407,8 +539,8 @@ mod tests {
         }
         let gate = gate(keys(&[(1, 0)]), Legacy::Sealed(Box::new(filter.clone())));
         assert!(old.iter().all(|id| gate.judge(Format::Opaque, id, None) == Verdict::Legacy));
-        let others = (0..100_000).filter(|_| filter.contains(&rand_bytes())).count();
-        assert!((300..=2_000).contains(&others), "{others} of 100,000 random IDs in a 1 % filter");
+        let others = (0..200_000).filter(|_| filter.contains(&rand_bytes())).count();
+        assert!((30..=200).contains(&others), "{others} of 200,000 random IDs in a 1/2,048 filter (about 98)");
         let stored = LegacyFilter::from_parts(b"", filter.hashes(), filter.bits().to_vec());
         assert!(!old.iter().all(|id| stored.contains(id)), "another hash key finds other positions");
         let open = self::gate(keys(&[(1, 0)]), Legacy::Open);

@@ -38,10 +38,11 @@ pub struct PublicIdsConfig {
     /// the primary, so replica lag never answers 404 for a mapping that exists. Creates always go
     /// to the primary. Its pool takes the same size and timeouts.
     pub read_database_url: Option<String>,
-    /// With `read_database_url`: how many resolves the replica missed may read the primary at
-    /// once (default 4, at most `database_pool_size`); more are answered 503 with `Retry-After`
-    /// and counted, so a flood of unknown public IDs never takes the primary's connections from
-    /// creates.
+    /// PostgreSQL: how many resolves and lookups may read the primary at once (after the
+    /// replica missed or failed, or with no replica; default 4, at most `database_pool_size`),
+    /// each caller at most half of them; more wait up to `database_acquire_timeout_ms`, then
+    /// are answered 503 with `Retry-After` and counted, so a flood of unknown public IDs never
+    /// takes the primary's connections from creates, nor one caller the reads of the others.
     pub primary_fallback_reads: u32,
     /// With `read_database_url`: a UUIDv7 public ID made longer ago than this (ms, default
     /// 60,000) that the replica does not hold is not found, without asking the primary, while

@@ -52,7 +52,7 @@ fn routes(state: Arc<AppState>) -> Router {
         .route(resolve, get(api::resolve).fallback(not_allowed("GET, HEAD")))
         .route(lookup, get(api::lookup).fallback(not_allowed("GET, HEAD")))
         .route(healthz, get(api::healthz).fallback(not_allowed("GET, HEAD")))
-        .route(openapi, idgen_server::openapi_route(api::OPENAPI))
+        .route(openapi, idgen_server::openapi_route(api::served_openapi(&state.types)))
         .fallback(api::not_found)
         // One Arc for the whole state: a request's extractor clones it once, not every field.
         .with_state(state)
@@ -184,6 +184,20 @@ pub async fn rotate_check_key(config: &PublicIdsConfig, owner_url: Option<&str>)
     added
 }
 
+/// `idgen public retire-check-key`: retires check key `version` ([`store::check::retire_check_key`]).
+pub async fn retire_check_key(
+    config: &PublicIdsConfig,
+    owner_url: Option<&str>,
+    version: u8,
+    force: bool,
+) -> anyhow::Result<store::check::RetiredKey> {
+    let url = owner_url.unwrap_or(config.database_url());
+    let connection = idgen_server::database::Pool::connect_one(url).await?;
+    let retired = store::check::retire_check_key(&connection, version, force, idgen::system_unix_ms()).await;
+    connection.close().await;
+    retired
+}
+
 /// Says at start-up (and on reload) who may do what; a warning when an operation is open to
 /// nobody, or to everybody, or a caller's creates are refused.
 fn log_access(config: &PublicIdsConfig) {
@@ -221,14 +235,27 @@ impl Probes {
             }
         })];
         // The check keys and the legacy filter: a version `rotate-check-key` added, a filter
-        // `seal-legacy` sealed, taken up without a restart.
+        // `seal-legacy` sealed, taken up without a restart. Each reload within a deadline (a
+        // silent database fails it, and the next is tried); a resolve that met stale keys asks
+        // for one at once (at most one a second).
         tasks.push(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(check::REFRESH).await;
-                match store::check::refreshed(store.db(), &gate.state()).await {
-                    Ok(fresh) => gate.replace(fresh),
-                    Err(error) => tracing::warn!(%error, "public IDs: reloading the check keys"),
+                tokio::select! {
+                    _ = tokio::time::sleep(check::REFRESH) => {}
+                    _ = gate.reload_asked() => {}
                 }
+                let state = gate.state();
+                let reload = store::check::refreshed(store.db(), &state);
+                match tokio::time::timeout(check::REFRESH_DEADLINE, reload).await {
+                    Ok(Ok(fresh)) => gate.replace(fresh),
+                    Ok(Err(error)) => tracing::warn!(%error, age = ?gate.age(), "public IDs: reloading the check keys"),
+                    Err(_) => tracing::warn!(
+                        within = ?check::REFRESH_DEADLINE,
+                        age = ?gate.age(),
+                        "public IDs: reloading the check keys: the database did not answer"
+                    ),
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }));
         if let Some((probe, metrics)) = kms {
@@ -275,7 +302,8 @@ pub async fn serve(
     }
     let mut store = store::PublicIdStore::open_with(url, within, config.pool_settings())
         .await
-        .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?;
+        .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?
+        .with_primary_budget(config.primary_fallback_reads, config.pool_settings().acquire_timeout);
     store.metrics().register(&mut registry);
     if let Some(read) = &config.read_database_url {
         store = store.with_replica(read, config.pool_settings(), config.fallback_settings())?;

@@ -199,8 +199,15 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     };
     let response = send(Method::GET, "/openapi.json".into(), "").await;
     assert_eq!(response.headers()["content-type"], "application/json");
-    let served: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let mut served: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi/public-ids.json");
+    // The one part that is the deployment's own: its types (here none, so no `type` is valid).
+    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let types = std::mem::replace(
+        &mut served["components"]["schemas"]["TypeName"],
+        checked_in["components"]["schemas"]["TypeName"].clone(),
+    );
+    assert_eq!(types["not"], json!({}), "{types}");
     let operations = openapi::operations(&served, file, &idgen_public_ids::ROUTES, str::to_owned);
     for (path, item) in served["paths"].as_object().unwrap() {
         let methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
@@ -231,6 +238,34 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
             );
         }
     }
+}
+
+/// The document a deployment serves names its types as an `enum` (issue 56, 13: any TypeID prefix
+/// was schema-valid, and schemathesis found requests the document allowed refused
+/// `unknown_type`); each of them is accepted, and a name outside it refused.
+#[tokio::test]
+async fn the_served_document_names_the_deployments_types() {
+    use idgen_public_ids::types::{TypeSection, Types};
+    let (mut s, _dir) = state(true).await;
+    let section = std::collections::BTreeMap::from([
+        ("user".to_owned(), TypeSection { number: 2, format: "uuidv7".into() }),
+        ("order".to_owned(), TypeSection { number: 1, format: "opaque".into() }),
+    ]);
+    s.types = Arc::new(Types::from_config(&section, &s.formats).unwrap());
+    let document: Value = serde_json::from_str(&idgen_public_ids::api::served_openapi(&s.types)).unwrap();
+    let schema = &document["components"]["schemas"]["TypeName"];
+    assert_eq!(schema["enum"], json!(["order", "user"]), "{schema}");
+    assert_eq!(schema["example"], "order");
+    for name in ["order", "user"] {
+        let (status, made) =
+            common::call(&s, Method::POST, "/v1/public-ids", &json!({"internal_id": "77", "type": name}).to_string())
+                .await;
+        assert!(status.is_success() || status == StatusCode::CONFLICT, "{name}: {status} {made}");
+    }
+    let (status, refused) =
+        common::call(&s, Method::POST, "/v1/public-ids", &json!({"internal_id": "78", "type": "invoice"}).to_string())
+            .await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("unknown_type")));
 }
 
 /// A format the deployment does not offer (`formats` in its configuration) is a 400 that names
@@ -267,7 +302,11 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
         create: names(&["storefront"]),
         resolve: names(&["support"]),
         lookup: names(&["storefront"]),
-        encrypted: OperationLists { create: names(&["billing"]), resolve: names(&["billing"]), lookup: vec![] },
+        encrypted: OperationLists {
+            create: names(&["billing"]),
+            resolve: names(&["billing"]),
+            lookup: names(&["billing"]),
+        },
         ..Default::default()
     };
     let metrics = Arc::new(AccessMetrics::default());
@@ -319,7 +358,8 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
         ("billing", Method::POST, "/v1/public-ids".to_owned(), r#"{"internal_id": "42"}"#, "create opaque public IDs"),
         ("billing", Method::POST, "/v1/public-ids:batch".to_owned(), batch, "may not create uuidv7 public IDs"),
         ("billing", Method::GET, format!("/v1/public-ids/{opaque}"), "", "may not resolve opaque public IDs"),
-        ("billing", Method::GET, "/v1/internal-ids/41/public-id?format=encrypted".to_owned(), "", "look up public IDs"),
+        ("billing", Method::GET, "/v1/internal-ids/41/public-id".to_owned(), "", "may not look up opaque public IDs"),
+        ("support", Method::GET, "/v1/internal-ids/41/public-id?format=encrypted".to_owned(), "", "look up public IDs"),
     ] {
         forbidden(&common::call_as(&s, caller, method, &uri, body).await, what);
     }
@@ -361,7 +401,7 @@ async fn access_is_checked_per_operation_and_format_before_anything_else() {
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    for (operation, count) in [("create", 7), ("resolve", 6), ("lookup", 2)] {
+    for (operation, count) in [("create", 7), ("resolve", 6), ("lookup", 3)] {
         let series = format!("idgen_public_requests_forbidden_total{{operation=\"{operation}\"}} {count}\n");
         assert!(text.contains(&series), "{series} missing from\n{text}");
     }
@@ -520,8 +560,8 @@ async fn the_services_own_resolve_future_is_small() {
 /// is a lookup; so a caller listed to create in a stored format but not to look up in it is
 /// refused 403 before anything is read or made (on the code before, it learnt any internal ID's
 /// mapping: 200 and the public ID), counted under create, and named at start-up. A caller listed
-/// for both creates as before; the encrypted format, computed and stored nowhere, is not held to
-/// it.
+/// for both creates as before. The encrypted format is held to it too (issue 56, 6): computed and
+/// stored nowhere, but deterministically, so its create is a lookup as well.
 #[tokio::test]
 async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {
     use idgen_public_ids::access::{AccessMetrics, AccessSection, OperationLists, Rules, describe};
@@ -533,7 +573,11 @@ async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {
         uuidv7: OperationLists { lookup: names(&["ingest"]), ..Default::default() },
         ..Default::default()
     };
-    assert!(describe(Some(&section), false).contains("REFUSED to create, listed without lookup: ingest (opaque)"));
+    let described = describe(Some(&section), false);
+    assert!(
+        described.contains("REFUSED to create, listed without lookup: ingest (opaque), ingest (encrypted)"),
+        "{described}"
+    );
     let metrics = Arc::new(AccessMetrics::default());
     s.access = Arc::new(Access::new(Rules::of(&section), metrics));
     let (status, made) =
@@ -552,7 +596,8 @@ async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {
     // Nothing the refused batch asked for was made.
     let (status, _) = common::call_as(&s, "storefront", Method::GET, "/v1/internal-ids/62/public-id", "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    // Where it may look up (UUIDv7), and in the encrypted format, it creates.
+    // Where it may look up (UUIDv7) it creates; in the encrypted format, where it may not, its
+    // create would answer the encrypted public ID a lookup would: refused.
     let (status, _) = common::call_as(
         &s,
         "ingest",
@@ -570,5 +615,5 @@ async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {
         &json!({"internal_id": "61", "format": "encrypted"}).to_string(),
     )
     .await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status, StatusCode::FORBIDDEN);
 }

@@ -165,23 +165,23 @@ pub struct Sealed {
 pub async fn seal_legacy(db: &Pool, now_ms: i64) -> anyhow::Result<Sealed> {
     let keys = CheckKeys::new(&check_keys(db).await?)
         .ok_or_else(|| anyhow::anyhow!("no check keys: run `idgen public init` first"))?;
-    let (count_sql, page_sql) = match db {
-        Pool::Postgres(_) => (
-            "SELECT count(*) FROM public_ids_opaque",
+    seal_with(db, &keys, opaque_count(db).await?, now_ms).await
+}
+
+/// Every opaque mapping's public ID (16 bytes) and type number, read in pages of [`PAGE`] by
+/// internal ID, each handed to `each`.
+async fn each_opaque(db: &Pool, mut each: impl FnMut([u8; 16], Option<u16>)) -> anyhow::Result<u64> {
+    let page_sql = match db {
+        Pool::Postgres(_) => {
             "SELECT internal_id, public_id::TEXT, id_type::BIGINT FROM public_ids_opaque WHERE internal_id > $1 OR $2 \
-             ORDER BY internal_id LIMIT $3",
-        ),
-        Pool::Sqlite(_) => (
-            "SELECT count(*) FROM public_ids WHERE format = 'opaque'",
+             ORDER BY internal_id LIMIT $3"
+        }
+        Pool::Sqlite(_) => {
             "SELECT internal_id, public_id, id_type FROM public_ids WHERE format = 'opaque' AND (internal_id > $1 \
-             OR $2) ORDER BY internal_id LIMIT $3",
-        ),
+             OR $2) ORDER BY internal_id LIMIT $3"
+        }
     };
-    let count: i64 = on_pool!(db, |pool| sqlx::query_scalar(count_sql).fetch_one(pool).await)?;
-    let filter_key = check::new_key()?;
-    let mut filter = LegacyFilter::sized(&filter_key, count as u64);
-    let (mut read, mut untagged) = (0u64, 0u64);
-    let mut after: Option<i64> = None;
+    let (mut read, mut after) = (0u64, None::<i64>);
     loop {
         let rows: Vec<(i64, String, Option<i64>)> = on_pool!(db, |pool| {
             sqlx::query_as(page_sql)
@@ -198,16 +198,96 @@ pub async fn seal_legacy(db: &Pool, now_ms: i64) -> anyhow::Result<Sealed> {
             }
             .ok_or_else(|| anyhow::anyhow!("a stored opaque public ID is not 16 bytes: {text:?}"))?;
             read += 1;
-            if !keys.verifies(&bytes, type_number.map(|n| n as u16)) {
-                filter.insert(&bytes);
-                untagged += 1;
-            }
+            each(bytes, type_number.map(|n| n as u16));
         }
         match rows.last() {
             Some((last, _, _)) if rows.len() as i64 == PAGE => after = Some(*last),
-            _ => break,
+            _ => return Ok(read),
         }
     }
+}
+
+async fn opaque_count(db: &Pool) -> Result<i64, sqlx::Error> {
+    let sql = match db {
+        Pool::Postgres(_) => "SELECT count(*) FROM public_ids_opaque",
+        Pool::Sqlite(_) => "SELECT count(*) FROM public_ids WHERE format = 'opaque'",
+    };
+    on_pool!(db, |pool| sqlx::query_scalar(sql).fetch_one(pool).await)
+}
+
+/// What `retire-check-key` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetiredKey {
+    /// The version is gone; `moved` public IDs made under it went into the sealed legacy filter
+    /// (they keep resolving; 0 unless forced), or, with the filter still open, are read as
+    /// untagged ones are.
+    Retired { moved: u64, filter_sealed: bool },
+    /// Refused: `made` public IDs carry its tag, and retiring it would leave them to the legacy
+    /// filter (`--force`).
+    InUse { made: u64 },
+}
+
+/// Retires check key `version`: refused for the newest one (rotate first), for one new IDs may
+/// still be made under (until the next is in use on every instance), and, unless `force`, for
+/// one under which public IDs were made; forced, those IDs are put into the legacy filter (a
+/// sealed one is rebuilt without the version's key), then the version is deleted. Instances drop
+/// it at their next reload (30 s). Versions are never reused: the newest always remains.
+pub async fn retire_check_key(db: &Pool, version: u8, force: bool, now_ms: i64) -> anyhow::Result<RetiredKey> {
+    let stored = check_keys(db).await?;
+    anyhow::ensure!(
+        stored.iter().any(|k| k.version == version),
+        "no check key version {version} (the versions are {:?})",
+        stored.iter().map(|k| k.version).collect::<Vec<_>>()
+    );
+    let newest = stored.iter().map(|k| k.version).max().expect("one at least");
+    anyhow::ensure!(
+        version != newest,
+        "check key version {version} is the newest: run `idgen public rotate-check-key` first, and retire it once \
+         the next one is in use"
+    );
+    // In use for new IDs on every instance: added ROTATION_DELAY ago, and each instance's reload
+    // (twice REFRESH, for their clocks and this one's to differ) since.
+    let settled = (check::ROTATION_DELAY + 2 * check::REFRESH).as_millis() as i64;
+    let successor = stored.iter().filter(|k| k.version > version).map(|k| k.created_at_ms).min().expect("newer");
+    anyhow::ensure!(
+        successor + settled <= now_ms,
+        "new opaque public IDs may still be made under check key version {version}: retire it from {} s from now",
+        (successor + settled - now_ms + 999) / 1000
+    );
+    let keys = CheckKeys::new(&stored).expect("keys");
+    let mut made = 0u64;
+    each_opaque(db, |bytes, type_number| {
+        if bytes[0] == version && keys.verifies(&bytes, type_number) {
+            made += 1;
+        }
+    })
+    .await?;
+    if made > 0 && !force {
+        return Ok(RetiredKey::InUse { made });
+    }
+    let remaining: Vec<StoredCheckKey> = stored.iter().filter(|k| k.version != version).cloned().collect();
+    let filter_sealed = legacy_filter(db).await?.is_some_and(|filter| filter.sealed);
+    if made > 0 && filter_sealed {
+        let keys = CheckKeys::new(&remaining).expect("the newest remains");
+        seal_with(db, &keys, opaque_count(db).await?, now_ms).await?;
+    }
+    let sql = "DELETE FROM public_id_check_keys WHERE version = $1";
+    on_pool!(db, |pool| sqlx::query(sql).bind(i64::from(version)).execute(pool).await.map(|_| ()))?;
+    Ok(RetiredKey::Retired { moved: made, filter_sealed })
+}
+
+/// Builds and stores a sealed filter of every opaque public ID that `keys` do not verify.
+async fn seal_with(db: &Pool, keys: &CheckKeys, count: i64, now_ms: i64) -> anyhow::Result<Sealed> {
+    let filter_key = check::new_key()?;
+    let mut filter = LegacyFilter::sized(&filter_key, count as u64);
+    let mut untagged = 0u64;
+    let read = each_opaque(db, |bytes, type_number| {
+        if !keys.verifies(&bytes, type_number) {
+            filter.insert(&bytes);
+            untagged += 1;
+        }
+    })
+    .await?;
     let bytes = filter.bits().len() as u64;
     let stored = StoredFilter {
         sealed: true,

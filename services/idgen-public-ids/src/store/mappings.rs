@@ -191,9 +191,20 @@ impl PublicIdStore {
         Ok(found)
     }
 
-    /// The internal ID and type number of the stored public ID of `format` with these 16 bytes.
+    /// The internal ID and type number of the stored public ID of `format` with these 16 bytes
+    /// ([`Self::resolve_for`] a caller of no name).
     pub async fn resolve(
         &self,
+        format: Format,
+        public_id: &[u8; 16],
+    ) -> Result<Option<(u64, Option<u16>)>, ResolveError> {
+        self.resolve_for("", format, public_id).await
+    }
+
+    /// [`Self::resolve`] for `caller`, whose reads of the primary take its share of the budget.
+    pub async fn resolve_for(
+        &self,
+        caller: &str,
         format: Format,
         public_id: &[u8; 16],
     ) -> Result<Option<(u64, Option<u16>)>, ResolveError> {
@@ -201,10 +212,8 @@ impl PublicIdStore {
             Pool::Postgres(pool) => {
                 let bytes = public_id;
                 let public_id = uuid::Uuid::from_bytes(*public_id);
-                // A miss on the replica reads the primary only within the budget of such reads
-                // (the permit is held for the read), so misses never take the primary's pool
-                // from creates; a replica that failed is not a miss (its reads are the primary's).
-                let mut _permit = None;
+                // The replica first; a miss there (not yet replicated, or not there at all), a
+                // failure, or no replica reads the primary within the budget ([`super::budget`]).
                 if let Some(replica) = self.replica() {
                     let answer = self.within(resolve_on(&replica.pool, format, public_id)).await;
                     match self.answer_of_replica(replica, answer) {
@@ -214,18 +223,10 @@ impl PublicIdStore {
                             self.fallback_outcome("final");
                             return Ok(None);
                         }
-                        ReplicaAnswer::Missed => match replica.fallbacks.clone().try_acquire_owned() {
-                            Ok(permit) => {
-                                self.fallback_outcome("read");
-                                _permit = Some(permit);
-                            }
-                            Err(_) => {
-                                self.fallback_outcome("refused");
-                                return Err(ResolveError::FallbacksBusy);
-                            }
-                        },
+                        ReplicaAnswer::Missed => {}
                     }
                 }
+                let _permit = self.primary_read(caller).await?;
                 self.within(resolve_on(pool, format, public_id)).await
             }
             Pool::Sqlite(pool) => {
@@ -240,8 +241,22 @@ impl PublicIdStore {
     }
 
     /// The stored public ID (its text without a type's prefix) and type number of an internal ID
-    /// in a format.
-    pub async fn lookup(&self, internal_id: u64, format: Format) -> Result<Option<(String, Option<u16>)>, sqlx::Error> {
+    /// in a format ([`Self::lookup_for`] a caller of no name).
+    pub async fn lookup(
+        &self,
+        internal_id: u64,
+        format: Format,
+    ) -> Result<Option<(String, Option<u16>)>, ResolveError> {
+        self.lookup_for("", internal_id, format).await
+    }
+
+    /// [`Self::lookup`] for `caller`, whose reads of the primary take its share of the budget.
+    pub async fn lookup_for(
+        &self,
+        caller: &str,
+        internal_id: u64,
+        format: Format,
+    ) -> Result<Option<(String, Option<u16>)>, ResolveError> {
         let found = match &self.pool {
             Pool::Postgres(pool) => {
                 let text = |(public_id, found_type): (uuid::Uuid, Option<i16>)| {
@@ -253,6 +268,7 @@ impl PublicIdStore {
                         return Ok(Some(text(found)));
                     }
                 }
+                let _permit = self.primary_read(caller).await?;
                 self.within(lookup_on(pool, format, internal_id)).await.map(|found| found.map(text))
             }
             Pool::Sqlite(pool) => {
@@ -265,7 +281,23 @@ impl PublicIdStore {
                     .map(|found: Option<(String, Option<i16>)>| found.map(|(text, t)| (text, type_of(t))))
             }
         };
-        self.counted("lookup", found)
+        Ok(self.counted("lookup", found)?)
+    }
+
+    /// The permits of one read of the primary by `caller` (none without a budget), counted as a
+    /// read or a refusal.
+    async fn primary_read(&self, caller: &str) -> Result<Option<super::budget::Permit>, ResolveError> {
+        let Some(reads) = &self.primary_reads else { return Ok(None) };
+        match reads.take(caller).await {
+            Some(permit) => {
+                self.fallback_outcome("read");
+                Ok(Some(permit))
+            }
+            None => {
+                self.fallback_outcome("refused");
+                Err(ResolveError::FallbacksBusy)
+            }
+        }
     }
 }
 

@@ -41,9 +41,10 @@ pub struct ReplicaOutcomeLabel {
 /// time).
 pub const REPLICA_OUTCOMES: [&str; 4] = ["found", "missed", "failed", "skipped"];
 
-/// What became of a resolve the replica missed: `read` on the primary, within the budget;
-/// `refused` (503 with `Retry-After`: the budget's reads were all taken); `final` (a UUIDv7 older
-/// than the replica's lag bound, with the replica's measured lag within it: the miss is the answer).
+/// What became of a resolve or lookup that needed the primary: `read` there, within the budget
+/// (`store::budget`); `refused` (503 with `Retry-After`: no read of the budget came free within
+/// the acquire timeout); `final` (a UUIDv7 older than the replica's lag bound, with the replica's
+/// measured lag within it: the replica's miss is the answer).
 pub const FALLBACK_OUTCOMES: [&str; 3] = ["read", "refused", "final"];
 
 impl StoreMetrics {
@@ -61,6 +62,17 @@ impl StoreMetrics {
             "Failed calls to the public-ID database, by operation (create, resolve, lookup, read_keys, add_key, probe)",
             self.errors.clone(),
         );
+        for outcome in FALLBACK_OUTCOMES {
+            let _ = self.primary_fallbacks.get_or_create(&ReplicaOutcomeLabel { outcome });
+        }
+        registry.register(
+            "idgen_public_primary_fallbacks",
+            "Reads of the primary by resolves and lookups (after the replica missed or failed, or with none), by \
+             outcome: read (within primary_fallback_reads at once, each caller at most half); refused 503 (none free \
+             within the acquire timeout); final (a UUIDv7 older than replica_lag_bound_ms the replica missed, its lag \
+             within it: not found without a read)",
+            self.primary_fallbacks.clone(),
+        );
     }
 
     /// The replica's series, each at 0 from the start: only with a `read_database_url`.
@@ -73,16 +85,6 @@ impl StoreMetrics {
             "Resolves and lookups asked of the read replica, by outcome: found there; missed there and asked of the \
              primary; failed there and asked of the primary; skipped (the replica failed within the last 5 s)",
             self.replica_reads.clone(),
-        );
-        for outcome in FALLBACK_OUTCOMES {
-            let _ = self.primary_fallbacks.get_or_create(&ReplicaOutcomeLabel { outcome });
-        }
-        registry.register(
-            "idgen_public_primary_fallbacks",
-            "Resolves the read replica missed, by outcome: read on the primary (within primary_fallback_reads at \
-             once); refused 503 (that many were already reading); final (a UUIDv7 older than replica_lag_bound_ms, \
-             the replica's lag within it: not found)",
-            self.primary_fallbacks.clone(),
         );
         self.replica_lag_ms.set(-1);
         registry.register(

@@ -27,6 +27,7 @@ use idgen_server::on_pool;
 
 use crate::format::{Format, RandomUnavailable};
 
+mod budget;
 pub mod check;
 pub mod keys;
 pub mod legacy;
@@ -93,13 +94,13 @@ pub enum CreateError {
     Random(#[from] RandomUnavailable),
 }
 
-/// Why a resolve was not answered: the database, or the budget of primary reads for the
-/// replica's misses, all taken (counted, not logged: a flood would fill the log).
+/// Why a resolve or a lookup was not answered: the database, or the budget of the primary's
+/// reads ([`budget`]), all taken (counted, not logged: a flood would fill the log).
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     #[error(transparent)]
     Storage(#[from] sqlx::Error),
-    #[error("the primary's reads for resolves the read replica missed are all taken")]
+    #[error("the primary's reads for resolves and lookups are all taken")]
     FallbacksBusy,
 }
 
@@ -108,6 +109,9 @@ pub struct PublicIdStore {
     pool: Pool,
     /// The read replica resolves and lookups ask first, if one is configured.
     replica: Option<replica::Replica>,
+    /// What the primary's reads by resolves and lookups may take ([`budget`]); none: unbounded
+    /// (the CLI's tasks, SQLite).
+    primary_reads: Option<Arc<budget::PrimaryReads>>,
     metrics: Arc<StoreMetrics>,
     /// The longest a call may take, whatever the database does ([`Self::within`]).
     deadline: Duration,
@@ -224,7 +228,17 @@ impl PublicIdStore {
         // statement_timeout is the server's: a database that is gone without a word (a partition,
         // packets dropped) would keep a call waiting on TCP for minutes. This bounds it here.
         let deadline = settings.acquire_timeout + settings.statement_timeout + Duration::from_secs(1);
-        Ok(PublicIdStore { pool, replica: None, metrics: Arc::default(), deadline })
+        Ok(PublicIdStore { pool, replica: None, primary_reads: None, metrics: Arc::default(), deadline })
+    }
+
+    /// Holds the primary's reads by resolves and lookups to `reads` at once, each caller to its
+    /// share of them, each waited for at most `wait` ([`budget`]). PostgreSQL only: SQLite's
+    /// pool is one connection, which creates share anyway.
+    pub fn with_primary_budget(mut self, reads: u32, wait: Duration) -> Self {
+        if matches!(self.pool, Pool::Postgres(_)) {
+            self.primary_reads = Some(budget::PrimaryReads::new(reads, wait));
+        }
+        self
     }
 
     /// Whether PostgreSQL still keeps the table of mappings made before 16-byte storage, kept in

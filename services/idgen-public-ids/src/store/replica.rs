@@ -19,7 +19,8 @@ use super::metrics::ReplicaOutcomeLabel;
 /// What a replica's resolve misses may cost the primary ([`PublicIdStore::with_replica`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FallbackSettings {
-    /// Resolves the replica missed that may read the primary at once; more are refused 503.
+    /// Reads of the primary by resolves and lookups at once (each caller at most half of them);
+    /// more wait, then are refused 503 ([`super::budget`]).
     pub reads: u32,
     /// A UUIDv7 public ID older than this, missed by a replica measured to lag less, is not found
     /// without asking the primary.
@@ -45,8 +46,6 @@ pub(super) struct Replica {
     /// Until when (ms on the process's monotonic clock) reads skip it.
     pub(super) skip_until_ms: Arc<AtomicU64>,
     began: Instant,
-    /// The primary reads of resolves it missed, at most [`FallbackSettings::reads`] at once.
-    pub(super) fallbacks: Arc<tokio::sync::Semaphore>,
     lag_bound_ms: u64,
     /// Its lag at the last probe (ms) and when that was (ms on the monotonic clock above);
     /// `u64::MAX` before the first answer or after one that failed.
@@ -104,11 +103,11 @@ impl PublicIdStore {
             .max_connections(settings.connections)
             .acquire_timeout(settings.acquire_timeout)
             .connect_lazy_with(pg_options(url, settings)?);
+        self.primary_reads = Some(super::budget::PrimaryReads::new(fallback.reads, settings.acquire_timeout));
         self.replica = Some(Replica {
             pool,
             skip_until_ms: Arc::default(),
             began: Instant::now(),
-            fallbacks: Arc::new(tokio::sync::Semaphore::new(fallback.reads as usize)),
             lag_bound_ms: fallback.lag_bound.as_millis() as u64,
             lag: Arc::new((AtomicU64::new(u64::MAX), AtomicU64::new(0))),
         });
