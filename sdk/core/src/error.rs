@@ -58,6 +58,20 @@ impl Error {
     }
 }
 
+/// `call`, with a panic in it (a bug) answered as [`Error::Failed`]: a binding's entry points run
+/// through this, since a panic unwinding into Node-API (or any C caller) aborts the host
+/// process, whatever the caller's `try` would have done.
+pub fn unwound<T>(call: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+        let what = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+            (Some(text), _) => text.to_string(),
+            (None, Some(text)) => text.clone(),
+            (None, None) => "a panic without a message".to_owned(),
+        };
+        Err(Error::Failed(format!("a panic in idgen's native code (a bug; please report it): {what}")))
+    })
+}
+
 impl From<idgen_client::Error> for Error {
     fn from(error: idgen_client::Error) -> Self {
         use idgen_client::Error as E;
@@ -74,5 +88,23 @@ impl From<idgen_client::Error> for Error {
             E::Decode { .. } => Error::refusal("schedule", message, Some(1_000)),
             E::Rejected { status, code, .. } => Error::Rejected { status, code, message },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic becomes the one error family's `Failed`, with what it said; an answer or an error
+    /// passes through.
+    #[test]
+    fn a_panic_is_answered_as_failed() {
+        let answered: Result<u32, Error> = unwound(|| panic!("the schedule had no layout"));
+        let Err(Error::Failed(message)) = answered else { panic!("{answered:?}") };
+        assert!(message.contains("the schedule had no layout"), "{message}");
+        let formatted: Result<u32, Error> = unwound(|| panic!("layout {} missing", 2));
+        assert!(matches!(formatted, Err(Error::Failed(message)) if message.contains("layout 2 missing")));
+        assert_eq!(unwound(|| Ok::<_, Error>(7)), Ok(7));
+        assert_eq!(unwound(|| Err::<u32, _>(Error::closed())), Err(Error::closed()));
     }
 }

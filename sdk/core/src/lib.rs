@@ -33,7 +33,7 @@ pub mod typeid {
 pub use client::Client;
 pub use decode::{Decoded, IdInput, LayoutFrom, decode, default_schedule};
 pub use embedded::{DEFAULT_ENV_PREFIX, Embedded};
-pub use error::Error;
+pub use error::{Error, unwound};
 pub use public_ids::{Mapping, PublicIds, PublicIdsConfig};
 
 /// The calls both handles that hand out IDs answer, the embedded generator ([`Embedded`]) and

@@ -43,6 +43,19 @@ fn error_message(error: Error) -> String {
     format!("{MARK}{body}")
 }
 
+/// `call`, with a panic in it (a bug) answered as the package's `failed` error: unwinding into
+/// Node-API aborts the host process, whatever the caller's `try` would have done.
+fn guarded<T>(call: impl FnOnce() -> napi::Result<T>) -> napi::Result<T> {
+    let mut answer = None;
+    match idgen_sdk::unwound(|| {
+        answer = Some(call());
+        Ok(())
+    }) {
+        Ok(()) => answer.expect("the call answered"),
+        Err(panicked) => Err(js_error(panicked)),
+    }
+}
+
 fn invalid(code: &'static str, message: String) -> napi::Error {
     js_error(Error::Invalid { code, message })
 }
@@ -65,7 +78,7 @@ impl<T: ToNapiValue + TypeName + Send + 'static> Task for Blocking<T> {
 
     fn compute(&mut self) -> napi::Result<T> {
         let call = self.call.take().ok_or_else(|| napi::Error::from_reason("a call ran twice"))?;
-        call().map_err(js_error)
+        guarded(|| call().map_err(js_error))
     }
 
     fn resolve(&mut self, _env: Env, output: T) -> napi::Result<T> {
@@ -205,7 +218,7 @@ impl NativeIdSource {
     #[napi]
     pub fn decode(&self, id: Either<String, BigInt>) -> napi::Result<DecodedFields> {
         let id = Id::read(id);
-        self.inner.decode(id.input()).map(DecodedFields::from).map_err(js_error)
+        guarded(|| self.inner.decode(id.input()).map(DecodedFields::from).map_err(js_error))
     }
 }
 
@@ -247,7 +260,7 @@ impl NativeEmbedded {
     /// hot path of `nextIdSync()` and `nextId()`.
     #[napi]
     pub fn bind_try_next_id(&self, env: Env) -> napi::Result<fast::BoundFunction> {
-        fast::bind_try_next_id(env.raw(), self.inner.clone())
+        guarded(|| fast::bind_try_next_id(env.raw(), self.inner.clone()))
     }
 
     /// The calls it shares with the fleet client.
@@ -260,24 +273,26 @@ impl NativeEmbedded {
     /// next (under a millisecond); a refusal throws at once.
     #[napi]
     pub fn next_id_sync(&self) -> napi::Result<String> {
-        self.inner.next_id().map(|id| id.to_string()).map_err(js_error)
+        guarded(|| self.inner.next_id().map(|id| id.to_string()).map_err(js_error))
     }
 
     /// Nothing while issuing; else throws the refusal a call would get now.
     #[napi]
     pub fn health(&self) -> napi::Result<()> {
-        self.inner.health().map_err(js_error)
+        guarded(|| self.inner.health().map_err(js_error))
     }
 
     #[napi]
     pub fn identity(&self) -> napi::Result<Identity> {
-        let (region, region_number, holder) = self.inner.identity().map_err(js_error)?;
-        Ok(Identity { region, region_number, holder })
+        guarded(|| {
+            let (region, region_number, holder) = self.inner.identity().map_err(js_error)?;
+            Ok(Identity { region, region_number, holder })
+        })
     }
 
     #[napi]
     pub fn metrics_text(&self) -> napi::Result<String> {
-        self.inner.metrics_text().map_err(js_error)
+        guarded(|| self.inner.metrics_text().map_err(js_error))
     }
 
     #[napi]
@@ -308,7 +323,7 @@ impl NativeClient {
     /// One ID from the prefetched buffer if it holds a valid one, else `null` (never waits).
     #[napi]
     pub fn try_next_id(&self) -> napi::Result<Option<String>> {
-        Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string()))
+        guarded(|| Ok(self.inner.try_next_id().map_err(js_error)?.map(|id| id.to_string())))
     }
 
     /// The calls it shares with the embedded generator.
@@ -319,17 +334,20 @@ impl NativeClient {
 
     #[napi]
     pub fn endpoint(&self) -> napi::Result<String> {
-        self.inner.endpoint().map_err(js_error)
+        guarded(|| self.inner.endpoint().map_err(js_error))
     }
 
     #[napi]
     pub fn metrics_text(&self) -> napi::Result<String> {
-        self.inner.metrics_text().map_err(js_error)
+        guarded(|| self.inner.metrics_text().map_err(js_error))
     }
 
     #[napi]
-    pub fn close(&self) {
-        self.inner.close();
+    pub fn close(&self) -> napi::Result<()> {
+        guarded(|| {
+            self.inner.close();
+            Ok(())
+        })
     }
 }
 
@@ -364,9 +382,11 @@ pub struct NativePublicIds {
 impl NativePublicIds {
     #[napi(constructor)]
     pub fn new(config_json: Option<String>, config_file: Option<String>) -> napi::Result<Self> {
-        let file = config_file.as_deref().map(std::path::Path::new);
-        let inner = idgen_sdk::PublicIds::from_settings(config_json.as_deref(), file).map_err(js_error)?;
-        Ok(NativePublicIds { inner: Arc::new(inner) })
+        guarded(|| {
+            let file = config_file.as_deref().map(std::path::Path::new);
+            let inner = idgen_sdk::PublicIds::from_settings(config_json.as_deref(), file).map_err(js_error)?;
+            Ok(NativePublicIds { inner: Arc::new(inner) })
+        })
     }
 
     #[napi]
@@ -413,7 +433,7 @@ pub fn decode(id: Either<String, BigInt>, regions: Option<HashMap<String, String
         names.insert(number, name);
     }
     let id = Id::read(id);
-    idgen_sdk::decode(id.input(), &names).map(DecodedFields::from).map_err(js_error)
+    guarded(|| idgen_sdk::decode(id.input(), &names).map(DecodedFields::from).map_err(js_error))
 }
 
 #[napi(object)]
@@ -427,17 +447,19 @@ pub struct LayoutFrom {
 
 /// The built-in schedule, one entry per layout.
 #[napi]
-pub fn default_schedule() -> Vec<LayoutFrom> {
-    idgen_sdk::default_schedule()
-        .into_iter()
-        .map(|e| LayoutFrom {
-            layout: e.layout,
-            region_bits: e.region_bits.into(),
-            machine_bits: e.machine_bits.into(),
-            sequence_bits: e.sequence_bits.into(),
-            from_unix_ms: e.from_unix_ms,
-        })
-        .collect()
+pub fn default_schedule() -> napi::Result<Vec<LayoutFrom>> {
+    guarded(|| {
+        Ok(idgen_sdk::default_schedule()
+            .into_iter()
+            .map(|e| LayoutFrom {
+                layout: e.layout,
+                region_bits: e.region_bits.into(),
+                machine_bits: e.machine_bits.into(),
+                sequence_bits: e.sequence_bits.into(),
+                from_unix_ms: e.from_unix_ms,
+            })
+            .collect())
+    })
 }
 
 #[napi(object)]
@@ -449,19 +471,21 @@ pub struct TypeId {
 
 #[napi]
 pub fn parse_typeid(text: String) -> napi::Result<TypeId> {
-    match idgen_sdk::typeid::parse_typeid(&text) {
+    guarded(|| match idgen_sdk::typeid::parse_typeid(&text) {
         Some((prefix, bytes)) => Ok(TypeId { prefix: prefix.to_owned(), uuid: uuid_text(&bytes) }),
         None => Err(invalid("invalid_typeid", format!("{text:?} is not a TypeID"))),
-    }
+    })
 }
 
 #[napi]
 pub fn typeid_text(prefix: String, uuid: String) -> napi::Result<String> {
-    let bytes = uuid::Uuid::try_parse(&uuid)
-        .map_err(|e| invalid("malformed_uuid", format!("{uuid:?} is not a UUID: {e}")))?
-        .into_bytes();
-    idgen_sdk::typeid::typeid_text(&prefix, &bytes)
-        .ok_or_else(|| invalid("invalid_typeid", format!("{prefix:?} is not a TypeID prefix")))
+    guarded(|| {
+        let bytes = uuid::Uuid::try_parse(&uuid)
+            .map_err(|e| invalid("malformed_uuid", format!("{uuid:?} is not a UUID: {e}")))?
+            .into_bytes();
+        idgen_sdk::typeid::typeid_text(&prefix, &bytes)
+            .ok_or_else(|| invalid("invalid_typeid", format!("{prefix:?} is not a TypeID prefix")))
+    })
 }
 
 #[napi(object)]
