@@ -67,9 +67,20 @@ GENERATOR_ACTIONS = {
 }
 
 # AWS-managed policies a role in these templates may carry; none grants anything on DynamoDB.
+# (AmazonSSMManagedInstanceCore is not one: it also reads every SSM parameter of the account. A
+# host role carries the template's SessionManagerPolicy, held to SSM_AGENT_ACTIONS below.)
 ALLOWED_AWS_MANAGED_POLICIES = {
-    "AmazonSSMManagedInstanceCore",
     "service-role/AmazonRDSEnhancedMonitoringRole",
+}
+
+# The SSM agent's own calls (Session Manager, Run Command): the only actions of these services a
+# host role may hold.
+SSM_AGENT_ACTIONS = {
+    "ssm:UpdateInstanceInformation", "ssm:ListInstanceAssociations",
+    "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
 }
 
 AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64"
@@ -116,7 +127,7 @@ READER_EXAMPLE = {
 HOME_ONLY = ["PublicIdsDb", "PublicIdsKey", "PublicIdsKeyAlias", "PublicIdsAppDbSecret", "RegistryAppDbSecret",
              "PublicIdsRole", "PublicIdsReaderRole"]
 # The home stack once it admits reader regions (and so makes their role).
-HOME_WITH_READERS = {**EXAMPLE_VALUES["global.yaml"], "PublicIdsReaderRegionsCidr": "10.16.0.0/12"}
+HOME_WITH_READERS = {**EXAMPLE_VALUES["global.yaml"], "PublicIdsReaderRegionsPrefixList": "pl-0123456789abcdef0"}
 
 # Which file each host writes from which heredoc of its user data, and what it must equal.
 VERBATIM = [  # (template, launch template, heredoc marker, repository file)
@@ -657,7 +668,11 @@ def main():
         for statement in statements:
             targets = statement.get("Resource", [])
             targets = targets if isinstance(targets, list) else [targets]
-            require("*" not in targets, f"WorkerRole: a statement on Resource * ({statement.get('Action')})")
+            actions = statement.get("Action", [])
+            actions = set(actions if isinstance(actions, list) else [actions])
+            # The SSM agent's channels: actions IAM scopes to no resource type, so "*" is theirs.
+            unscopable = actions <= {a for a in SSM_AGENT_ACTIONS if a.split(":")[0] in ("ssmmessages", "ec2messages")}
+            require("*" not in targets or unscopable, f"WorkerRole: a statement on Resource * ({statement.get('Action')})")
         return exact_grants(regional, facts, expected, statements, "WorkerRole")
 
     @check("the operator role can quarantine and lift (and nothing beyond the code's calls)")
@@ -690,6 +705,39 @@ def main():
                     require(not extra, f"{name_} {where}: {sorted(extra)} on {table}")
                     count += 1
         return f"{count} table grants"
+
+    @check("every host role reaches SSM through the agent's own calls only (no AmazonSSMManagedInstanceCore)")
+    def _():
+        roles = 0
+        for name_, template in templates.items():
+            for role in resources(template, "AWS::IAM::Role"):
+                statements = role_statements(template, role)
+                ssm = set()
+                for statement in statements:
+                    actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                    ssm |= {a for a in actions if a.split(":")[0] in ("ssm", "ssmmessages", "ec2messages")}
+                require(ssm <= SSM_AGENT_ACTIONS, f"{name_} {role}: {sorted(ssm - SSM_AGENT_ACTIONS)} beyond the SSM agent's calls")
+                roles += bool(ssm)
+        return f"{roles} host roles, each with the agent's calls and no more"
+
+    @check("the primary database admits the reader regions' hosts by a prefix list, never a whole CIDR")
+    def _():
+        rules = resources(global_, "AWS::EC2::SecurityGroupIngress")
+        rule = rules.get("PublicIdsDbFromReaderRegions")
+        require(rule, "global.yaml: no PublicIdsDbFromReaderRegions ingress")
+        properties = rule["Properties"]
+        require("CidrIp" not in properties, "PublicIdsDbFromReaderRegions admits a CIDR")
+        require(ref(properties.get("SourcePrefixListId")) == "PublicIdsReaderRegionsPrefixList",
+                "PublicIdsDbFromReaderRegions: SourcePrefixListId is not the PublicIdsReaderRegionsPrefixList parameter")
+        return "SourcePrefixListId: PublicIdsReaderRegionsPrefixList"
+
+    @check("every audit record the code puts is refused over an existing key (attribute_not_exists)")
+    def _():
+        audit = (root / "services/idgen/src/lease/dynamodb/audit.rs").read_text()
+        puts = audit.count(".put_item()")
+        guarded = len(re.findall(r'\.put_item\(\)(?:(?!\.send\(\)).)*?\.condition_expression\("attribute_not_exists\(event_key\)"\)', audit, re.S))
+        require(puts >= 1 and puts == guarded, f"audit.rs: {puts} put_item calls, {guarded} with attribute_not_exists(event_key)")
+        return f"{puts} put_item, each conditional"
 
     @check("every target group health-checks HTTP GET /healthz")
     def _():

@@ -228,3 +228,40 @@ async fn an_audit_table_deleted_mid_run_loses_no_record() {
     assert_eq!(seen, expected);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a written spool file is removed");
 }
+
+/// An audit record is never written over (issue 56, 14): a record replayed from the spool under
+/// a key the table already holds (its first write went through, its answer was lost) leaves the
+/// stored one as it is, and counts as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_record_is_never_written_over() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use idgen::ClaimOutcome;
+    let factory = factory().await;
+    let client = idgen::lease::dynamodb::client(&factory.settings).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = DynamoDbLeaseStore::new(client.clone(), &factory.table).with_audit_spool(dir.path()).unwrap();
+    let now = idgen::system_unix_ms();
+    assert!(matches!(store.claim(3, "h", now, now + 60_000).await.unwrap(), ClaimOutcome::Claimed(_)));
+    let items = || async {
+        let scanned = client.scan().table_name(store.audit_table()).send().await.unwrap();
+        scanned.items.unwrap_or_default()
+    };
+    let written = items().await;
+    assert_eq!(written.len(), 1, "{written:?}");
+    let Some(AttributeValue::S(key)) = written[0].get("event_key") else { panic!("{written:?}") };
+
+    let spool = store.audit_spool().unwrap().clone();
+    let forged = idgen::lease::audit_spool::SpooledRecord {
+        machine_id: 3,
+        event_key: key.clone(),
+        event: "release".into(),
+        holder: "someone-else".into(),
+        lease_epoch: 99,
+        lease_expiry: 0,
+        at_unix_ms: now,
+    };
+    spool.append(&forged).unwrap();
+    assert_eq!(spool.replay().await.unwrap(), 1, "the replay is done");
+    assert_eq!(spool.waiting(), 0);
+    assert_eq!(items().await, written, "the stored record was written over");
+}

@@ -22,9 +22,13 @@ impl AuditSink for AuditTable {
 }
 
 impl DynamoDbLeaseStore {
-    /// Writes one audit item (a record now, or a spooled one replayed).
+    /// Writes one audit item (a record now, or a spooled one replayed). Never over another: the
+    /// put is refused where the key exists (a record is never rewritten, by this process or by
+    /// anyone holding its role's `PutItem`), and a replayed record found already there (it was
+    /// written before the answer was lost) is done.
     pub(super) async fn put_audit(&self, record: &SpooledRecord) -> Result<(), StoreError> {
-        self.client
+        let put = self
+            .client
             .put_item()
             .table_name(&self.audit)
             .item("machine_id", n(record.machine_id))
@@ -34,10 +38,19 @@ impl DynamoDbLeaseStore {
             .item("lease_epoch", n(record.lease_epoch))
             .item("lease_expiry", n(record.lease_expiry))
             .item("at_unix_ms", n(record.at_unix_ms))
+            .condition_expression("attribute_not_exists(event_key)")
             .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+            .await;
+        match put {
+            Ok(_) => Ok(()),
+            Err(aws_sdk_dynamodb::error::SdkError::ServiceError(e))
+                if e.err().is_conditional_check_failed_exception() =>
+            {
+                tracing::debug!(key = %record.event_key, table = %self.audit, "audit record already written");
+                Ok(())
+            }
+            Err(error) => Err(unavailable(error)),
+        }
     }
 
     /// Records an event whose outcome is already decided (a change applied, or a renewal
