@@ -183,7 +183,7 @@ pub const BODY_FRAGMENTED: &str = "body_fragmented";
 /// 16 bytes of the limit, and at least 256 (a chunk split across two reads of the socket is two
 /// frames). Each frame costs the service a hand-off from the connection to the handler whatever
 /// its size (about 0.7 µs of CPU on the release build): a 64 KiB body sent a byte a chunk cost
-/// 48 ms of CPU, and costs 1.6 ms refused at the cap. A client that streams its JSON a token a
+/// about 48 ms of CPU, and costs 1.9 ms refused at the cap (`scripts/body-cost`). A client that streams its JSON a token a
 /// chunk still sends pieces of several bytes on average; none sends a body a byte at a time
 /// but to cost the service its time.
 pub fn max_frames(limit: usize) -> usize {

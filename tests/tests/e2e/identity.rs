@@ -54,6 +54,23 @@ impl Pki {
         )
     }
 
+    /// An operator (`OPS`, written as "operator") and a caller (written as "worker"), each CA
+    /// with an empty CRL, and the registry configuration that takes them with `limits` after:
+    /// the operator's certificate can then be revoked by a reload.
+    fn revocable_operator(&self, limits: &str) -> (Issued, String) {
+        let operator = self.keep("operator", self.operators.client(OPS).unwrap());
+        self.keep("worker", self.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
+        std::fs::write(self.path("callers-crl.pem"), self.callers.crl(&[]).unwrap()).unwrap();
+        std::fs::write(self.path("operators-crl.pem"), self.operators.crl(&[]).unwrap()).unwrap();
+        let tls = format!(
+            "operator_ca = {:?}\ncrl = [{:?}, {:?}]\n{limits}",
+            self.path("operators-ca.pem"),
+            self.path("callers-crl.pem"),
+            self.path("operators-crl.pem")
+        );
+        (operator, format!("certificate_operators = [\"{OPS}\"]\n{}", self.tls_section(&tls)))
+    }
+
     /// A client trusting the server's CA, presenting `name`'s certificate.
     fn client(&self, name: &str) -> reqwest::Client {
         idgen_e2e::client_of(self.dir.path(), name)
@@ -246,17 +263,7 @@ async fn e2e_a_crl_revokes_at_the_handshake_and_a_new_one_on_sighup() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_reload_revoking_an_operators_certificate_closes_its_open_connection() {
     let pki = Pki::new();
-    let operator = pki.keep("operator", pki.operators.client(OPS).unwrap());
-    pki.keep("worker", pki.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
-    std::fs::write(pki.path("callers-crl.pem"), pki.callers.crl(&[]).unwrap()).unwrap();
-    std::fs::write(pki.path("operators-crl.pem"), pki.operators.crl(&[]).unwrap()).unwrap();
-    let tls = format!(
-        "operator_ca = {:?}\ncrl = [{:?}, {:?}]\n",
-        pki.path("operators-ca.pem"),
-        pki.path("callers-crl.pem"),
-        pki.path("operators-crl.pem")
-    );
-    let extra = format!("certificate_operators = [\"{OPS}\"]\n{}", pki.tls_section(&tls));
+    let (operator, extra) = pki.revocable_operator("");
     let registry = RegistryProcess::start(&extra).await.unwrap();
     // One client, one kept-alive connection.
     let client = pki.client("operator");
@@ -364,17 +371,7 @@ fn handshake_held(pki: &Pki, url: &str, name: &str) -> (std::net::TcpStream, rus
 async fn e2e_a_handshake_held_across_a_revoking_reload_opens_a_closed_connection() {
     use std::io::{Read, Write};
     let pki = Pki::new();
-    let operator = pki.keep("operator", pki.operators.client(OPS).unwrap());
-    pki.keep("worker", pki.callers.client("spiffe://corp/fleet/eu-west-1").unwrap());
-    std::fs::write(pki.path("callers-crl.pem"), pki.callers.crl(&[]).unwrap()).unwrap();
-    std::fs::write(pki.path("operators-crl.pem"), pki.operators.crl(&[]).unwrap()).unwrap();
-    let tls = format!(
-        "operator_ca = {:?}\ncrl = [{:?}, {:?}]\n[limits]\nhandshake_timeout_ms = 30000\n",
-        pki.path("operators-ca.pem"),
-        pki.path("callers-crl.pem"),
-        pki.path("operators-crl.pem")
-    );
-    let extra = format!("certificate_operators = [\"{OPS}\"]\n{}", pki.tls_section(&tls));
+    let (operator, extra) = pki.revocable_operator("[limits]\nhandshake_timeout_ms = 30000\n");
     let registry = RegistryProcess::start(&extra).await.unwrap();
 
     let url = registry.url.clone();
