@@ -196,8 +196,8 @@ os.waitpid(pid, 0)
 
 
 def test_a_forked_child_cannot_split_the_lease_file_its_parent_had_open(tmp_path: pathlib.Path) -> None:
-    """Issue 55's pattern, as a new user would write it: the parent starts a generator (machine
-    numbers 64 and 65, a 3 s lease), forks; the child starts its own on the same file and takes
+    """The fork pattern the package documents, as a new user would write it: the parent starts
+    a generator (machine numbers 64 and 65, a 3 s lease), forks; the child starts its own on the same file and takes
     IDs for 14 s; the parent closes after 1.5 s; two fresh processes then start on the same file.
     Before the fix the child's connections took no real lock: the parent's close deleted the WAL
     it renewed in, and a fresh process claimed the child's number while the child issued (some

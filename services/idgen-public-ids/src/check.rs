@@ -438,7 +438,7 @@ mod tests {
     }
 
     /// A UUIDv7 dated more than a minute ahead is forged, refused in memory; one dated now is
-    /// read (issue 56, 2: one from the future was read, and never counted as old enough to be a
+    /// read (before, one from the future was read, and never counted as old enough to be a
     /// final miss).
     #[test]
     fn a_uuidv7_from_the_future_is_forged() {
@@ -457,7 +457,7 @@ mod tests {
 
     /// An ID of a key version newer than every known one is forged while the keys are fresh,
     /// and read (a reload asked for) once they are stale: an instance whose reloads failed past
-    /// a rotation never answers 404 for a genuine new ID (issue 56, 5).
+    /// a rotation never answers 404 for a genuine new ID.
     #[tokio::test]
     async fn a_newer_version_is_forged_while_the_keys_are_fresh_and_read_once_they_are_stale() {
         let stored: Vec<StoredCheckKey> =

@@ -240,7 +240,7 @@ async fn the_openapi_document_is_the_checked_in_one_and_names_every_route() {
     }
 }
 
-/// The document a deployment serves names its types as an `enum` (issue 56, 13: any TypeID prefix
+/// The document a deployment serves names its types as an `enum` (before, any TypeID prefix
 /// was schema-valid, and schemathesis found requests the document allowed refused
 /// `unknown_type`); each of them is accepted, and a name outside it refused.
 #[tokio::test]
@@ -560,7 +560,7 @@ async fn the_services_own_resolve_future_is_small() {
 /// is a lookup; so a caller listed to create in a stored format but not to look up in it is
 /// refused 403 before anything is read or made (on the code before, it learnt any internal ID's
 /// mapping: 200 and the public ID), counted under create, and named at start-up. A caller listed
-/// for both creates as before. The encrypted format is held to it too (issue 56, 6): computed and
+/// for both creates as before. The encrypted format is held to it too: computed and
 /// stored nowhere, but deterministically, so its create is a lookup as well.
 #[tokio::test]
 async fn a_caller_that_may_not_look_up_may_not_create_in_that_format() {

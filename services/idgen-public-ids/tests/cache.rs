@@ -106,7 +106,7 @@ impl RandomSource for Fixed {
 
 /// A lookup's miss is never remembered (the internal ID may get its public ID a moment later);
 /// a resolve's miss is remembered only where it is final: an ID carrying a valid tag, which no
-/// caller can hold before the create that made it has stored it (issue 56, 2: a forged ID that
+/// caller can hold before the create that made it has stored it (before, a forged ID that
 /// passed the legacy filter could be replayed at a read each). This test holds one early only
 /// because it holds the check key.
 #[tokio::test]

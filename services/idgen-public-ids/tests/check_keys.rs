@@ -16,7 +16,7 @@ async fn postgres() -> Db {
     Db::postgres("check_keys").await
 }
 
-/// Issue 56, 11: a check key could never be retired. Refused for the newest version, for one new
+/// Before, a check key could never be retired; now it is refused for the newest version, for one new
 /// IDs may still be made under, and (unless forced) for one that tags public IDs; forced, those
 /// IDs go into the sealed legacy filter and still resolve, and the version is never reused.
 async fn a_check_key_is_retired_only_when_nothing_needs_it(db: Db) {

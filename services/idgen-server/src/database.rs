@@ -468,7 +468,7 @@ mod tests {
     }
 
     /// The statement that sets a runtime role's password carries its verifier (a new salt each
-    /// time), never the password (issue 56, 7: PostgreSQL logs a failed statement's text).
+    /// time), never the password (PostgreSQL logs a failed statement's text).
     #[test]
     fn a_role_is_given_its_password_as_a_verifier_only() {
         for exists in [false, true] {

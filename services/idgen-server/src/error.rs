@@ -262,7 +262,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_of_many_frames_is_joined_whole_and_refused_past_its_limit() {
-        // Issue 56, 3: each frame used to copy everything received before it.
+        // Each frame used to copy everything received before it.
         let text: Vec<u8> = (0..65_536u32).map(|i| b'a' + (i % 26) as u8).collect();
         let read = read_body(Body::new(Drip { bytes: text.clone(), sent: 0, step: 32 }), 65_536).await.unwrap();
         assert_eq!(read.as_ref(), text.as_slice());

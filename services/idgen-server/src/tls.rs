@@ -586,8 +586,8 @@ mod tests {
         vec![CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap()]
     }
 
-    /// A connection keeps its leaf and at most 16 KiB and 4 certificates of its chain (issue 56,
-    /// 8: it kept whatever the client sent, up to ~64 KiB each).
+    /// A connection keeps its leaf and at most 16 KiB and 4 certificates of its chain (before,
+    /// it kept whatever the client sent, up to ~64 KiB each).
     #[test]
     fn a_connection_keeps_its_leaf_and_a_capped_path() {
         let certificate = |bytes: usize| CertificateDer::from(vec![7u8; bytes]);

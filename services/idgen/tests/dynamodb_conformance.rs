@@ -229,7 +229,7 @@ async fn an_audit_table_deleted_mid_run_loses_no_record() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a written spool file is removed");
 }
 
-/// An audit record is never written over (issue 56, 14): a record replayed from the spool under
+/// An audit record is never written over: a record replayed from the spool under
 /// a key the table already holds (its first write went through, its answer was lost) leaves the
 /// stored one as it is, and counts as done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

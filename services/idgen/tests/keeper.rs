@@ -746,7 +746,7 @@ async fn a_keeper_claims_nothing_in_a_table_nobody_made_the_fleets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_makes_the_row_of_a_number_held_before_parks_it() {
-    // Issue 55, 4: rows emptied by hand (the genesis left behind). Before, a new claimant made the
+    // Rows emptied by hand (the genesis left behind). Before, a new claimant made the
     // row afresh and issued at once, while the number's holder went on until its next renewal.
     for backend in BACKENDS {
         let now = Instant::now();
@@ -781,7 +781,7 @@ async fn a_claim_that_makes_the_row_of_a_number_held_before_parks_it() {
 
 #[tokio::test]
 async fn a_renewal_answered_after_its_fence_extends_nothing() {
-    // Issue 55, 4: the lapse check and the renewal's write are separate steps. A renewal sent in
+    // The lapse check and the renewal's write are separate steps. A renewal sent in
     // time whose answer comes back after the held lease's fence (a freeze meanwhile, in which a
     // successor may have claimed and the table been put back) must not extend the lease.
     let mut now = Instant::now();
@@ -852,7 +852,7 @@ impl idgen::lease::TableCheck for Named {
 
 #[tokio::test]
 async fn a_keeper_stops_renewing_in_a_table_the_registry_moved_the_region_from() {
-    // Issue 55, 4: renewals on an old table that still exists stop once the registry names the
+    // Renewals on an old table that still exists stop once the registry names the
     // new one (and issuing with them).
     let mut now = Instant::now();
     let f = fixture().await;
@@ -874,7 +874,7 @@ async fn a_keeper_stops_renewing_in_a_table_the_registry_moved_the_region_from()
 
 #[tokio::test]
 async fn a_sqlite_file_replaced_under_a_keeper_stops_it_at_its_next_renewal() {
-    // Issue 55, 4: before, nothing noticed until the pool recycled its connection.
+    // Before, nothing noticed until the pool recycled its connection.
     let mut now = Instant::now();
     let f = fixture().await;
     let g = generator(&f.clock);
@@ -901,7 +901,7 @@ async fn a_sqlite_file_replaced_under_a_keeper_stops_it_at_its_next_renewal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_in_a_table_refused_since_its_checks_is_given_back_not_used() {
-    // Found by the model (issue 55, 4): a claimant that passed the table's checks and froze before
+    // Found by the model: a claimant that passed the table's checks and froze before
     // its write claimed in the table restored meanwhile under the same name. The checks are made
     // again after the claim: here the table loses its genesis (made bare again) between the two.
     let now = Instant::now();

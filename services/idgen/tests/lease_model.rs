@@ -2325,7 +2325,7 @@ fn a_second_table_of_the_live_ones_name_never_leads_to_an_id_issued_twice() {
 
 #[test]
 fn without_the_tables_identity_a_second_table_of_the_same_name_hands_out_its_numbers() {
-    // Issue 55, 2: `leases init` on a table of the live one's name (another AWS region, another
+    // `leases init` on a table of the live one's name (another AWS region, another
     // host's file) gives it a genesis bound to the same registry, and the name check passes it.
     let trace = assert_duplicate_found(SAME_NAME, Rules { table_identity: false, ..Rules::ALL });
     assert!(trace.contains("Init"), "{trace}");
@@ -2333,7 +2333,7 @@ fn without_the_tables_identity_a_second_table_of_the_same_name_hands_out_its_num
 
 #[test]
 fn without_checking_the_table_again_a_claim_frozen_across_a_restore_takes_a_held_number() {
-    // Issue 55, 4 (found by this model): a claimant checks the table (not restored), freezes, and
+    // Found by this model: a claimant checks the table (not restored), freezes, and
     // its claim then applies to the table restored meanwhile under the same name, where the
     // number's row is older than its holder's lease.
     let rules = Rules { claim_rechecks_table: false, ..Rules::ALL };
@@ -2349,7 +2349,7 @@ fn restores_with_a_write_in_flight_never_lead_to_an_id_issued_twice() {
 
 #[test]
 fn without_the_lapse_in_the_renewal_a_late_answer_revives_a_lease_in_a_restored_table() {
-    // Issue 55, 4: a renewal sent before the fence, answered after it: meanwhile a successor
+    // A renewal sent before the fence, answered after it: meanwhile a successor
     // claimed, and the table was put back to the row the renewal then met.
     let rules = Rules { renewal_carries_lapse: false, ..Rules::ALL };
     let trace = assert_duplicate_found_by(RESTORE_IN_FLIGHT_SMALL, rules, Search::Deep);
@@ -2363,7 +2363,7 @@ fn a_table_emptied_under_its_holders_with_a_new_claimant_never_leads_to_an_id_is
 
 #[test]
 fn without_parking_a_vanished_row_a_new_claimant_issues_beside_its_holder() {
-    // Issue 55, 4: rows emptied by hand (the genesis left): a process started after it claims a
+    // Rows emptied by hand (the genesis left): a process started after it claims a
     // number whose holder goes on issuing until its next renewal.
     let trace = assert_duplicate_found(EMPTIED_AND_A_RESTART, Rules { vanished_row_parked: false, ..Rules::ALL });
     assert!(trace.contains("PutBack") && trace.contains("Restart"), "{trace}");
@@ -2376,7 +2376,7 @@ fn an_adoption_from_the_old_table_by_a_clock_ahead_never_leads_to_an_id_issued_t
 
 #[test]
 fn without_carrying_every_kept_expiry_a_clock_ahead_skips_a_live_one() {
-    // Issue 55, 4: the operator's clock, ahead, found the holder's expiry past and did not carry
+    // The operator's clock, ahead, found the holder's expiry past and did not carry
     // it: a generator on the new table claims the number while the holder issues in the old one.
     let trace = assert_duplicate_found(ADOPTED_FROM_TABLE, Rules { carry_every_kept_expiry: false, ..Rules::ALL });
     assert!(trace.contains("AdoptFromTable"), "{trace}");
@@ -2400,7 +2400,7 @@ fn an_adoption_of_a_gone_source_never_leads_to_an_id_issued_twice() {
 
 #[test]
 fn without_waiting_the_longest_lease_a_gone_sources_embedder_outlives_the_wait() {
-    // Issue 55, 4: the wait was the adopting configuration's lease; an embedder with a longer
+    // The wait was the adopting configuration's lease; an embedder with a longer
     // one still issues in the gone table when a generator claims its number in the new one.
     let rules = Rules { source_gone_waits_longest_lease: false, ..Rules::ALL };
     let trace = assert_duplicate_found(ADOPTED_SOURCE_GONE, rules);

@@ -122,7 +122,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn a_process_forked_while_the_file_is_open_is_refused_it_and_one_forked_after_close_is_not() {
-    // Issue 55, 1: a forked child's SQLite took no real lock on the file its parent had open; the
+    // A forked child's SQLite took no real lock on the file its parent had open; the
     // parent's close then deleted the WAL the child renewed its lease in.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leases.db");

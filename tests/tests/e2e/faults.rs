@@ -962,7 +962,7 @@ async fn e2e_a_restored_lease_table_is_claimed_in_only_once_adopted_and_no_id_is
     let config_c = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     std::fs::write(config_c.path(), spec_c.toml()).unwrap();
     let config_c_path = config_c.path().to_str().unwrap();
-    // Not gone while its source still exists: its holders may renew there (issue 55, 4).
+    // Not gone while its source still exists: its holders may renew there.
     let refused = idgen(&["leases", "--config", config_c_path, "adopt", "--source-gone"]).await.unwrap_err();
     assert!(format!("{refused:#}").contains("still exists") && format!("{refused:#}").contains("--from-table"));
     // Gone: the wait is the longest lease any holder may have (one hour) unless the operator knows
@@ -1278,7 +1278,7 @@ async fn e2e_an_adoption_carries_each_quarantine_as_it_was_kept_and_refuses_a_co
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_an_adoption_by_an_operator_whose_clock_runs_ahead_carries_every_kept_expiry() {
-    // Issue 55, 4: `adopt --from-table` carried only the kept expiries later than the operator's
+    // `adopt --from-table` carried only the kept expiries later than the operator's
     // clock (capped at its now + the longest lease): an operator host twenty minutes ahead skipped
     // a live holder's expiry, and a claim in the new table took the number while it issued.
     let endpoint = shared_dynamodb_endpoint();

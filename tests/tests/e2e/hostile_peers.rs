@@ -568,7 +568,7 @@ async fn e2e_a_connection_is_closed_once_idle_past_its_age() {
     println!("worker: a kept-alive connection with an age of 1 s closed after {lived:?}, counted under max_age");
 }
 
-/// A connection kept busy is closed past its age all the same (issue 56, 1): each request is sent
+/// A connection kept busy is closed past its age all the same: each request is sent
 /// while the one before is still being answered (pipelined, against a handler that waits for the
 /// database), so the connection is never idle when its task yields, and the age, once checked only
 /// when idle, never closed it. It lives at most its age, then the header and body deadlines a
@@ -659,7 +659,7 @@ async fn relay(
 }
 
 /// A database that goes silent (the connections open, nothing answered) costs a registry call
-/// its deadline, not TCP's (issue 56, 5): reads and `/healthz` are answered 503 within the
+/// its deadline, not TCP's: reads and `/healthz` are answered 503 within the
 /// acquire timeout and two statement timeouts, not left hanging with callers queued behind them,
 /// and answered again once the database is heard from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

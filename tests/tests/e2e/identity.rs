@@ -364,7 +364,7 @@ fn handshake_held(pki: &Pki, url: &str, name: &str) -> (std::net::TcpStream, rus
 /// An operator whose certificate is revoked while its handshake is half done (the server's flight
 /// taken, its own last flight held back, well within the handshake deadline) finishes the
 /// handshake after the reload: the connection is checked again against the configuration in
-/// force once it is open, and closed before its request reaches a handler (issue 56, 1: it was
+/// force once it is open, and closed before its request reaches a handler (before, it was
 /// checked only against the configuration its handshake began with, and the reload's sweep of open
 /// connections came before it was one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -433,7 +433,7 @@ async fn e2e_a_handshake_held_across_a_revoking_reload_opens_a_closed_connection
 
 /// An operator taken off `certificate_operators` loses its writes at the SIGHUP that reloads the
 /// list, as one taken off `[operators]` does, and its open connection is closed as a revoked
-/// certificate's is (issue 56, 4: the list was read only at start-up).
+/// certificate's is (before, the list was read only at start-up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_an_operator_taken_off_the_list_writes_no_more_after_sighup() {
     let pki = Pki::new();

@@ -35,7 +35,7 @@ async fn health(client: &reqwest::Client, url: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_second_hosts_sqlite_file_for_a_region_issues_nothing() {
-    // Issue 55, 2: `idgen up` runs us-east-1; a second host of the region gets a SQLite file of
+    // `idgen up` runs us-east-1; a second host of the region gets a SQLite file of
     // its own. Before, `leases init` took it (exit 0) and its worker, limited to the number up's
     // worker-1 holds, issued 30,400 IDs twice in 10 s.
     let dir = tempfile::tempdir().unwrap();
@@ -80,7 +80,7 @@ async fn e2e_a_second_hosts_sqlite_file_for_a_region_issues_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_dynamodb_table_of_the_same_name_in_another_aws_region_issues_nothing() {
-    // Issue 55, 2: a second regional stack under the same region name in another AWS region runs
+    // A second regional stack under the same region name in another AWS region runs
     // `leases init` on its table of the same name with the same registry.
     let client = client();
     let registry = RegistryProcess::start("").await.unwrap();
@@ -124,7 +124,7 @@ async fn e2e_a_dynamodb_table_of_the_same_name_in_another_aws_region_issues_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_registry_started_over_never_hands_a_live_regions_number_to_a_new_one() {
-    // Issue 55, 3: the registry's database made again under a live worker of eu-west-1 (number
+    // The registry's database made again under a live worker of eu-west-1 (number
     // 1). Before, `regions add` took the lowest unused number: eu-west-1's, for a new region.
     let client = client();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -175,7 +175,7 @@ async fn e2e_a_registry_started_over_never_hands_a_live_regions_number_to_a_new_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_a_sqlite_lease_file_replaced_under_a_worker_stops_it_at_its_next_renewal() {
-    // Issue 55, 4: a file put in the place of the lease file went unnoticed until the pool
+    // A file put in the place of the lease file went unnoticed until the pool
     // recycled its connection, and the refusal new processes got sent the operator to `leases
     // init`, which let them claim beside the old file's holders.
     let client = client();
