@@ -316,6 +316,23 @@ impl SqliteLeaseStore {
         tx.commit().await.map_err(unavailable)
     }
 
+    /// The lease an operator's write (`kind`: a quarantine, a lift) left in `row`, committed with
+    /// its audit record, which carries the epoch and expiry as written.
+    async fn commit_operator_write(
+        &self,
+        tx: sqlx::Transaction<'_, sqlx::Sqlite>,
+        row: &sqlx::sqlite::SqliteRow,
+        kind: AuditKind,
+        machine: u32,
+        operator: &str,
+        now_unix_ms: i64,
+    ) -> Result<LeaseRow, StoreError> {
+        let lease = row_to_lease(row)?;
+        let event = AuditEvent::new(kind, machine, operator, lease.lease_epoch, lease.lease_expiry, now_unix_ms);
+        self.commit_audited(tx, &event).await?;
+        Ok(lease)
+    }
+
     async fn audit<'c, E>(&self, executor: E, event: &AuditEvent) -> Result<(), StoreError>
     where
         E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
@@ -589,17 +606,7 @@ impl LeaseStore for SqliteLeaseStore {
             .fetch_one(&mut *tx)
             .await
             .map_err(unavailable)?;
-        let lease = row_to_lease(&row)?;
-        let event = AuditEvent::new(
-            AuditKind::Quarantine,
-            machine,
-            operator,
-            lease.lease_epoch,
-            lease.lease_expiry,
-            now_unix_ms,
-        );
-        self.commit_audited(tx, &event).await?;
-        Ok(lease)
+        self.commit_operator_write(tx, &row, AuditKind::Quarantine, machine, operator, now_unix_ms).await
     }
 
     async fn release_quarantine(
@@ -639,16 +646,8 @@ impl LeaseStore for SqliteLeaseStore {
                 _ => LiftOutcome::NotQuarantined,
             });
         };
-        let lease = row_to_lease(&row)?;
-        let event = AuditEvent::new(
-            AuditKind::ReleaseQuarantine,
-            machine,
-            operator,
-            lease.lease_epoch,
-            lease.lease_expiry,
-            now_unix_ms,
-        );
-        self.commit_audited(tx, &event).await?;
+        let lease =
+            self.commit_operator_write(tx, &row, AuditKind::ReleaseQuarantine, machine, operator, now_unix_ms).await?;
         Ok(LiftOutcome::Lifted(lease))
     }
 
