@@ -30,6 +30,8 @@ use std::pin::Pin;
 #[cfg(target_os = "linux")]
 pub(crate) use kernel::read_adjtimex;
 pub use kernel::{kernel_discipline, kernel_sync_status};
+#[cfg(target_os = "linux")]
+pub use kernel::{monotonic_coarse_ns, monotonic_ns};
 pub use manual::ManualClock;
 pub(crate) use system::system_unix_ns;
 pub use system::{SystemClock, system_unix_ms};
