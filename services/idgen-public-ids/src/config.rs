@@ -38,11 +38,12 @@ pub struct PublicIdsConfig {
     /// the primary, so replica lag never answers 404 for a mapping that exists. Creates always go
     /// to the primary. Its pool takes the same size and timeouts.
     pub read_database_url: Option<String>,
-    /// PostgreSQL: how many resolves and lookups may read the primary at once (after the
-    /// replica missed or failed, or with no replica; default 4, at most `database_pool_size`),
-    /// each caller at most half of them; more wait up to `database_acquire_timeout_ms`, then
-    /// are answered 503 with `Retry-After` and counted, so a flood of unknown public IDs never
-    /// takes the primary's connections from creates, nor one caller the reads of the others.
+    /// PostgreSQL: how many resolves and lookups may read the primary at once after the
+    /// replica missed or failed (default 4, at most `database_pool_size`), each caller at most
+    /// half of them; more wait up to `database_acquire_timeout_ms`, then are answered 503 with
+    /// `Retry-After` and counted, so a flood of unknown public IDs never takes the primary's
+    /// connections from creates, nor one caller the reads of the others. With no replica the
+    /// primary is where every read goes: half the pool (at least this many), each caller half.
     pub primary_fallback_reads: u32,
     /// With `read_database_url`: a UUIDv7 public ID made longer ago than this (ms, default
     /// 60,000) that the replica does not hold is not found, without asking the primary, while
@@ -228,6 +229,17 @@ impl PublicIdsConfig {
         }
     }
 
+    /// How many resolves and lookups may read the primary at once: `primary_fallback_reads` with
+    /// a replica (only its misses and failures come to the primary); without one, where every
+    /// read the cache cannot answer goes there, half the pool (creates keep the other half),
+    /// and never fewer than `primary_fallback_reads`. Each caller may hold half of them.
+    pub fn primary_reads(&self) -> u32 {
+        match self.read_database_url {
+            Some(_) => self.primary_fallback_reads,
+            None => self.primary_fallback_reads.max(self.database_pool_size.div_ceil(2)),
+        }
+    }
+
     /// What a replica's misses may cost the primary (validated at load).
     pub fn fallback_settings(&self) -> FallbackSettings {
         FallbackSettings {
@@ -402,6 +414,19 @@ mod tests {
         std::fs::write(&path, printed.replacen("development = false", "development = true", 1)).unwrap();
         let read = PublicIdsConfig::load(Some(&path)).unwrap();
         assert_eq!(format!("{read:?}"), format!("{:?}", PublicIdsConfig::development()), "{printed}");
+    }
+
+    /// With a replica the primary's reads are its fallbacks; without one, every read the cache
+    /// cannot answer, so half the pool (never fewer than the fallback budget).
+    #[test]
+    fn the_primary_read_budget_is_half_the_pool_without_a_replica() {
+        let mut config = PublicIdsConfig::development();
+        assert_eq!((config.database_pool_size, config.primary_fallback_reads), (16, 4));
+        assert_eq!(config.primary_reads(), 8);
+        config.database_pool_size = 5;
+        assert_eq!(config.primary_reads(), 4, "never fewer than primary_fallback_reads");
+        config.read_database_url = Some("postgres://replica/db".into());
+        assert_eq!(config.primary_reads(), 4, "with a replica, only its fallbacks");
     }
 
     fn load(dir: &Path, text: &str) -> anyhow::Result<PublicIdsConfig> {

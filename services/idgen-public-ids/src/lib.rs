@@ -303,7 +303,7 @@ pub async fn serve(
     let mut store = store::PublicIdStore::open_with(url, within, config.pool_settings())
         .await
         .with_context(|| format!("opening the public-ID database {}", idgen::config::redacted_url(url)))?
-        .with_primary_budget(config.primary_fallback_reads, config.pool_settings().acquire_timeout);
+        .with_primary_budget(config.primary_reads(), config.pool_settings().acquire_timeout);
     store.metrics().register(&mut registry);
     if let Some(read) = &config.read_database_url {
         store = store.with_replica(read, config.pool_settings(), config.fallback_settings())?;
