@@ -9,6 +9,7 @@
 //! a panicked keeper restarted, a retired region stopped. `shutdown()` releases the leases.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
@@ -39,6 +40,18 @@ pub struct StartOptions {
     /// for a process whose one runtime outlives the generator and is always driven, as the
     /// worker's is (the runtime must have I/O enabled).
     pub waits_on_this_runtime: bool,
+}
+
+/// Generators started in this process so far.
+static STARTED: AtomicU64 = AtomicU64::new(0);
+
+/// The holder of the `nth` generator started in this process (from 0): the process's own for
+/// the first, and `/<n>` after it for the others. Two generators of one process started in the
+/// same millisecond (Node worker threads, a pool of interpreters) are then two holders, each
+/// keeping its own number, where one holder would have them take each other's row (and the
+/// second is refused as a second keeper of the first's holder).
+fn nth_holder(holder: String, nth: u64) -> String {
+    if nth == 0 { holder } else { format!("{holder}/{nth}") }
 }
 
 pub struct EmbeddedGenerator {
@@ -133,8 +146,10 @@ impl EmbeddedGenerator {
                 "the clock is kept on the CPU's counter (clocksource tsc): the request path checks the counter"
             );
         }
-        let holder =
-            crate::holder(config.holder.as_deref(), process_start_unix_ms.unwrap_or_else(crate::system_unix_ms));
+        let holder = nth_holder(
+            crate::holder(config.holder.as_deref(), process_start_unix_ms.unwrap_or_else(crate::system_unix_ms)),
+            STARTED.fetch_add(1, Ordering::Relaxed),
+        );
         let region_names = Arc::new(RwLock::new(names));
         let mut supervisor =
             Supervisor::new(config.clone(), generator.clone(), holder.clone(), region_names.clone(), held);

@@ -420,3 +420,41 @@ async fn a_production_configuration_missing_a_setting_refuses_to_start() {
     }
     assert!(!error.contains("tls."), "an embedded generator has no listener: {error}");
 }
+
+/// Two generators of one process started in the same millisecond on one lease file (Node
+/// worker threads, a pool of interpreters): before, both took one holder name (the host, the
+/// PID, the start millisecond and the process's nonce), and the second was refused as a second
+/// keeper of the first's holder, or would have taken its row. Each is its own holder now, on a
+/// number of its own, and no ID is issued twice; each keeps working after the other stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_generators_of_one_process_started_in_one_millisecond_are_two_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "web");
+    let options = StartOptions { process_start_unix_ms: Some(1_700_000_000_000), ..StartOptions::default() };
+    let (mut one, mut two) = (Registry::default(), Registry::default());
+    let (first, second) = tokio::join!(
+        EmbeddedGenerator::start_with(&config, &mut one, options.clone()),
+        EmbeddedGenerator::start_with(&config, &mut two, options.clone()),
+    );
+    let (first, second) = (first.unwrap(), second.unwrap());
+    for generator in [&first, &second] {
+        generator.ready(Duration::from_secs(10)).await.unwrap();
+    }
+    assert_ne!(first.holder(), second.holder(), "one holder for two generators");
+    assert!(first.holder().starts_with("web/pid-") && second.holder().starts_with("web/pid-"));
+    let (a, b) = (machine_held(&first).unwrap(), machine_held(&second).unwrap());
+    assert_ne!(a, b, "two generators on one number");
+
+    let mut ids = Vec::new();
+    for _ in 0..2_000 {
+        ids.push(first.next_id().await.unwrap());
+        ids.push(second.next_id().await.unwrap());
+    }
+    ids.extend(first.next_ids(5_000).await.unwrap());
+    ids.extend(second.next_ids(5_000).await.unwrap());
+    first.shutdown().await.unwrap();
+    ids.extend(second.next_ids(1_000).await.unwrap());
+    assert_unique(&ids);
+    assert_eq!(machine_held(&second), Some(b), "the other's shutdown left this one's lease alone");
+    second.shutdown().await.unwrap();
+}
