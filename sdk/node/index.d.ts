@@ -1,20 +1,35 @@
-// Types of the `idgen` package (index.js). IDs are strings (decimal text) or bigints, never a
+// Types of the `idgen-sdk` package (index.js). IDs are strings (decimal text) or bigints, never a
 // JavaScript `number`: a number is exact only to 2^53 - 1, and IDs go past it.
 
+/** This package's version (package.json's: its one place). */
+export declare const version: string;
 /** The most IDs one `nextIds` or `nextUuids` call returns. */
 export declare const MAX_COUNT: number;
 /** The prefix of the environment variables that override a generator's configuration file. */
 export declare const DEFAULT_ENV_PREFIX: string;
 
-/** A call that failed for a reason other than a refusal or bad input: a configuration that
- * cannot start, a closed handle, an unreadable answer from the fleet. */
+/** Every error the package raises: `IdgenRefusedError`, `IdgenRejectedError`,
+ * `IdgenInvalidInputError` (a `RangeError`, and an `IdgenError` to `instanceof`), and itself for
+ * the rest (a configuration that cannot start, a closed handle, an unreadable answer from the
+ * fleet). The native error it came from, if any, is its `cause`. A value of the wrong type (a
+ * `number` where an ID goes) is a `TypeError`. */
 export declare class IdgenError extends Error {}
 
-/** No ID now. `reason`: `lease`, `clock_behind`, `clock_unsynchronized`, `schedule`,
- * `over_quota`, `unavailable` (no endpoint answered), `region_retired`. `retryAfterMs` where
- * waiting helps, else null. */
+/** Why no ID now: the generator's (`lease`, `clock_behind`, `clock_unsynchronized`,
+ * `schedule`), a handle made before this process forked (`forked`), or the fleet's
+ * (`over_quota`, `unavailable`: no endpoint answered). */
+export type RefusalReason =
+  | 'lease'
+  | 'clock_behind'
+  | 'clock_unsynchronized'
+  | 'schedule'
+  | 'forked'
+  | 'over_quota'
+  | 'unavailable';
+
+/** No ID now: `reason` says why; `retryAfterMs` where waiting helps, else null. */
 export declare class IdgenRefusedError extends IdgenError {
-  readonly reason: string;
+  readonly reason: RefusalReason;
   readonly retryAfterMs: number | null;
 }
 
@@ -156,6 +171,9 @@ export declare class PublicIds {
   /** null for an unknown public ID (a forged one looks the same). */
   resolve(publicId: string): Promise<Mapping | null>;
   lookup(internalId: IdInput, kind?: PublicIdKind): Promise<Mapping | null>;
+  /** Lets go of its connections; later calls fail. `using` closes it at the end of the block. */
+  close(): void;
+  [Symbol.dispose](): void;
 }
 
 /** `id` taken apart under the built-in schedule, naming regions from `regions` (number → name). */

@@ -6,7 +6,10 @@
 
 import { createRequire } from 'node:module';
 
-const native = createRequire(import.meta.url)('./idgen.linux-x64-gnu.node');
+const require = createRequire(import.meta.url);
+const native = require('./idgen.linux-x64-gnu.node');
+/** This package's version (package.json's: its one place). */
+export const version = require('./package.json').version;
 const MARK = 'idgen:';
 
 const constants = native.constants();
@@ -15,18 +18,25 @@ export const MAX_COUNT = constants.maxCount;
 /** The prefix of the environment variables that override a generator's configuration file. */
 export const DEFAULT_ENV_PREFIX = constants.defaultEnvPrefix;
 
-/** A call that failed for a reason other than a refusal or bad input. */
+/**
+ * Every error the package raises. `IdgenInvalidInputError` is a `RangeError`, and an
+ * `IdgenError` to `instanceof` too (a class has one parent: this one's `instanceof` also takes it).
+ */
 export class IdgenError extends Error {
-  constructor(message) {
-    super(message);
+  constructor(message, options) {
+    super(message, options);
     this.name = 'IdgenError';
+  }
+
+  static [Symbol.hasInstance](value) {
+    return Function.prototype[Symbol.hasInstance].call(this, value) || (this === IdgenError && value instanceof IdgenInvalidInputError);
   }
 }
 
 /** No ID now: `reason` is one word, `retryAfterMs` the wait where waiting helps (else null). */
 export class IdgenRefusedError extends IdgenError {
-  constructor(message, reason, retryAfterMs) {
-    super(message);
+  constructor(message, reason, retryAfterMs, options) {
+    super(message, options);
     this.name = 'IdgenRefusedError';
     this.reason = reason;
     this.retryAfterMs = retryAfterMs ?? null;
@@ -35,8 +45,8 @@ export class IdgenRefusedError extends IdgenError {
 
 /** A service refused the request for a reason of its own: its 4xx `status` and `code`. */
 export class IdgenRejectedError extends IdgenError {
-  constructor(message, status, code) {
-    super(message);
+  constructor(message, status, code, options) {
+    super(message, options);
     this.name = 'IdgenRejectedError';
     this.status = status;
     this.code = code;
@@ -45,8 +55,8 @@ export class IdgenRejectedError extends IdgenError {
 
 /** Bad input (a RangeError): `code` names it as the shared test vectors do. */
 export class IdgenInvalidInputError extends RangeError {
-  constructor(message, code) {
-    super(message);
+  constructor(message, code, options) {
+    super(message, options);
     this.name = 'IdgenInvalidInputError';
     this.code = code;
   }
@@ -56,15 +66,17 @@ export class IdgenInvalidInputError extends RangeError {
 function translate(error) {
   if (!(error instanceof Error) || !error.message.startsWith(MARK)) return error;
   const body = JSON.parse(error.message.slice(MARK.length));
+  // The native error stays reachable as `cause` (its stack is where the call crossed over).
+  const options = { cause: error };
   switch (body.kind) {
     case 'invalid':
-      return new IdgenInvalidInputError(body.message, body.code);
+      return new IdgenInvalidInputError(body.message, body.code, options);
     case 'refused':
-      return new IdgenRefusedError(body.message, body.reason, body.retryAfterMs);
+      return new IdgenRefusedError(body.message, body.reason, body.retryAfterMs, options);
     case 'rejected':
-      return new IdgenRejectedError(body.message, body.status, body.code);
+      return new IdgenRejectedError(body.message, body.status, body.code, options);
     default:
-      return new IdgenError(body.message);
+      return new IdgenError(body.message, options);
   }
 }
 
@@ -175,8 +187,14 @@ class IdSource {
     return settle(this.#source.nextId());
   }
 
-  /** One ID as a bigint. */
+  /** One ID as a bigint. Like `nextId()`, no thread while an ID is at hand. */
   nextIdBigInt() {
+    try {
+      const id = this.#take();
+      if (id !== null) return Promise.resolve(BigInt(id));
+    } catch (error) {
+      return Promise.reject(translate(error));
+    }
     return settle(this.#source.nextIdBigint());
   }
 
@@ -200,6 +218,25 @@ class IdSource {
   metricsText() {
     return sync(() => this.#native.metricsText());
   }
+}
+
+// Generators not closed when the event loop runs dry: closed then (`beforeExit`), so that their
+// leases are released at once rather than left to expire. (A process ended by `process.exit()`
+// or a signal leaves them to expire: Node runs nothing asynchronous then.)
+const OPEN_REF = Symbol('idgen.openRef');
+const open = new Set();
+let watchingExit = false;
+
+function closeBeforeExit(generator) {
+  open.add(generator[OPEN_REF]);
+  if (watchingExit) return;
+  watchingExit = true;
+  process.on('beforeExit', () => {
+    const left = [...open].map((ref) => ref.deref()).filter(Boolean);
+    open.clear();
+    // Closing schedules work, so the loop runs once more, and this runs again with none left.
+    for (const generator of left) generator.close().catch(() => {});
+  });
 }
 
 /**
@@ -234,7 +271,9 @@ export class EmbeddedGenerator extends IdSource {
       throw new IdgenInvalidInputError(`readyTimeoutMs is 0 to 86400000 or null, not ${readyTimeoutMs}`, 'invalid_config');
     }
     const handle = await settle(native.NativeEmbedded.start(path, optionalString(envPrefix, 'envPrefix'), readyTimeoutMs));
-    return new EmbeddedGenerator(handle);
+    const generator = new EmbeddedGenerator(handle);
+    closeBeforeExit(generator);
+    return generator;
   }
 
   /**
@@ -275,7 +314,16 @@ export class EmbeddedGenerator extends IdSource {
 
   /** Stops issuing and releases the leases; later calls fail. */
   close() {
+    open.delete(this.#ref);
     return settle(this.#native.close());
+  }
+
+  /** @internal */
+  #ref = new WeakRef(this);
+
+  /** @internal */
+  get [OPEN_REF]() {
+    return this.#ref;
   }
 
   [Symbol.asyncDispose]() {
@@ -334,6 +382,15 @@ export class PublicIds {
     const id = readId(internalId);
     const made = await settle(this.#native.create(id, optionalString(format, 'format'), optionalString(type, 'type')));
     return mapping(made);
+  }
+
+  /** Lets go of its connections; later calls fail. */
+  close() {
+    this.#native.close();
+  }
+
+  [Symbol.dispose]() {
+    this.close();
   }
 
   /** The mapping of a public ID, or null (unknown and forged look the same). */

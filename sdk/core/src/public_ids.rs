@@ -51,7 +51,8 @@ fn decimal<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::
 
 pub struct PublicIds {
     held: Held,
-    http: reqwest::Client,
+    /// `None` once closed: its pooled connections are let go, and every call is refused.
+    http: std::sync::RwLock<Option<reqwest::Client>>,
     url: String,
 }
 
@@ -70,7 +71,22 @@ impl PublicIds {
         let http = idgen_client::http_builder(config.request_timeout_ms, config.connect_timeout_ms, &config.tls)?
             .build()
             .map_err(|e| Error::Failed(format!("the HTTP client: {e}")))?;
-        Ok(PublicIds { held: Held::new()?, http, url: config.url.trim_end_matches('/').to_owned() })
+        Ok(PublicIds {
+            held: Held::new()?,
+            http: std::sync::RwLock::new(Some(http)),
+            url: config.url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// Lets go of the pooled connections; every call after it is refused (`closed`). Closing
+    /// twice is the same as once.
+    pub fn close(&self) {
+        self.http.write().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    }
+
+    /// The HTTP client (a handle on the shared one), unless closed.
+    fn http(&self) -> Result<reqwest::Client, Error> {
+        self.http.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone().ok_or_else(Error::closed)
     }
 
     /// The public ID of `internal_id` in `format` (the service's default if `None`), of `kind`
@@ -90,7 +106,7 @@ impl PublicIds {
         if let Some(kind) = kind {
             body["type"] = kind.into();
         }
-        let request = self.http.post(format!("{}/v1/public-ids", self.url)).json(&body);
+        let request = self.http()?.post(format!("{}/v1/public-ids", self.url)).json(&body);
         match self.call(request)? {
             Some((status, mapping)) => Ok((mapping, status == 201)),
             None => Err(Error::Failed("the service answered 404 to a create".into())),
@@ -105,7 +121,7 @@ impl PublicIds {
             .map_err(|_| Error::Failed("the service URL cannot take a path".into()))?
             .pop_if_empty()
             .push(public_id);
-        Ok(self.call(self.http.get(url))?.map(|(_, mapping)| mapping))
+        Ok(self.call(self.http()?.get(url))?.map(|(_, mapping)| mapping))
     }
 
     /// The public ID `internal_id` has in `format` (of `kind`), or `None`.
@@ -123,7 +139,7 @@ impl PublicIds {
         if let Some(kind) = kind {
             query.push(("type", kind));
         }
-        let request = self.http.get(format!("{}/v1/internal-ids/{id}/public-id", self.url)).query(&query);
+        let request = self.http()?.get(format!("{}/v1/internal-ids/{id}/public-id", self.url)).query(&query);
         Ok(self.call(request)?.map(|(_, mapping)| mapping))
     }
 

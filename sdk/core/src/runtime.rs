@@ -63,6 +63,15 @@ pub(crate) fn get() -> Result<(u64, Arc<Runtime>), Error> {
     Ok((generation, runtime))
 }
 
+/// Runs `call` on the runtime's blocking threads: the SDK's own, never the host's (libuv's
+/// pool, an event loop's executor). For a binding whose host must not wait, which settles its
+/// promise from `call`. The calls of a handle (`Held::block_on`) may wait there.
+pub fn spawn_waiting(call: impl FnOnce() + Send + 'static) -> Result<(), Error> {
+    let (_, runtime) = get()?;
+    drop(runtime.spawn_blocking(call));
+    Ok(())
+}
+
 /// A handle's hold on its runtime: released normally in the process that made it, leaked in a
 /// forked child.
 pub(crate) struct Held {

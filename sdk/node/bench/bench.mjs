@@ -16,7 +16,7 @@ import { Snowflake } from '@sapphire/snowflake';
 import { ulid } from 'ulid';
 import { v7 as uuidv7 } from 'uuid';
 
-import { Client, EmbeddedGenerator } from 'idgen';
+import { Client, EmbeddedGenerator } from 'idgen-sdk';
 
 const [config, secondsText, roundsText, worker] = process.argv.slice(2);
 const seconds = Number(secondsText);

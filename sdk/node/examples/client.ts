@@ -1,6 +1,6 @@
 // The fleet client and public IDs from TypeScript: prefetched IDs from the region's fleet,
 // failover to a backup region and back, decode by the registry's schedule, public IDs.
-import { Client, PublicIds, type Mapping } from 'idgen';
+import { Client, PublicIds, type Mapping } from 'idgen-sdk';
 
 const [fleet, backup, publicIds] = process.argv.slice(2);
 const client = await Client.connect({

@@ -1,6 +1,6 @@
 // The embedded generator from TypeScript: IDs in-process, on a lease of the process's own.
 // Run in the package's tests (compiled by tsc --strict, run against a development generator).
-import { EmbeddedGenerator, IdgenRefusedError, type Decoded } from 'idgen';
+import { EmbeddedGenerator, IdgenRefusedError, type Decoded } from 'idgen-sdk';
 
 const generator = await EmbeddedGenerator.start(process.argv[2] ?? 'generator.toml');
 try {

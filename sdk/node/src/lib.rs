@@ -1,8 +1,10 @@
 //! `idgen.node`: the Node face of `idgen-sdk`, one class per handle and a few functions.
 //!
 //! Every rule is the SDK's (and below it, the Rust crates'). This file converts JavaScript
-//! values to the SDK's and back, and runs every call that can wait on libuv's worker threads
-//! (napi's `AsyncTask`), so the event loop never does. What runs on the loop never waits: the
+//! values to the SDK's and back, and runs every call that can wait on the SDK's own threads
+//! ([`Waiting`]), settling its promise on the event loop from there: never on libuv's pool,
+//! whose four threads the host's `fs`, `dns` and `crypto` share, so a slow fleet stalls nothing
+//! of theirs. What runs on the loop never waits: the
 //! takes of an ID already at hand (the generator's, a plain Node-API function in `fast`; the
 //! client's, from its buffer), decode, and `nextIdSync`, which says that it blocks (for the rest
 //! of a millisecond at most). The package's `index.js` is the public face: it
@@ -14,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use idgen_sdk::{Decoded, Error, IdInput, IdSource};
-use napi::bindgen_prelude::{AsyncTask, BigInt, Either, ToNapiValue, TypeName};
-use napi::{Env, Status, Task};
+use napi::bindgen_prelude::{BigInt, Either, ToNapiValue, TypeName};
+use napi::{Env, JsDeferred, Status};
 use napi_derive::napi;
 
 mod fast;
@@ -60,29 +62,53 @@ fn invalid(code: &'static str, message: String) -> napi::Error {
     js_error(Error::Invalid { code, message })
 }
 
-/// A call that may wait, run on a libuv worker thread; its promise settles on the event loop.
-pub struct Blocking<T> {
-    call: Option<Box<dyn FnOnce() -> Result<T, Error> + Send>>,
+/// A call that may wait, as a method returns it: becoming a JavaScript value makes a promise,
+/// and the call runs on the SDK's own threads ([`idgen_sdk::runtime::spawn_waiting`]), which settle the
+/// promise through a threadsafe function: its value is made on the event loop.
+pub struct Waiting<T> {
+    call: Box<dyn FnOnce() -> Result<T, Error> + Send>,
 }
 
-fn blocking<T>(call: impl FnOnce() -> Result<T, Error> + Send + 'static) -> AsyncTask<Blocking<T>>
-where
-    Blocking<T>: Task,
-{
-    AsyncTask::new(Blocking { call: Some(Box::new(call)) })
+fn blocking<T>(call: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Waiting<T> {
+    Waiting { call: Box::new(call) }
 }
 
-impl<T: ToNapiValue + TypeName + Send + 'static> Task for Blocking<T> {
-    type Output = T;
-    type JsValue = T;
+type Settle<T> = Box<dyn FnOnce(Env) -> napi::Result<T>>;
 
-    fn compute(&mut self) -> napi::Result<T> {
-        let call = self.call.take().ok_or_else(|| napi::Error::from_reason("a call ran twice"))?;
-        guarded(|| call().map_err(js_error))
+/// A deferred promise, moved to the thread that settles it.
+struct Deferred<T: ToNapiValue>(JsDeferred<T, Settle<T>>);
+
+// SAFETY: a deferred is settled through a Node-API threadsafe function, whose purpose is to be
+// called from any thread; the resolver runs on the event loop. The deferred's finalize slot,
+// which holds no `Send` callback, is set by nothing here.
+unsafe impl<T: ToNapiValue> Send for Deferred<T> {}
+
+impl<T> TypeName for Waiting<T> {
+    fn type_name() -> &'static str {
+        "Promise"
     }
 
-    fn resolve(&mut self, _env: Env, output: T) -> napi::Result<T> {
-        Ok(output)
+    fn value_type() -> napi::ValueType {
+        napi::ValueType::Object
+    }
+}
+
+impl<T: ToNapiValue + Send + 'static> ToNapiValue for Waiting<T> {
+    unsafe fn to_napi_value(raw: napi::sys::napi_env, waiting: Self) -> napi::Result<napi::sys::napi_value> {
+        let env = Env::from_raw(raw);
+        let (deferred, promise) = env.create_deferred::<T, Settle<T>>()?;
+        let deferred = Deferred(deferred);
+        let call = waiting.call;
+        idgen_sdk::runtime::spawn_waiting(move || {
+            let deferred = deferred;
+            match guarded(|| call().map_err(js_error)) {
+                Ok(value) => deferred.0.resolve(Box::new(move |_| Ok(value))),
+                Err(error) => deferred.0.reject(error),
+            }
+        })
+        .map_err(js_error)?;
+        // SAFETY: `raw` is the env this call was given.
+        unsafe { ToNapiValue::to_napi_value(raw, promise) }
     }
 }
 
@@ -182,19 +208,19 @@ pub struct NativeIdSource {
 #[napi]
 impl NativeIdSource {
     #[napi]
-    pub fn next_id(&self) -> AsyncTask<Blocking<String>> {
+    pub fn next_id(&self) -> Waiting<String> {
         let source = self.inner.clone();
         blocking(move || source.next_id().map(|id| id.to_string()))
     }
 
     #[napi]
-    pub fn next_id_bigint(&self) -> AsyncTask<Blocking<BigInt>> {
+    pub fn next_id_bigint(&self) -> Waiting<BigInt> {
         let source = self.inner.clone();
         blocking(move || source.next_id().map(BigInt::from))
     }
 
     #[napi]
-    pub fn next_ids(&self, n: i64) -> AsyncTask<Blocking<String>> {
+    pub fn next_ids(&self, n: i64) -> Waiting<String> {
         let source = self.inner.clone();
         blocking(move || {
             let ids = source.next_ids(count(n))?;
@@ -203,7 +229,7 @@ impl NativeIdSource {
     }
 
     #[napi]
-    pub fn next_uuids(&self, n: i64) -> AsyncTask<Blocking<String>> {
+    pub fn next_uuids(&self, n: i64) -> Waiting<String> {
         let source = self.inner.clone();
         blocking(move || {
             let uuids = source.next_uuids(count(n))?;
@@ -244,7 +270,7 @@ impl NativeEmbedded {
         config_path: Option<String>,
         env_prefix: Option<String>,
         ready_timeout_ms: Option<u32>,
-    ) -> AsyncTask<Blocking<NativeEmbedded>> {
+    ) -> Waiting<NativeEmbedded> {
         blocking(move || {
             let timeout = ready_timeout_ms.map(|ms| std::time::Duration::from_millis(ms.into()));
             let inner = idgen_sdk::Embedded::start(
@@ -296,7 +322,7 @@ impl NativeEmbedded {
     }
 
     #[napi]
-    pub fn close(&self) -> AsyncTask<Blocking<()>> {
+    pub fn close(&self) -> Waiting<()> {
         let inner = self.inner.clone();
         blocking(move || inner.close())
     }
@@ -312,7 +338,7 @@ pub struct NativeClient {
 impl NativeClient {
     /// A client from its settings as JSON, or from a TOML file (exactly one of the two).
     #[napi]
-    pub fn connect(config_json: Option<String>, config_file: Option<String>) -> AsyncTask<Blocking<NativeClient>> {
+    pub fn connect(config_json: Option<String>, config_file: Option<String>) -> Waiting<NativeClient> {
         blocking(move || {
             let file = config_file.as_deref().map(std::path::Path::new);
             let inner = idgen_sdk::Client::from_settings(config_json.as_deref(), file)?;
@@ -395,7 +421,7 @@ impl NativePublicIds {
         internal_id: Either<String, BigInt>,
         format: Option<String>,
         kind: Option<String>,
-    ) -> AsyncTask<Blocking<MappingFields>> {
+    ) -> Waiting<MappingFields> {
         let (inner, id) = (self.inner.clone(), Id::read(internal_id));
         blocking(move || {
             let (made, created) = inner.create(id.input(), format.as_deref(), kind.as_deref())?;
@@ -404,7 +430,7 @@ impl NativePublicIds {
     }
 
     #[napi]
-    pub fn resolve(&self, public_id: String) -> AsyncTask<Blocking<Option<MappingFields>>> {
+    pub fn resolve(&self, public_id: String) -> Waiting<Option<MappingFields>> {
         let inner = self.inner.clone();
         blocking(move || Ok(inner.resolve(&public_id)?.map(|m| mapping(m, None))))
     }
@@ -415,9 +441,15 @@ impl NativePublicIds {
         internal_id: Either<String, BigInt>,
         format: Option<String>,
         kind: Option<String>,
-    ) -> AsyncTask<Blocking<Option<MappingFields>>> {
+    ) -> Waiting<Option<MappingFields>> {
         let (inner, id) = (self.inner.clone(), Id::read(internal_id));
         blocking(move || Ok(inner.lookup(id.input(), format.as_deref(), kind.as_deref())?.map(|m| mapping(m, None))))
+    }
+
+    /// Lets go of its connections; every call after it is refused (closed).
+    #[napi]
+    pub fn close(&self) {
+        self.inner.close();
     }
 }
 

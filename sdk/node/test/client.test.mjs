@@ -6,14 +6,16 @@
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { pbkdf2 } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
+import { promisify } from 'node:util';
 import { test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import * as idgen from 'idgen';
+import * as idgen from 'idgen-sdk';
 import { idgenBin, increasing, scratch } from './support.mjs';
 
 function portFree(port) {
@@ -171,6 +173,34 @@ test('settings it cannot use, and a fleet that never answers', async () => {
   await assert.rejects(client.nextId(), /closed/);
 });
 
+test('waits on a frozen fleet hold neither the event loop nor libuv\'s thread pool', async (t) => {
+  // A fleet that takes connections and never answers: a listening socket nobody accepts from.
+  const frozen = net.createServer({ pauseOnConnect: true }, () => {});
+  await new Promise((done) => frozen.listen(0, '127.0.0.1', done));
+  t.after(() => frozen.close());
+  const url = `http://127.0.0.1:${frozen.address().port}`;
+  const client = await idgen.Client.connect({ url, request_timeout_ms: 1500, connect_timeout_ms: 500 });
+  t.after(() => client.close());
+  let ticks = 0;
+  const ticker = setInterval(() => { ticks += 1; }, 10);
+  const started = performance.now();
+  // More waits than libuv has threads (4 by default): before, they took every one of them.
+  const waits = Array.from({ length: 6 }, () => client.nextId().then(() => 'issued', (error) => error));
+  // crypto.pbkdf2 runs on libuv's pool: it must not queue behind the waits.
+  const hashed = performance.now();
+  await promisify(pbkdf2)('secret', 'salt', 1000, 32, 'sha256');
+  const hashMs = performance.now() - hashed;
+  const outcomes = await Promise.all(waits);
+  const waitedMs = performance.now() - started;
+  clearInterval(ticker);
+  for (const outcome of outcomes) {
+    assert.ok(outcome instanceof idgen.IdgenRefusedError && outcome.reason === 'unavailable', String(outcome));
+  }
+  assert.ok(waitedMs >= 1400, `the calls did not wait on the fleet (${waitedMs} ms)`);
+  assert.ok(hashMs < 1000, `libuv's pool was held by the waits: a hash took ${hashMs} ms`);
+  assert.ok(ticks >= waitedMs / 10 / 2, `${ticks} ticks in ${waitedMs} ms: the event loop was blocked`);
+});
+
 async function batchOf(url, count) {
   const answer = await fetch(`${url}/v1/ids:batch`, {
     method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ count }),
@@ -215,6 +245,15 @@ test('public IDs made, resolved and looked up through the real service', async (
   await assert.rejects(service.create(2n ** 63n), idgen.IdgenInvalidInputError);
   await assert.rejects(service.create(Number(internal[0])), TypeError);
   await assert.rejects(service.resolve(5), TypeError);
+
+  // Closed (by close(), or by Symbol.dispose at the end of a `using` block), it refuses.
+  const scoped = new idgen.PublicIds({ url: summary.public_ids, request_timeout_ms: 2000 });
+  assert.equal((await scoped.resolve(opaque.publicId)).internalId, internal[0]);
+  scoped[Symbol.dispose]();
+  service.close();
+  for (const closed of [scoped, service]) {
+    await assert.rejects(closed.resolve(opaque.publicId), (error) => error instanceof idgen.IdgenError && /closed/.test(error.message));
+  }
 });
 
 test('mutual TLS with the client certificate up made', async (t) => {

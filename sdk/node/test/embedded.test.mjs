@@ -2,11 +2,12 @@
 // refused with the right error, refusals as IdgenRefusedError, and a closed generator.
 
 import assert from 'node:assert/strict';
-import { writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { appendFileSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
-import * as idgen from 'idgen';
+import * as idgen from 'idgen-sdk';
 import { developmentConfig, increasing, kernelClockSynchronized, scratch } from './support.mjs';
 
 test('IDs as text, bigints, batches, UUIDs, and decode', async (t) => {
@@ -73,6 +74,12 @@ test('bad input is a TypeError or an IdgenInvalidInputError and changes nothing'
     assert.throws(() => generator.decode(1.5), TypeError);
     assert.throws(() => generator.decode(Number(before)), /not a number/);
     assert.throws(() => generator.decode(2n ** 63n), (error) => error.code === 'out_of_range');
+    // One family: bad input is a RangeError, an IdgenInvalidInputError and an IdgenError, and the
+    // native error it came from is its cause; the other classes are not taken in by it.
+    assert.throws(() => generator.decode('12a'), (error) =>
+      error instanceof idgen.IdgenInvalidInputError && error instanceof RangeError && error instanceof idgen.IdgenError &&
+      !(error instanceof idgen.IdgenRefusedError) && error.cause instanceof Error && error.cause !== error);
+    assert.ok(!(new RangeError('x') instanceof idgen.IdgenError));
     assert.throws(() => generator.decode('12a'), (error) => error.code === 'not_an_id');
     assert.ok(BigInt(generator.nextIdSync()) > BigInt(before));
   } finally {
@@ -114,6 +121,29 @@ test('a clock it cannot trust is a refusal', async (t) => {
   } finally {
     await generator.close();
   }
+});
+
+test('a generator never closed releases its lease when the event loop runs dry', async (t) => {
+  // One machine number for the whole file: a second generator starts only if the first let it go.
+  const config = developmentConfig(scratch(t));
+  appendFileSync(config, '[lease.machines.v1]\nfirst = 64\nlast = 64\n[lease.machines.v2]\nfirst = 64\nlast = 64\n');
+  const script =
+    "import * as idgen from 'idgen-sdk';\n" +
+    `const generator = await idgen.EmbeddedGenerator.start(${JSON.stringify(config)});\n` +
+    'console.log(await generator.nextId());\n';
+  const first = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
+  const second = await idgen.EmbeddedGenerator.start(config, { readyTimeoutMs: 5000 });
+  try {
+    assert.ok(BigInt(await second.nextId()) > BigInt(first.trim()));
+  } finally {
+    await second.close();
+  }
+});
+
+test('the version is package.json\'s', () => {
+  const installed = JSON.parse(readFileSync(new URL('../node_modules/idgen-sdk/package.json', import.meta.url), 'utf8'));
+  assert.equal(idgen.version, installed.version);
+  assert.match(idgen.version, /^\d+\.\d+\.\d+/);
 });
 
 test('a closed generator refuses', async (t) => {

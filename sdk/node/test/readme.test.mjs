@@ -17,11 +17,11 @@ function blocks(text, language) {
 }
 
 test('the README quick start runs as written', (t) => {
-  const readme = readFileSync(path.join(project, 'node_modules', 'idgen', 'README.md'), 'utf8');
+  const readme = readFileSync(path.join(project, 'node_modules', 'idgen-sdk', 'README.md'), 'utf8');
   const [code] = blocks(readme, 'js');
   const [toml] = blocks(readme, 'toml');
   assert.ok(code && toml, 'the README has a js and a toml block');
-  assert.equal(code.trim().split('\n').length, 3, 'a three-line quick start');
+  assert.equal(code.trim().split('\n').length, 4, 'a four-line quick start: start, take, close');
   const dir = scratch(t);
   writeFileSync(path.join(dir, 'generator.toml'), toml);
   const script = path.join(project, `readme-${process.pid}.mjs`);

@@ -1,5 +1,5 @@
 // Shared set-up for the Node package's tests. scripts/test-sdk copies this folder into a fresh
-// project where the packed package is installed, so `import ... from 'idgen'` is the package as
+// project where the packed package is installed, so `import ... from 'idgen-sdk'` is the package as
 // its users get it; the repository's paths come in the environment.
 
 import { execFileSync } from 'node:child_process';

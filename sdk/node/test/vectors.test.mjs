@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import * as idgen from 'idgen';
+import * as idgen from 'idgen-sdk';
 import { asVector, vectors } from './support.mjs';
 
 const DECODE = vectors('decode.json');

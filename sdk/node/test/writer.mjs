@@ -5,7 +5,7 @@
 import { openSync, writeSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { EmbeddedGenerator } from 'idgen';
+import { EmbeddedGenerator } from 'idgen-sdk';
 
 const [config, out, seconds] = process.argv.slice(2);
 const generator = await EmbeddedGenerator.start(config, { readyTimeoutMs: 30_000 });

@@ -15,7 +15,7 @@ def main(config_path: str) -> None:
         print(one, len(batch), decoded.layout, decoded.created_at.isoformat(), decoded.machine)
         try:
             generator.next_uuids(3)
-        except idgen.Refused as refused:
+        except idgen.RefusedError as refused:
             # Not now: wait and try again, never fall back to a local counter.
             print("refused:", refused.reason, refused.retry_after)
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use idgen_sdk::{Decoded, Error, IdInput, IdSource, MAX_COUNT};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyType};
@@ -25,13 +25,13 @@ static UUID: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 fn raise(py: Python<'_>, error: Error) -> PyErr {
     let made = match error {
         Error::Invalid { code, message } => {
-            INVALID_INPUT.import(py, "idgen._types", "InvalidInput").and_then(|class| class.call1((message, code)))
+            INVALID_INPUT.import(py, "idgen._types", "InvalidInputError").and_then(|class| class.call1((message, code)))
         }
         Error::Refused { reason, message, retry_after_ms } => REFUSED
-            .import(py, "idgen._types", "Refused")
+            .import(py, "idgen._types", "RefusedError")
             .and_then(|class| class.call1((message, reason, retry_after_ms.map(|ms| ms as f64 / 1000.0)))),
         Error::Rejected { status, code, message } => {
-            REJECTED.import(py, "idgen._types", "Rejected").and_then(|class| class.call1((message, status, code)))
+            REJECTED.import(py, "idgen._types", "RejectedError").and_then(|class| class.call1((message, status, code)))
         }
         Error::Failed(message) => {
             IDGEN_ERROR.import(py, "idgen._types", "IdgenError").and_then(|class| class.call1((message,)))
@@ -95,11 +95,13 @@ fn read_count(py: Python<'_>, count: &Bound<'_, PyAny>) -> PyResult<u64> {
     }
 }
 
-fn read_timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+fn read_timeout(py: Python<'_>, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
         Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => Err(PyValueError::new_err(format!("ready_timeout is 0 to 86400 seconds or None, not {s}"))),
+        Some(s) => {
+            Err(raise(py, invalid("invalid_config", format!("ready_timeout is 0 to 86400 seconds or None, not {s}"))))
+        }
     }
 }
 
@@ -170,7 +172,7 @@ impl EmbeddedGenerator {
         env_prefix: Option<String>,
         ready_timeout: Option<f64>,
     ) -> PyResult<Self> {
-        let timeout = read_timeout(ready_timeout)?;
+        let timeout = read_timeout(py, ready_timeout)?;
         let inner = py
             .detach(|| idgen_sdk::Embedded::start(config_path.as_deref(), env_prefix.as_deref(), timeout))
             .map_err(|e| raise(py, e))?;
@@ -184,6 +186,12 @@ impl EmbeddedGenerator {
             Ok(None) => py.detach(|| self.inner.next_id()).map_err(|e| raise(py, e)),
             Err(error) => Err(raise(py, error)),
         }
+    }
+
+    /// One ID if the generator has one now (the common case), else `None`: never waits, never
+    /// lets go of the interpreter. The asyncio methods try it before they wait elsewhere.
+    fn try_next_id(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        self.inner.try_next_id().map_err(|e| raise(py, e))
     }
 
     fn next_ids(&self, py: Python<'_>, count: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
@@ -236,9 +244,8 @@ impl EmbeddedGenerator {
         _kind: Option<&Bound<'_, PyAny>>,
         _value: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        self.close(py)?;
-        Ok(false)
+    ) -> PyResult<()> {
+        self.close(py)
     }
 }
 
@@ -260,7 +267,17 @@ impl Client {
     }
 
     fn next_id(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| self.inner.next_id()).map_err(|e| raise(py, e))
+        // A valid prefetched ID without letting go of the interpreter; else the wait, without it.
+        match self.inner.try_next_id() {
+            Ok(Some(id)) => Ok(id),
+            Ok(None) => py.detach(|| self.inner.next_id()).map_err(|e| raise(py, e)),
+            Err(error) => Err(raise(py, error)),
+        }
+    }
+
+    /// One prefetched ID if the buffer holds a valid one, else `None`: never waits.
+    fn try_next_id(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        self.inner.try_next_id().map_err(|e| raise(py, e))
     }
 
     fn next_ids(&self, py: Python<'_>, count: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
@@ -297,9 +314,8 @@ impl Client {
         _kind: Option<&Bound<'_, PyAny>>,
         _value: Option<&Bound<'_, PyAny>>,
         _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> bool {
+    ) {
         self.close();
-        false
     }
 }
 
@@ -311,7 +327,7 @@ fn mapping<'py>(py: Python<'py>, m: idgen_sdk::Mapping, created: Option<bool>) -
     kwargs.set_item("format", m.format)?;
     kwargs.set_item("type", m.kind)?;
     kwargs.set_item("created", created)?;
-    MAPPING.import(py, "idgen._types", "Mapping")?.call((), Some(&kwargs))
+    MAPPING.import(py, "idgen._types", "PublicIdMapping")?.call((), Some(&kwargs))
 }
 
 /// The public-ID service's client (`idgen.PublicIds` subclasses it with keyword settings).
@@ -329,6 +345,24 @@ impl PublicIds {
             .detach(|| idgen_sdk::PublicIds::from_settings(config_json.as_deref(), config_file.as_deref()))
             .map_err(|e| raise(py, e))?;
         Ok(PublicIds { inner })
+    }
+
+    /// Lets go of its connections; every call after it raises `IdgenError` (closed).
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        _kind: Option<&Bound<'_, PyAny>>,
+        _value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) {
+        self.close();
     }
 
     #[pyo3(signature = (internal_id, *, format = None, r#type = None))]
@@ -410,13 +444,20 @@ fn parse_typeid<'py>(py: Python<'py>, text: &str) -> PyResult<(String, Bound<'py
 /// The TypeID of `prefix` (empty for none) and a UUID.
 #[pyfunction]
 fn typeid_text(py: Python<'_>, prefix: &str, uuid: &Bound<'_, PyAny>) -> PyResult<String> {
-    let value: u128 = uuid.getattr("int")?.extract()?;
+    let value: u128 = match uuid.is_instance(UUID.import(py, "uuid", "UUID")?)? {
+        true => uuid.getattr("int")?.extract()?,
+        false => {
+            let kind = uuid.get_type().name()?;
+            return Err(raise(py, invalid("invalid_typeid", format!("a TypeID's UUID is a uuid.UUID, not {kind}"))));
+        }
+    };
     idgen_sdk::typeid::typeid_text(prefix, &value.to_be_bytes())
         .ok_or_else(|| raise(py, invalid("invalid_typeid", format!("{prefix:?} is not a TypeID prefix"))))
 }
 
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     module.add_class::<EmbeddedGenerator>()?;
     module.add_class::<Client>()?;
     module.add_class::<PublicIds>()?;

@@ -6,6 +6,7 @@ back once it answers again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
@@ -14,7 +15,8 @@ import socket
 import subprocess
 import time
 import urllib.request
-from typing import Any, Dict, Iterator, List, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -152,13 +154,13 @@ def test_ids_decode_failover_and_failback_through_the_real_platform(platform: Tu
 
 
 def test_settings_it_cannot_use_and_a_fleet_that_never_answers() -> None:
-    with pytest.raises(idgen.InvalidInput) as refused:
+    with pytest.raises(idgen.InvalidInputError) as refused:
         idgen.Client("http://127.0.0.1:9", prefetch={"bacth": 5})
     assert refused.value.code == "invalid_config" and "bacth" in str(refused.value)
-    with pytest.raises(idgen.InvalidInput):
+    with pytest.raises(idgen.InvalidInputError):
         idgen.Client("not a url")
     with idgen.Client("http://127.0.0.1:9", request_timeout_ms=200, connect_timeout_ms=100) as client:
-        with pytest.raises(idgen.Refused) as unavailable:
+        with pytest.raises(idgen.RefusedError) as unavailable:
             client.next_id()
         assert unavailable.value.reason == "unavailable" and unavailable.value.retry_after
     client.close()
@@ -197,13 +199,82 @@ def test_public_ids_made_resolved_and_looked_up_through_the_real_service(platfor
     assert service.resolve("0" * 26) is None
     assert service.resolve("order_" + "7" + "z" * 25) is None
     assert service.lookup(internal[2] + 1) is None
-    with pytest.raises(idgen.Rejected) as rejected:
+    with pytest.raises(idgen.RejectedError) as rejected:
         service.create(internal[0], type="no_such_type")
     assert 400 <= rejected.value.status < 500 and rejected.value.code
-    with pytest.raises(idgen.InvalidInput):
+    with pytest.raises(idgen.InvalidInputError):
         service.create(2**63)
     with pytest.raises(TypeError):
         service.create(1.5)  # type: ignore[arg-type]
+
+    async def in_asyncio() -> None:
+        async with idgen.PublicIds(summary["public_ids"], request_timeout_ms=2000) as service:
+            made = await service.acreate(internal[2], type="order")
+            back = await service.aresolve(made.public_id)
+            assert back is not None and back.internal_id == internal[2]
+            looked_up = await service.alookup(internal[2], type="order")
+            assert looked_up is not None and looked_up.public_id == made.public_id
+        with pytest.raises(idgen.IdgenError, match="closed"):
+            await service.aresolve(made.public_id)
+
+    asyncio.run(in_asyncio())
+    with service:
+        assert service.resolve(opaque.public_id) is not None
+    with pytest.raises(idgen.IdgenError, match="closed"):
+        service.resolve(opaque.public_id)
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, counting what is given to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=2)
+        self.submitted = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_the_loop_runs_on_while_a_call_waits_on_a_frozen_fleet() -> None:
+    """A fleet that takes the connection and never answers (a listening socket nobody accepts
+    from): while ``await anext_id()`` waits out the request timeout, a ticker task on the same
+    loop keeps ticking, and the loop's default executor (the host's) is never used."""
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)
+        url = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+
+        async def main() -> Tuple[int, float, int]:
+            loop = asyncio.get_running_loop()
+            default = CountingExecutor()
+            loop.set_default_executor(default)
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticking = asyncio.create_task(ticker())
+            started = time.monotonic()
+            async with await idgen.Client.aconnect(url, request_timeout_ms=1500, connect_timeout_ms=500) as client:
+                with pytest.raises(idgen.RefusedError) as refused:
+                    await client.anext_id()
+                assert refused.value.reason == "unavailable"
+                with pytest.raises(idgen.RefusedError):
+                    await client.anext_ids(10)
+            waited = time.monotonic() - started
+            ticking.cancel()
+            return ticks, waited, default.submitted
+
+        ticks, waited, submitted = asyncio.run(main())
+    assert waited >= 1.4, f"the calls did not wait on the fleet ({waited:.2f} s)"
+    # A tick every 10 ms while the calls waited: the loop was never held (at least half of them,
+    # for a loaded machine).
+    assert ticks >= waited / 0.01 / 2, f"{ticks} ticks in {waited:.2f} s: the loop was blocked"
+    assert submitted == 0, "the loop's default executor is the host's: idgen uses its own threads"
 
 
 def get_ids(url: str, count: int) -> List[str]:
@@ -230,15 +301,15 @@ def test_mutual_tls_with_the_client_certificate_up_made(tls_platform: Tuple[Dict
             try:
                 ids = client.next_ids(10)
                 break
-            except idgen.Refused:
+            except idgen.RefusedError:
                 assert time.monotonic() < deadline, "the worker never issued over mutual TLS"
                 time.sleep(0.2)
         assert len(ids) == 10 and client.next_id() > ids[-1]
         public = idgen.PublicIds(summary["public_ids"], tls=settings, request_timeout_ms=2000).create(ids[0])
         assert len(public.public_id) == 26
     with idgen.Client(url, tls={"ca": str(tls / "ca.pem")}, request_timeout_ms=500) as anonymous:
-        with pytest.raises(idgen.Refused) as refused:
+        with pytest.raises(idgen.RefusedError) as refused:
             anonymous.next_id()
         assert refused.value.reason == "unavailable"
-    with pytest.raises(idgen.InvalidInput):
+    with pytest.raises(idgen.InvalidInputError):
         idgen.Client(url, tls={"cert": str(tls / "orders.pem")})

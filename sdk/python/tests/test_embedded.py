@@ -1,5 +1,5 @@
 """The embedded generator from Python: IDs, batches, UUIDs and decode from the Rust core, bad
-input refused with the right exception, refusals raised as ``idgen.Refused``, a fork that can
+input refused with the right exception, refusals raised as ``idgen.RefusedError``, a fork that can
 never issue under its parent's lease, and several processes on one lease file."""
 
 from __future__ import annotations
@@ -49,18 +49,63 @@ def test_ids_batches_uuids_and_decode(config: pathlib.Path) -> None:
 
 def test_asyncio_variants(config: pathlib.Path) -> None:
     async def main() -> List[Any]:
-        with idgen.EmbeddedGenerator.start(config) as generator:
-            return [await generator.anext_id(), await generator.anext_ids(3), await generator.anext_uuids(2)]
+        async with await idgen.EmbeddedGenerator.astart(config) as generator:
+            taken = [await generator.anext_id(), await generator.anext_ids(3), await generator.anext_uuids(2)]
+        with pytest.raises(idgen.IdgenError, match="closed"):
+            await generator.anext_id()
+        return taken
 
     one, three, two = asyncio.run(main())
     assert isinstance(one, int) and len(three) == 3 and len(two) == 2 and one < three[0]
+
+
+def test_an_id_in_memory_is_awaited_without_a_thread(config: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``await anext_id()`` returns an ID the generator has now on the loop's own thread: no
+    executor is asked (measured as a user would before: 272× ``next_id()``, all of it the hop)."""
+    hops: List[str] = []
+    real_wait = idgen._wait
+
+    async def counted(call: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(call, "__name__", repr(call)))
+        return await real_wait(call, *args, **kwargs)
+
+    monkeypatch.setattr(idgen, "_wait", counted)
+
+    async def main() -> List[int]:
+        async with await idgen.EmbeddedGenerator.astart(config) as generator:
+            return [await generator.anext_id() for _ in range(2_000)]
+
+    ids = asyncio.run(main())
+    assert len(set(ids)) == 2_000 and all(a < b for a, b in zip(ids, ids[1:]))
+    # The start and the close wait; of 2,000 IDs at most those that met a full millisecond did.
+    assert hops.count("start") == 1 and hops.count("close") == 1
+    assert hops.count("next_id") < 20, hops
+
+
+def test_a_generator_never_closed_releases_its_lease_when_the_interpreter_exits(tmp_path: pathlib.Path) -> None:
+    """One machine number for the whole file: a second generator can start only if the first
+    released it. The first's process exits without closing it (kept alive in a cycle until the
+    end); the package closes it at exit."""
+    config = development_config(tmp_path)
+    with config.open("a", encoding="utf-8") as file:
+        file.write("[lease.machines.v1]\nfirst = 64\nlast = 64\n[lease.machines.v2]\nfirst = 64\nlast = 64\n")
+    script = (
+        "import idgen, sys\n"
+        f"g = idgen.EmbeddedGenerator.start({str(config)!r})\n"
+        "cycle = [g]; cycle.append(cycle)\n"
+        "print(g.next_id(), flush=True)\n"
+    )
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    with idgen.EmbeddedGenerator.start(config, ready_timeout=5) as second:
+        assert second.next_id() > int(first.stdout)
 
 
 def test_bad_input_is_value_or_type_error_and_changes_nothing(config: pathlib.Path) -> None:
     with idgen.EmbeddedGenerator.start(config) as generator:
         before = generator.next_id()
         for count in (0, -1, idgen.MAX_COUNT + 1, 2**70):
-            with pytest.raises(idgen.InvalidInput) as refused:
+            with pytest.raises(idgen.InvalidInputError) as refused:
                 generator.next_ids(count)
             assert refused.value.code == "invalid_count"
         for count in (True, 1.0, "5", None):
@@ -68,7 +113,7 @@ def test_bad_input_is_value_or_type_error_and_changes_nothing(config: pathlib.Pa
                 generator.next_ids(count)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             generator.decode(1.5)  # type: ignore[arg-type]
-        with pytest.raises(idgen.InvalidInput):
+        with pytest.raises(idgen.InvalidInputError):
             generator.decode(2**63)
         assert generator.next_id() > before
 
@@ -76,10 +121,10 @@ def test_bad_input_is_value_or_type_error_and_changes_nothing(config: pathlib.Pa
 def test_a_configuration_it_cannot_use_is_refused_by_name(tmp_path: pathlib.Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("development = true\n[lease]\nstroe = \"sqlite\"\n", encoding="utf-8")
-    with pytest.raises(idgen.InvalidInput) as refused:
+    with pytest.raises(idgen.InvalidInputError) as refused:
         idgen.EmbeddedGenerator.start(bad)
     assert refused.value.code == "invalid_config" and "stroe" in str(refused.value)
-    with pytest.raises(idgen.InvalidInput):
+    with pytest.raises(idgen.InvalidInputError):
         idgen.EmbeddedGenerator.start(tmp_path / "missing.toml")
 
 
@@ -91,18 +136,61 @@ def test_a_clock_it_cannot_trust_is_a_refusal(tmp_path: pathlib.Path) -> None:
         with idgen.EmbeddedGenerator.start(config) as generator:
             assert generator.next_id() > 0
         return
-    with pytest.raises(idgen.Refused) as refused:
+    with pytest.raises(idgen.RefusedError) as refused:
         idgen.EmbeddedGenerator.start(config, ready_timeout=1.0)
     assert refused.value.reason == "clock_unsynchronized"
     assert refused.value.retry_after is not None and refused.value.retry_after > 0
     generator = idgen.EmbeddedGenerator.start(config, ready_timeout=None)
     try:
-        with pytest.raises(idgen.Refused) as refused:
+        with pytest.raises(idgen.RefusedError) as refused:
             generator.next_id()
         assert refused.value.reason in ("clock_unsynchronized", "lease")
-        assert isinstance(generator.refusal(), idgen.Refused)
+        assert isinstance(generator.refusal(), idgen.RefusedError)
     finally:
         generator.close()
+
+
+def test_threads_sharing_one_generator_each_get_unique_increasing_ids(config: pathlib.Path) -> None:
+    per_thread: Dict[int, List[int]] = {}
+
+    def take(number: int) -> None:
+        per_thread[number] = [generator.next_id() for _ in range(20_000)]
+
+    with idgen.EmbeddedGenerator.start(config) as generator:
+        threads = [threading.Thread(target=take, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    everything = [id for ids in per_thread.values() for id in ids]
+    assert len(everything) == 160_000 and len(set(everything)) == 160_000, "no ID twice"
+    for ids in per_thread.values():
+        assert all(a < b for a, b in zip(ids, ids[1:])), "each thread's IDs increase"
+
+
+def test_one_error_family_with_pep8_names_and_the_old_ones_as_aliases(tmp_path: pathlib.Path) -> None:
+    for error in (idgen.RefusedError, idgen.RejectedError, idgen.InvalidInputError):
+        assert issubclass(error, idgen.IdgenError), error
+    assert issubclass(idgen.InvalidInputError, ValueError)
+    assert (idgen.Refused, idgen.Rejected, idgen.InvalidInput) == (
+        idgen.RefusedError, idgen.RejectedError, idgen.InvalidInputError)
+    assert idgen.Mapping is idgen.PublicIdMapping and "Mapping" not in idgen.__all__
+    namespace: Dict[str, Any] = {}
+    exec("import typing\nfrom idgen import *", namespace)
+    assert "Mapping" not in namespace, "a star import shadows typing.Mapping"
+    # What raised Python's own errors before.
+    with pytest.raises(idgen.InvalidInputError) as bad_timeout:
+        idgen.EmbeddedGenerator.start(development_config(tmp_path), ready_timeout=-1)
+    assert bad_timeout.value.code == "invalid_config"
+    with pytest.raises(idgen.InvalidInputError) as not_a_uuid:
+        idgen.typeid_text("order", "0190a9c2-8b4e-7000-8000-000000000000")  # type: ignore[arg-type]
+    assert not_a_uuid.value.code == "invalid_typeid"
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    import importlib.metadata
+
+    assert idgen.__version__ == importlib.metadata.version("idgen-sdk")
 
 
 def test_a_closed_generator_refuses(config: pathlib.Path) -> None:
@@ -127,17 +215,17 @@ def test_a_forked_child_never_issues_under_its_parents_lease(config: pathlib.Pat
             try:
                 generator.next_id()
                 report.append("issued")
-            except idgen.Refused as refused:
+            except idgen.RefusedError as refused:
                 report.append(f"refused:{refused.reason}:{refused.retry_after}")
             try:
                 generator.next_ids(10)
                 report.append("issued")
-            except idgen.Refused as refused:
+            except idgen.RefusedError as refused:
                 report.append(f"refused:{refused.reason}")
             try:
                 with idgen.EmbeddedGenerator.start(config) as own:
                     report.append(f"started:{own.next_id()}")
-            except idgen.Refused as refused:
+            except idgen.RefusedError as refused:
                 report.append(f"refused:{refused.reason}:{refused.retry_after}")
                 report.append(str(refused).replace("\n", " "))
             os.write(write, "\n".join(report).encode())
@@ -171,10 +259,10 @@ if pid == 0:
         while time.monotonic() < deadline:
             try:
                 ids += own.next_ids(100)
-            except idgen.Refused:
+            except idgen.RefusedError:
                 pass
             time.sleep(0.002)
-    except idgen.Refused as refused:
+    except idgen.RefusedError as refused:
         refusal = f"{refused.reason}: {refused}"
     with open(out + ".child", "w") as f:
         fds = []

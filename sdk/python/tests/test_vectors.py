@@ -29,7 +29,7 @@ def test_the_schedule_is_the_one_the_vectors_are_written_against() -> None:
 @pytest.mark.parametrize("case", DECODE["cases"], ids=lambda case: case["name"])
 def test_ids_as_text(case: Dict[str, Any]) -> None:
     if "error" in case:
-        with pytest.raises(idgen.InvalidInput) as refused:
+        with pytest.raises(idgen.InvalidInputError) as refused:
             idgen.decode(case["input"], regions=REGIONS)
         assert refused.value.code == case["error"], str(refused.value)
         assert isinstance(refused.value, ValueError)
@@ -46,7 +46,7 @@ def test_ids_as_text(case: Dict[str, Any]) -> None:
 def test_ids_as_integers(case: Dict[str, Any]) -> None:
     value = int(case["integer"])
     if "error" in case:
-        with pytest.raises(idgen.InvalidInput) as refused:
+        with pytest.raises(idgen.InvalidInputError) as refused:
             idgen.decode(value, regions=REGIONS)
         assert refused.value.code == case["error"], str(refused.value)
     else:
@@ -60,7 +60,7 @@ def test_anything_but_an_int_or_a_str_is_a_type_error(value: Any) -> None:
 
 
 def test_an_integer_past_128_bits_is_out_of_range_not_a_crash() -> None:
-    with pytest.raises(idgen.InvalidInput) as refused:
+    with pytest.raises(idgen.InvalidInputError) as refused:
         idgen.decode(2**200)
     assert refused.value.code == "out_of_range"
 
@@ -74,6 +74,6 @@ def test_the_typeid_specifications_valid_vectors(case: Dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", vectors("typeid/invalid.json"), ids=lambda case: case["name"])
 def test_the_typeid_specifications_invalid_vectors(case: Dict[str, Any]) -> None:
-    with pytest.raises(idgen.InvalidInput) as refused:
+    with pytest.raises(idgen.InvalidInputError) as refused:
         idgen.parse_typeid(case["typeid"])
     assert refused.value.code == "invalid_typeid"

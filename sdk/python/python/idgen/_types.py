@@ -12,11 +12,13 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 class IdgenError(Exception):
-    """A call that failed for a reason other than a refusal or bad input: a configuration that
-    cannot start, a closed handle, an unreadable answer from the fleet."""
+    """Every exception the package raises: ``RefusedError``, ``RejectedError``,
+    ``InvalidInputError``, and itself for the rest (a configuration that cannot start, a closed
+    handle, an unreadable answer from the fleet). A value of the wrong type (a ``float`` or a
+    ``bool`` where an ID goes) is Python's ``TypeError``."""
 
 
-class Refused(IdgenError):
+class RefusedError(IdgenError):
     """No ID now. ``reason`` is one word: ``lease``, ``clock_behind``, ``clock_unsynchronized``,
     ``schedule``, ``forked`` (a handle started before this process forked), ``over_quota``,
     ``unavailable`` (no endpoint answered). ``retry_after`` is the wait in seconds where waiting
@@ -31,7 +33,7 @@ class Refused(IdgenError):
         return (type(self), (str(self), self.reason, self.retry_after))
 
 
-class Rejected(IdgenError):
+class RejectedError(IdgenError):
     """A service refused the request for a reason of its own: ``status`` (a 4xx) and ``code``
     (e.g. ``unknown_type``, ``format_not_allowed``), as its API documents them."""
 
@@ -44,7 +46,7 @@ class Rejected(IdgenError):
         return (type(self), (str(self), self.status, self.code))
 
 
-class InvalidInput(ValueError):
+class InvalidInputError(IdgenError, ValueError):
     """Bad input: ``code`` names it as the shared test vectors do (``out_of_range``,
     ``not_an_id``, ``malformed_uuid``, ``not_uuidv7``, ``invalid_count``, ``invalid_config``, …)."""
 
@@ -76,7 +78,7 @@ class Decoded:
 
 
 @dataclass(frozen=True)
-class Mapping:
+class PublicIdMapping:
     """A public ID and the internal ID it stands for. ``format`` is given by ``create`` and
     ``lookup`` (a resolve answers the two IDs and the type); ``created`` by ``create`` only:
     whether the mapping was made by that call (else it existed)."""
@@ -86,3 +88,11 @@ class Mapping:
     format: Optional[str] = None
     type: Optional[str] = None
     created: Optional[bool] = None
+
+
+# The names before 0.2 (PEP 8 wants the ...Error suffix; ``Mapping`` shadowed ``typing.Mapping``
+# under ``from idgen import *``): kept for one release, then removed.
+Refused = RefusedError
+Rejected = RejectedError
+InvalidInput = InvalidInputError
+Mapping = PublicIdMapping
