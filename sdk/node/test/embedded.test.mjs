@@ -140,6 +140,13 @@ test('a generator never closed releases its lease when the event loop runs dry',
   }
 });
 
+test('require() takes the package too (CommonJS, on every Node that engines allows)', () => {
+  const script = "const idgen = require('idgen-sdk');\n" +
+    "console.log(typeof idgen.EmbeddedGenerator, idgen.version, idgen.decode('120542881919451136').layout);";
+  const output = execFileSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 60_000 });
+  assert.equal(output.trim(), `function ${idgen.version} v1`);
+});
+
 test('the version is package.json\'s', () => {
   const installed = JSON.parse(readFileSync(new URL('../node_modules/idgen-sdk/package.json', import.meta.url), 'utf8'));
   assert.equal(idgen.version, installed.version);
