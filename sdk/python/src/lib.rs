@@ -233,20 +233,6 @@ impl EmbeddedGenerator {
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.close()).map_err(|e| raise(py, e))
     }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _kind: Option<&Bound<'_, PyAny>>,
-        _value: Option<&Bound<'_, PyAny>>,
-        _traceback: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        self.close(py)
-    }
 }
 
 /// The fleet client (`idgen.Client` subclasses it with keyword configuration and asyncio).
@@ -304,19 +290,6 @@ impl Client {
     fn close(&self) {
         self.inner.close();
     }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        _kind: Option<&Bound<'_, PyAny>>,
-        _value: Option<&Bound<'_, PyAny>>,
-        _traceback: Option<&Bound<'_, PyAny>>,
-    ) {
-        self.close();
-    }
 }
 
 /// `idgen.Mapping`, the dataclass.
@@ -350,19 +323,6 @@ impl PublicIds {
     /// Lets go of its connections; every call after it raises `IdgenError` (closed).
     fn close(&self) {
         self.inner.close();
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    fn __exit__(
-        &self,
-        _kind: Option<&Bound<'_, PyAny>>,
-        _value: Option<&Bound<'_, PyAny>>,
-        _traceback: Option<&Bound<'_, PyAny>>,
-    ) {
-        self.close();
     }
 
     #[pyo3(signature = (internal_id, *, format = None, r#type = None))]

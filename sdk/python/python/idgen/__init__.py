@@ -90,7 +90,24 @@ async def _wait(call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     return await asyncio.get_running_loop().run_in_executor(_waits(), functools.partial(call, *args, **kwargs))
 
 
-class _Asyncio:
+class _Scoped:
+    """``with``: the handle closed at the end of the block (a generator's lease released, a
+    client's connections let go), whatever ended it."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # the native class's, which comes after this one in the MRO
+
+        def close(self) -> None: ...
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Asyncio(_Scoped):
     """The asyncio variants. An ID already in memory is returned at once, on the loop's thread
     (the in-memory take never waits and never lets go of the GIL); a call that may wait runs on
     the package's own threads, never the loop's default executor. ``async with`` and
@@ -104,7 +121,6 @@ class _Asyncio:
         def try_next_id(self) -> Optional[int]: ...
         def next_ids(self, count: int) -> List[int]: ...
         def next_uuids(self, count: int) -> List[uuid.UUID]: ...
-        def close(self) -> None: ...
 
     async def anext_id(self) -> int:
         taken = self.try_next_id()
@@ -230,7 +246,7 @@ class Client(_Asyncio, _native.Client):
         return await _wait(cls, url, backups=backups, config_file=config_file, **options)
 
 
-class PublicIds(_native.PublicIds):
+class PublicIds(_Scoped, _native.PublicIds):
     """The public-ID service's client: ``create(internal_id, *, format=None, type=None)`` (the
     mapping, made now or found; ``created`` says which), ``resolve(public_id)`` and
     ``lookup(internal_id, *, format=None, type=None)`` (the mapping or ``None``). Settings as the
