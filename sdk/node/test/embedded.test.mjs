@@ -89,11 +89,18 @@ test('bad input is a TypeError or an IdgenInvalidInputError and changes nothing'
 
 test('a configuration it cannot use is refused by name', async (t) => {
   const dir = scratch(t);
+  // A file that starts a generator, and the same file with one key misspelt: only that key (or
+  // the misspelt option, on the good file) can be what is refused.
+  const good = developmentConfig(dir);
+  const generator = await idgen.EmbeddedGenerator.start(good);
+  assert.ok(BigInt(await generator.nextId()) > 0n);
+  await generator.close();
   const bad = path.join(dir, 'bad.toml');
-  writeFileSync(bad, 'development = true\n[lease]\nstroe = "sqlite"\n');
+  writeFileSync(bad, readFileSync(good, 'utf8').replace('[lease]\n', '[lease]\nstroe = "sqlite"\n'));
   await assert.rejects(idgen.EmbeddedGenerator.start(bad), (error) => error.code === 'invalid_config' && /stroe/.test(error.message));
   await assert.rejects(idgen.EmbeddedGenerator.start(path.join(dir, 'missing.toml')), idgen.IdgenInvalidInputError);
-  await assert.rejects(idgen.EmbeddedGenerator.start(bad, { readyTimeout: 5 }), (error) => error.code === 'invalid_config');
+  await assert.rejects(idgen.EmbeddedGenerator.start(good, { readyTimeout: 5 }), (error) =>
+    error.code === 'invalid_config' && /readyTimeout/.test(error.message));
   await assert.rejects(idgen.EmbeddedGenerator.start(42), TypeError);
 });
 

@@ -25,7 +25,7 @@ for (const testCase of DECODE.cases) {
   test(`as text: ${testCase.name}`, () => {
     if ('error' in testCase) {
       assert.throws(() => idgen.decode(testCase.input, DECODE.regions), (error) => {
-        assert.ok(error instanceof idgen.IdgenInvalidInputError && error instanceof RangeError, String(error));
+        assert.ok(error instanceof idgen.IdgenInvalidInputError && error instanceof RangeError && error instanceof idgen.IdgenError, String(error));
         assert.equal(error.code, testCase.error, error.message);
         return true;
       });
@@ -39,7 +39,11 @@ for (const testCase of INTEGERS.cases) {
   test(`as a bigint: ${testCase.name}`, () => {
     const value = BigInt(testCase.integer);
     if ('error' in testCase) {
-      assert.throws(() => idgen.decode(value, DECODE.regions), (error) => error.code === testCase.error);
+      assert.throws(() => idgen.decode(value, DECODE.regions), (error) => {
+        assert.ok(error instanceof idgen.IdgenInvalidInputError && error instanceof RangeError && error instanceof idgen.IdgenError, String(error));
+        assert.equal(error.code, testCase.error, error.message);
+        return true;
+      });
     } else {
       assert.deepEqual(asVector(idgen.decode(value, DECODE.regions)), expected(testCase));
     }

@@ -119,8 +119,13 @@ def test_bad_input_is_value_or_type_error_and_changes_nothing(config: pathlib.Pa
 
 
 def test_a_configuration_it_cannot_use_is_refused_by_name(tmp_path: pathlib.Path) -> None:
+    # A file that starts a generator, and the same file with one key misspelt: only that key can
+    # be what is refused.
+    good = development_config(tmp_path)
+    with idgen.EmbeddedGenerator.start(good) as generator:
+        assert generator.next_id() > 0
     bad = tmp_path / "bad.toml"
-    bad.write_text("development = true\n[lease]\nstroe = \"sqlite\"\n", encoding="utf-8")
+    bad.write_text(good.read_text(encoding="utf-8").replace("[lease]\n", "[lease]\nstroe = \"sqlite\"\n"), encoding="utf-8")
     with pytest.raises(idgen.InvalidInputError) as refused:
         idgen.EmbeddedGenerator.start(bad)
     assert refused.value.code == "invalid_config" and "stroe" in str(refused.value)

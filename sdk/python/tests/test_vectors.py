@@ -32,7 +32,7 @@ def test_ids_as_text(case: Dict[str, Any]) -> None:
         with pytest.raises(idgen.InvalidInputError) as refused:
             idgen.decode(case["input"], regions=REGIONS)
         assert refused.value.code == case["error"], str(refused.value)
-        assert isinstance(refused.value, ValueError)
+        assert isinstance(refused.value, ValueError) and isinstance(refused.value, idgen.IdgenError)
     else:
         decoded = idgen.decode(case["input"], regions=REGIONS)
         assert as_vector(decoded) == expected(case)
@@ -49,6 +49,7 @@ def test_ids_as_integers(case: Dict[str, Any]) -> None:
         with pytest.raises(idgen.InvalidInputError) as refused:
             idgen.decode(value, regions=REGIONS)
         assert refused.value.code == case["error"], str(refused.value)
+        assert isinstance(refused.value, ValueError) and isinstance(refused.value, idgen.IdgenError)
     else:
         assert as_vector(idgen.decode(value, regions=REGIONS)) == expected(case)
 
